@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up from a fresh
+# clone (idempotent: a stamp file skips the install when pyproject.toml has not changed).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch 2.13 lies on this kind of machine; installing it first, pinned, means the
+# project's `torch>=2.6` is already satisfied and no CUDA package is ever downloaded.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.memzoo-installed
+
+export OMP_NUM_THREADS ?= 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/zoo train gpt_shakespeare --nproc 2
+
+test: setup
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

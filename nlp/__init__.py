@@ -1,0 +1,1 @@
+"""memzoo natural-language models: GPT (and BERT in a later step)."""

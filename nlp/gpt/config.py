@@ -1,0 +1,34 @@
+"""Configuration of the GPT decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class GPTConfig:
+    """Shape of a GPT (pre-LN decoder, learned positions, tied input/output embeddings)."""
+
+    vocab_size: int = 50257
+    """Number of token ids."""
+    block_size: int = 1024
+    """Longest sequence (number of learned positions)."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    n_head: int = 12
+    """Attention heads per block."""
+    n_embd: int = 768
+    """Hidden size; must be divisible by n_head."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention probabilities and residual branches."""
+    bias: bool = True
+    """Biases in linears and LayerNorms (as in GPT-2)."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd must be divisible by n_head={self.n_head}; got {self.n_embd}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1); got {self.dropout}")

@@ -1,0 +1,13 @@
+"""memzoo's training core: one `Strategy` (ZeRO 0-3, CPU offload, bf16/fp16, recompute) applied
+to any model by the `Trainer`, on torch.distributed (FSDP2, DTensor, distributed checkpoint).
+
+`trainers` imports no domain package: models declare their plan (`zoo.plan.ModelPlan`) and the
+trainer applies it.
+"""
+
+from trainers.config import TrainConfig
+from trainers.memory import estimate_memory
+from trainers.strategy import Strategy
+from trainers.trainer import Trainer
+
+__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory"]

@@ -1,0 +1,62 @@
+"""Deterministic assignment of examples to steps, ranks and micro batches.
+
+The examples of optimizer step `s` depend only on (seed, s), never on the number of ranks: the
+global batch is cut into micro batches and rank r takes micro batches r, r + W, r + 2W, ... So a
+run on W ranks sees the same examples per step as a run on one, and resuming at step s needs no
+saved iterator, only s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepSampler:
+    """Indices of the examples each rank uses in each optimizer step."""
+
+    dataset_size: int
+    """Number of examples in the (map-style) dataset."""
+    global_batch_size: int
+    """Examples per optimizer step over all ranks."""
+    micro_batch_size: int
+    """Examples per forward/backward on one rank."""
+    world_size: int
+    """Number of data-parallel ranks."""
+    rank: int
+    """This rank."""
+    seed: int
+    """Seed of the per-epoch shuffles."""
+
+    def __post_init__(self) -> None:
+        per_round = self.micro_batch_size * self.world_size
+        if self.global_batch_size % per_round:
+            raise ValueError(
+                f"global_batch_size must be divisible by micro_batch_size x world size "
+                f"({self.micro_batch_size} x {self.world_size} = {per_round}); got {self.global_batch_size}"
+            )
+        if self.dataset_size < self.global_batch_size:
+            raise ValueError(
+                f"the training set must hold at least global_batch_size={self.global_batch_size} "
+                f"examples; it has {self.dataset_size}"
+            )
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro batches per rank per optimizer step."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full global batches in one pass over the data (the remainder is dropped)."""
+        return self.dataset_size // self.global_batch_size
+
+    def micro_batches(self, step: int) -> list[list[int]]:
+        """The `accumulation_steps` lists of example indices this rank uses at optimizer step `step`."""
+        epoch, position = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(self.dataset_size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        batch = order[position * self.global_batch_size : (position + 1) * self.global_batch_size].tolist()
+        chunks = [batch[i : i + self.micro_batch_size] for i in range(0, len(batch), self.micro_batch_size)]
+        return chunks[self.rank :: self.world_size]

@@ -1,0 +1,49 @@
+"""Process group and device mesh set-up. Multi-process launch is torchrun's job, never ours."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process stands in the job."""
+
+    rank: int
+    """Global rank of this process."""
+    world_size: int
+    """Number of processes."""
+    device: torch.device
+    """Compute device of this rank (cuda:LOCAL_RANK when a GPU is present, else cpu)."""
+    mesh: DeviceMesh
+    """The job's device mesh. One dimension today, "dp" (data parallel); tensor, sequence and
+    pipeline parallelism add their dimensions here."""
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that logs and writes single-writer files."""
+        return self.rank == 0
+
+
+def setup_distributed() -> DistEnv:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...), or form a
+    one-process group when run as plain `python`, so that one code path serves both."""
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        # gloo carries the collectives of CPU-resident (offloaded) state; NCCL those on the GPU.
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    world_size = dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+    return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)

@@ -1,0 +1,154 @@
+"""Memory accounting: what each rank really holds (measured), and what the ZeRO paper predicts.
+
+Measurements come from torch's `MemTracker`, a dispatch-mode tracker that follows every live
+tensor's storage and files it under parameters, gradients, optimizer state, activations (created
+in forward), temporaries (created in backward) or other. On a GPU the CUDA allocator's peak is
+reported beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from trainers.strategy import Strategy
+
+_CATEGORIES = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Optstate": "optimizer",
+    "Other": "other",
+}
+
+
+@dataclass
+class RankMemory:
+    """Bytes one rank held during one measured training step, summed over its devices."""
+
+    rank: int
+    """Global rank."""
+    parameters: int
+    """Parameter storage at rest (after the optimizer step)."""
+    gradients: int
+    """Gradient storage after backward, before the optimizer step."""
+    optimizer: int
+    """Optimizer state at rest (AdamW moments and step counters)."""
+    other: int
+    """Other long-lived tensors, e.g. the fp32 CPU master copies under offload="optimizer"."""
+    activation_peak: int
+    """Activations and backward temporaries alive at the step's peak."""
+    peak: int
+    """All tracked bytes at the step's peak."""
+    by_device: dict[str, dict[str, int]]
+    """The same categories at the peak, per device ("cpu", "cuda:0")."""
+    cuda_max_allocated: int | None
+    """`torch.cuda.max_memory_allocated` over the step; None without a GPU."""
+
+    @property
+    def model_states(self) -> int:
+        """Parameters + gradients + optimizer state (+ offloaded master copies): the ZeRO paper's
+        "model states"."""
+        return self.parameters + self.gradients + self.optimizer + self.other
+
+
+def _by_category(snapshot: dict[Any, dict[Any, int]]) -> dict[str, dict[str, int]]:
+    return {
+        str(device): {_CATEGORIES[str(getattr(key, "value", key))]: value for key, value in stats.items() if key != "Total"}
+        for device, stats in snapshot.items()
+    }
+
+
+def _total(per_device: dict[str, dict[str, int]], *categories: str) -> int:
+    return sum(stats.get(category, 0) for stats in per_device.values() for category in categories)
+
+
+class StepMemoryProbe(AbstractContextManager):
+    """Measure one training step. Use as a context around the step, call `before_forward()`
+    before each micro batch and `after_backward()` between backward and the optimizer step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: Iterable[torch.Tensor]) -> None:
+        self.tracker = MemTracker()
+        self.tracker.track_external(model, *([optimizer] if optimizer is not None else []), *extra)
+        self.gradients = 0
+
+    def __enter__(self) -> "StepMemoryProbe":
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self.tracker.__enter__()
+        return self
+
+    def before_forward(self) -> None:
+        """Start a micro batch (the tracker's per-module records cover one forward each; its
+        peak spans the whole step)."""
+        self.tracker.reset_mod_stats()
+
+    def after_backward(self) -> None:
+        """Record the gradient bytes held now."""
+        self.gradients = _total(_by_category(self.tracker.get_tracker_snapshot("current")), "gradients")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.tracker.__exit__(*exc)
+
+    def report(self, rank: int) -> RankMemory:
+        """The measurement, once the step has finished."""
+        current = _by_category(self.tracker.get_tracker_snapshot("current"))
+        peak = _by_category(self.tracker.get_tracker_snapshot("peak"))
+        return RankMemory(
+            rank=rank,
+            parameters=_total(current, "parameters"),
+            gradients=self.gradients,
+            optimizer=_total(current, "optimizer"),
+            other=_total(current, "other"),
+            activation_peak=_total(peak, "activations", "temporaries"),
+            peak=sum(sum(stats.values()) for stats in peak.values()),
+            by_device=peak,
+            cuda_max_allocated=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        )
+
+
+def gather_reports(report: RankMemory) -> list[dict[str, Any]]:
+    """Every rank's report, in rank order, on every rank."""
+    reports: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(reports, asdict(report))
+    return reports
+
+
+def estimate_memory(model_or_numel: nn.Module | int, strategy: Strategy, world_size: int) -> dict[str, float]:
+    """Model-state bytes per rank predicted by the ZeRO paper (Rajbhandari et al., 2020, sec. 5).
+
+    With Psi parameters and N ranks: fp32 training keeps 4 Psi parameter, 4 Psi gradient and
+    K = 8 Psi Adam bytes; mixed precision (bf16/fp16) keeps 2 Psi + 2 Psi and K = 12 Psi (fp32
+    master copy and both moments). Stage 1 divides the optimizer term by N, stage 2 also the
+    gradients, stage 3 also the parameters. Offloaded terms move from "device" to "cpu".
+
+    Returns bytes per rank: parameters, gradients, optimizer, total, and the device/cpu split.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1; got {world_size}")
+    numel = model_or_numel if isinstance(model_or_numel, int) else sum(p.numel() for p in model_or_numel.parameters())
+    param_bytes, grad_bytes, optim_bytes = (4, 4, 8) if strategy.precision == "fp32" else (2, 2, 12)
+    shards = {
+        "parameters": world_size if strategy.zero >= 3 else 1,
+        "gradients": world_size if strategy.zero >= 2 else 1,
+        "optimizer": world_size if strategy.zero >= 1 else 1,
+    }
+    estimate = {
+        "parameters": numel * param_bytes / shards["parameters"],
+        "gradients": numel * grad_bytes / shards["gradients"],
+        "optimizer": numel * optim_bytes / shards["optimizer"],
+    }
+    on_cpu = {"none": (), "optimizer": ("optimizer",), "params": ("parameters", "gradients", "optimizer")}[strategy.offload]
+    estimate["total"] = sum(estimate.values())
+    estimate["cpu"] = sum(estimate[key] for key in on_cpu)
+    estimate["device"] = estimate["total"] - estimate["cpu"]
+    return estimate

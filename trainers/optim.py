@@ -1,0 +1,161 @@
+"""AdamW over a parallelised model, with ZeRO-1 state sharding and CPU offload of the step.
+
+The parameters may be plain tensors or FSDP2 DTensors (replicated or sharded); the optimizer only
+ever touches each rank's local tensors, so gradients and states are never gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from trainers.config import TrainConfig
+
+ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+
+
+def clean_fqn(name: str) -> str:
+    """Parameter name without the recompute wrapper's prefix, as in the model's state dict."""
+    return name.replace(_WRAPPER_PREFIX, "")
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `tensor`: the local shard of a DTensor, else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@dataclass
+class _Slot:
+    fqn: str
+    param: nn.Parameter
+    owner: int
+    """Rank that holds this parameter's optimizer state and runs its update."""
+    work: torch.Tensor | None
+    """The tensor AdamW updates on the owner: the parameter, or its fp32 CPU master copy when
+    offloaded. None on the other ranks."""
+
+
+def partition_by_size(numels: list[int], world_size: int) -> list[int]:
+    """Owner rank of each tensor: largest first onto the least-loaded rank (balanced bytes)."""
+    load = [0] * world_size
+    owners = [0] * len(numels)
+    for index in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        rank = min(range(world_size), key=load.__getitem__)
+        owners[index] = rank
+        load[rank] += numels[index]
+    return owners
+
+
+class TrainOptimizer:
+    """AdamW with decoupled weight decay on matrices, driven by the `Trainer`.
+
+    shard_state (ZeRO-1): each parameter's state lives on one owner rank, chosen to balance bytes;
+        after its update the owner broadcasts the new values to the other ranks.
+    offload: the owner keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
+        runs there on a CPU copy of the gradient, and the result is copied back to the device.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool) -> None:
+        named = [(clean_fqn(name), p) for name, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError(f"model {type(model).__name__} has no trainable parameters")
+        self.rank, world_size = dist.get_rank(), dist.get_world_size()
+        owners = partition_by_size([p.numel() for _, p in named], world_size) if shard_state else [self.rank] * len(named)
+        self.shard_state, self.offload = shard_state, offload
+        self.slots = [
+            _Slot(fqn, p, owner, (self._master_copy(p) if offload else p) if owner == self.rank else None)
+            for (fqn, p), owner in zip(named, owners)
+        ]
+        decay = [s.work for s in self._owned() if s.param.ndim >= 2]
+        no_decay = [s.work for s in self._owned() if s.param.ndim < 2]
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [group for group in groups if group["params"]]
+        # Under ZeRO-1 a rank may own no parameter at all (more ranks than parameters).
+        self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps) if groups else None
+
+    @staticmethod
+    def _master_copy(param: nn.Parameter) -> torch.Tensor:
+        return local_tensor(param).detach().to("cpu", torch.float32, copy=True)
+
+    def _owned(self) -> list[_Slot]:
+        return [s for s in self.slots if s.work is not None]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """Every trainable parameter of the model (owned or not), for gradient clipping."""
+        return [s.param for s in self.slots]
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        """One AdamW update at learning rate `lr` from the parameters' current gradients."""
+        if self.inner is not None:
+            self._local_step(lr)
+        if self.shard_state:
+            for slot in self.slots:
+                dist.broadcast(local_tensor(slot.param), src=slot.owner)
+
+    def _local_step(self, lr: float) -> None:
+        for group in self.inner.param_groups:
+            group["lr"] = lr
+        if self.offload:
+            for slot in self._owned():
+                grad = slot.param.grad
+                slot.work.grad = None if grad is None else local_tensor(grad).to("cpu", torch.float32)
+        self.inner.step()
+        if self.offload:
+            for slot in self._owned():
+                local_tensor(slot.param).copy_(slot.work)
+                slot.work.grad = None
+
+    def zero_grad(self) -> None:
+        """Free every gradient (set to None)."""
+        for slot in self.slots:
+            slot.param.grad = None
+
+    # Checkpoints hold state in one layout whatever the strategy: keyed by parameter name, each
+    # tensor as large as the parameter (a DTensor where the parameter is sharded), so torch's
+    # distributed checkpoint can reshard it onto any other stage or world size.
+    def _export(self, slot: _Slot, key: str, value: torch.Tensor) -> torch.Tensor:
+        if key == "step":
+            return value
+        param = slot.param
+        if isinstance(value, DTensor):
+            return value.to_local() if self.shard_state else value
+        if isinstance(param, DTensor) and not self.shard_state:
+            return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                      shape=param.shape, stride=param.stride())
+        return value
+
+    def _import(self, slot: _Slot, key: str, value: torch.Tensor) -> torch.Tensor:
+        if key == "step":
+            return value
+        if self.offload:
+            return local_tensor(value)
+        if isinstance(slot.param, DTensor) and not isinstance(value, DTensor):
+            return DTensor.from_local(value, slot.param.device_mesh, slot.param.placements, run_check=False)
+        return value
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{parameter name: {"step", "exp_avg", "exp_avg_sq"}} for the parameters this rank owns;
+        zero-filled entries before the first step, so the dict is also a loading template."""
+        state = {}
+        for slot in self._owned():
+            current = self.inner.state.get(slot.work) or {
+                "step": torch.zeros((), dtype=torch.float32),
+                "exp_avg": torch.zeros_like(slot.work),
+                "exp_avg_sq": torch.zeros_like(slot.work),
+            }
+            state[slot.fqn] = {key: self._export(slot, key, current[key]) for key in ADAMW_STATE_KEYS}
+        return state
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Install state produced by `state_dict()` (possibly under another strategy, via DCP)."""
+        for slot in self._owned():
+            if slot.fqn not in state:
+                raise ValueError(f"optimizer state has no entry for parameter {slot.fqn!r}")
+            self.inner.state[slot.work] = {key: self._import(slot, key, state[slot.fqn][key]) for key in ADAMW_STATE_KEYS}

@@ -1,0 +1,97 @@
+"""Apply a `Strategy` to a model: recompute first, then data parallelism (FSDP2), then materialise.
+
+Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
+offload work the same way at every stage:
+- zero 0 and 1: `replicate` (FSDP2's data-parallel twin: full parameters, all-reduced gradients);
+  stage 1 adds the state-sharded optimizer of `trainers.optim`.
+- zero 2: `fully_shard(reshard_after_forward=False)`: gradients and optimizer state sharded,
+  parameters kept gathered from forward to backward.
+- zero 3: `fully_shard(reshard_after_forward=True)`: parameters sharded outside their block's
+  forward and backward as well.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from trainers.distributed import DistEnv
+from trainers.strategy import Strategy
+from zoo.plan import model_plan
+
+COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Outputs worth keeping under selective recompute: the matrix multiplies and attention kernels.
+# Everything else (norms, activations, dropout, adds) is recomputed in backward.
+_SAVED_UNDER_SELECTIVE = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_UNDER_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_recompute(model: nn.Module, block_names: list[str], mode: str) -> None:
+    """Wrap each named block in non-reentrant `torch.utils.checkpoint` ("blocks") or in selective
+    checkpointing that keeps matmul/attention outputs ("selective"). State-dict keys are unchanged."""
+    kwargs = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} if mode == "selective" else {}
+    for name in block_names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, checkpoint_wrapper(getattr(parent, child), preserve_rng_state=True, **kwargs))
+
+
+def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv) -> nn.Module:
+    """Apply `strategy` to `model` in place and return it.
+
+    A model built on the meta device is materialised after sharding, each rank allocating only its
+    shard, then initialised by its `init_weights()` method."""
+    plan = model_plan(model)
+    block_names = plan.block_names(model)
+    on_meta = any(p.is_meta for p in model.parameters())
+    if on_meta and not callable(getattr(model, "init_weights", None)):
+        raise ValueError(
+            f"model {type(model).__name__} was built on the meta device but has no init_weights() "
+            "method to materialise its parameters after sharding"
+        )
+    if strategy.recompute != "none":
+        if not block_names:
+            raise ValueError(
+                f"Strategy.recompute={strategy.recompute!r} needs blocks to recompute, but "
+                f"{type(model).__name__} declares none (define parallel_plan() returning zoo.plan.ModelPlan)"
+            )
+        apply_recompute(model, block_names, strategy.recompute)
+
+    common = dict(
+        mesh=env.mesh["dp"],
+        mp_policy=MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[strategy.precision], reduce_dtype=torch.float32),
+        offload_policy=(
+            CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if strategy.offload == "params" else OffloadPolicy()
+        ),
+    )
+    if strategy.zero <= 1:
+        wrap = partial(replicate, **common)
+    else:
+        wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
+    for name in block_names:
+        wrap(model.get_submodule(name))
+    wrap(model)
+
+    if on_meta:
+        model.to_empty(device="cpu" if strategy.offload == "params" else env.device)
+        with torch.no_grad():
+            model.init_weights()
+    return model

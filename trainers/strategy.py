@@ -1,0 +1,60 @@
+"""`Strategy`: how a model is spread over devices and how much memory each rank keeps.
+
+One spec for every zoo model. It names the mathematics (which ZeRO stage, where state lives, which
+precision, what is recomputed); `trainers.parallelize` turns it into torch.distributed calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+ZeroStage = Literal[0, 1, 2, 3]
+Offload = Literal["none", "optimizer", "params"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Recompute = Literal["none", "blocks", "selective"]
+
+
+@dataclass
+class Strategy:
+    """Memory strategy applied to any model by the `Trainer`.
+
+    The data-parallel ranks form one dimension of a `DeviceMesh` (`trainers.mesh`); tensor, sequence
+    and pipeline parallelism add their own dimensions to that mesh.
+    """
+
+    zero: ZeroStage = 0
+    """ZeRO stage. 0: plain data parallel (every rank holds parameters, gradients and optimizer
+    state); 1: optimizer state sharded across ranks; 2: + gradients sharded (FSDP2 without
+    resharding after forward); 3: + parameters sharded (FSDP2, resharded after forward)."""
+
+    offload: Offload = "none"
+    """Where state lives. "optimizer": fp32 master copies and optimizer state live on the CPU, and
+    the optimizer step runs there; "params": parameters, gradients and optimizer state live on the
+    CPU and each block is copied to the device when it runs (FSDP2 `CPUOffloadPolicy`)."""
+
+    precision: Precision = "fp32"
+    """Compute precision of the blocks. Master parameters, gradient reduction and optimizer state
+    stay fp32; "fp16" adds dynamic loss scaling that skips steps whose gradients overflow."""
+
+    recompute: Recompute = "none"
+    """Activation recompute. "blocks": each block keeps only its input and recomputes the rest in
+    backward; "selective": each block keeps the outputs of matrix multiplies and attention and
+    recomputes the cheap element-wise ops."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in allowed:
+                raise ValueError(
+                    f"Strategy.{field.name} must be one of {', '.join(map(repr, allowed))}; "
+                    f"got {value!r}"
+                )
+
+
+_CHOICES = {
+    "zero": get_args(ZeroStage),
+    "offload": get_args(Offload),
+    "precision": get_args(Precision),
+    "recompute": get_args(Recompute),
+}

@@ -1,0 +1,255 @@
+"""`Trainer`: runs any model whose `forward(**batch)` returns {"loss": scalar, ...} under a `Strategy`."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import resource
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import default_collate
+
+from trainers.checkpoint import ensure_writable, full_state_dict, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.config import TrainConfig
+from trainers.data import StepSampler
+from trainers.distributed import setup_distributed
+from trainers.loss_scale import DynamicLossScaler
+from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
+from trainers.metrics import MetricsSink
+from trainers.optim import TrainOptimizer, local_tensor
+from trainers.parallelize import parallelize
+from trainers.schedule import warmup_cosine_lr
+from trainers.strategy import Strategy
+
+Batch = Mapping[str, Any]
+MEMORY_PROBE_STEP = 1
+"""The step measured for `memory_report()`: the second, when optimizer state already exists."""
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of the random stream of (`seed`, `step`, `rank`): resuming at a step replays it exactly."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class Trainer:
+    """Train `model` with `config` under `strategy`.
+
+    Run it under torchrun for several ranks, or as plain python for one; every rank builds the same
+    model (or builds it on the meta device) and calls `fit` with the same datasets.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a trainers.TrainConfig; got {type(config).__name__}")
+        strategy = Strategy() if strategy is None else strategy
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
+        for name in ("global_batch_size", "micro_batch_size", "max_steps"):
+            if getattr(config, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(config, name)}")
+        self.config, self.strategy = config, strategy
+        self.env = setup_distributed()
+        per_round = config.micro_batch_size * self.env.world_size
+        if config.global_batch_size % per_round:
+            raise ValueError(
+                f"TrainConfig.global_batch_size must be divisible by micro_batch_size x world size "
+                f"({config.micro_batch_size} x {self.env.world_size} = {per_round}); got {config.global_batch_size}"
+            )
+        self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.model_class = type(model).__name__
+        self.model = parallelize(model, strategy, self.env)
+        self.optimizer = TrainOptimizer(
+            self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer"
+        )
+        self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._memory: list[dict[str, Any]] | None = None
+
+    # ---------------------------------------------------------------- public API
+    def fit(self, train_dataset: Sequence[Batch], eval_dataset: Sequence[Batch] | None = None,
+            collate_fn: Callable[[list[Batch]], Batch] | None = None) -> list[dict[str, Any]]:
+        """Train until `config.max_steps`; return the history of logged records (also written to
+        `output_dir/metrics.jsonl`). Resumes from `checkpoint_dir/latest` when `config.resume`."""
+        config, env = self.config, self.env
+        collate = collate_fn or default_collate
+        sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
+                              env.world_size, env.rank, config.seed)
+        if config.resume and self.checkpoint_dir is not None:
+            self.resume()
+        sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
+                           start_step=self.step, progress=config.progress)
+        try:
+            while self.step < config.max_steps:
+                started = time.perf_counter()
+                batches = [collate([train_dataset[i] for i in chunk]) for chunk in sampler.micro_batches(self.step)]
+                record = self._train_step(batches)
+                record["step_seconds"] = time.perf_counter() - started
+                if "tokens" in record:
+                    record["tokens_per_second"] = record["tokens"] / record["step_seconds"]
+                self.step += 1
+                last = self.step == config.max_steps
+                if eval_dataset is not None and ((config.eval_every and self.step % config.eval_every == 0) or last):
+                    record.update(self.evaluate(eval_dataset, collate_fn=collate))
+                if self.step % config.log_every == 0 or last or "eval_loss" in record:
+                    self.history.append(record)
+                    sink.write(record)
+                sink.advance({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
+                              "tok/s": f"{record.get('tokens_per_second', 0):.0f}",
+                              "rss": f"{record['peak_rss_bytes'] / 2**20:.0f}MiB"})
+                if self.checkpoint_dir is not None and ((config.checkpoint_every and self.step % config.checkpoint_every == 0) or last):
+                    self.save()
+        finally:
+            sink.close()
+        return self.history
+
+    @torch.no_grad()
+    def evaluate(self, dataset: Sequence[Batch], collate_fn: Callable[[list[Batch]], Batch] | None = None) -> dict[str, float]:
+        """Mean loss over the first `eval_batches x micro_batch_size x world size` examples,
+        weighted by examples, reduced over ranks: {"eval_loss"}."""
+        collate = collate_fn or default_collate
+        config, env = self.config, self.env
+        size = min(len(dataset), config.eval_batches * config.micro_batch_size * env.world_size)
+        chunks = [list(range(i, min(i + config.micro_batch_size, size))) for i in range(0, size, config.micro_batch_size)]
+        totals = torch.zeros(2, dtype=torch.float64, device=env.device)
+        self.model.eval()
+        try:
+            for chunk in chunks[env.rank :: env.world_size]:
+                loss = self._loss(_to_device(collate([dataset[i] for i in chunk]), env.device))
+                totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64, device=env.device)
+        finally:
+            self.model.train()
+        dist.all_reduce(totals)
+        return {"eval_loss": (totals[0] / totals[1].clamp(min=1)).item()}
+
+    def memory_report(self) -> list[dict[str, Any]]:
+        """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
+        the activation peak, measured from live tensors during training step `MEMORY_PROBE_STEP`
+        (see `trainers.memory.RankMemory`). Empty before that step has run in this process."""
+        return self._memory or []
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (collective: call on every rank)."""
+        if self.checkpoint_dir is None:
+            raise ValueError("TrainConfig.checkpoint_dir is not set; there is nowhere to save")
+        state = {
+            "step": self.step,
+            "model_class": self.model_class,
+            "world_size": self.env.world_size,
+            "strategy": asdict(self.strategy),
+            "config": asdict(self.config),
+            "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
+        }
+        return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state)
+
+    def resume(self, folder: str | Path | None = None) -> bool:
+        """Load `folder` (default: `checkpoint_dir/latest`); False when there is nothing to load."""
+        if folder is None:
+            if self.checkpoint_dir is None:
+                raise ValueError("TrainConfig.checkpoint_dir is not set; there is nothing to resume")
+            folder = latest_checkpoint(self.checkpoint_dir)
+            if folder is None:
+                return False
+        state = load_checkpoint(Path(folder), self.model, self.optimizer)
+        self.step = int(state["step"])
+        if self.loss_scaler is not None and state.get("loss_scaler"):
+            self.loss_scaler = DynamicLossScaler(**state["loss_scaler"])
+        return True
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`
+        (collective: call on every rank)."""
+        return full_state_dict(self.model)
+
+    # ---------------------------------------------------------------- one step
+    def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        output = self.model(**batch)
+        if not isinstance(output, Mapping) or "loss" not in output:
+            raise TypeError(f"{self.model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
+        loss = output["loss"]
+        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+            raise TypeError(f"{self.model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
+        return loss
+
+    def _train_step(self, batches: list[Batch]) -> dict[str, Any]:
+        config, env = self.config, self.env
+        torch.manual_seed(step_seed(config.seed, self.step, env.rank))
+        probe = None
+        if self.step == min(MEMORY_PROBE_STEP, config.max_steps - 1) and self._memory is None:
+            masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
+            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters).__enter__()
+        try:
+            record = self._forward_backward_step(batches, probe)
+        finally:
+            if probe is not None:
+                probe.__exit__(None, None, None)
+        if probe is not None:
+            self._memory = gather_reports(probe.report(env.rank))
+        return record
+
+    def _forward_backward_step(self, batches: list[Batch], probe: StepMemoryProbe | None) -> dict[str, Any]:
+        config, env = self.config, self.env
+        scale = self.loss_scaler.scale if self.loss_scaler else 1.0
+        loss_sum = torch.zeros((), device=env.device)
+        tokens = 0
+        for index, batch in enumerate(batches):
+            batch = _to_device(batch, env.device)
+            if self.strategy.zero <= 1:
+                # Replicated gradients need one all-reduce per step, after the last micro batch;
+                # sharded ones are reduce-scattered every micro batch to keep only a shard.
+                self.model.set_requires_gradient_sync(index == len(batches) - 1)
+            if probe is not None:
+                probe.before_forward()
+            loss = self._loss(batch)
+            (loss * (scale / len(batches))).backward()
+            loss_sum += loss.detach().float()
+            if isinstance(batch.get("input_ids"), torch.Tensor):
+                tokens += batch["input_ids"].numel()
+        if probe is not None:
+            probe.after_backward()
+
+        params = self.optimizer.params
+        grads = [p.grad for p in params if p.grad is not None]
+        if scale != 1.0:
+            torch._foreach_mul_([local_tensor(g) for g in grads], 1.0 / scale)
+        grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        grad_norm = grad_norm.item()
+        take_step = self.loss_scaler.update(grad_norm) if self.loss_scaler else math.isfinite(grad_norm)
+        lr = warmup_cosine_lr(self.step, config)
+        if take_step:
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, config.grad_clip, torch.tensor(grad_norm))
+            self.optimizer.step(lr)
+        self.optimizer.zero_grad()
+
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        record = {
+            "step": self.step + 1,
+            "loss": loss_sum.item() / len(batches),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "skipped": not take_step,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        if tokens:
+            record["tokens"] = tokens * env.world_size
+        if self.loss_scaler:
+            record["loss_scale"] = self.loss_scaler.scale
+        if torch.cuda.is_available():
+            record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        return record
