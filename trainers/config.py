@@ -50,7 +50,8 @@ class TrainConfig:
     """Evaluate every this many steps (0: only after the last step, when an eval set is given)."""
 
     eval_batches: int = 8
-    """Micro batches per rank used for one evaluation."""
+    """Micro batches in one evaluation (its first eval_batches x micro_batch_size examples, shared
+    out over the ranks)."""
 
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only after the last step, when a dir is set)."""

@@ -119,11 +119,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, dataset: Sequence[Batch], collate_fn: Callable[[list[Batch]], Batch] | None = None) -> dict[str, float]:
-        """Mean loss over the first `eval_batches x micro_batch_size x world size` examples,
-        weighted by examples, reduced over ranks: {"eval_loss"}."""
+        """Mean loss over the first `eval_batches x micro_batch_size` examples (the same examples
+        whatever the number of ranks, which share them), weighted by examples: {"eval_loss"}."""
         collate = collate_fn or default_collate
         config, env = self.config, self.env
-        size = min(len(dataset), config.eval_batches * config.micro_batch_size * env.world_size)
+        size = min(len(dataset), config.eval_batches * config.micro_batch_size)
         chunks = [list(range(i, min(i + config.micro_batch_size, size))) for i in range(0, size, config.micro_batch_size)]
         totals = torch.zeros(2, dtype=torch.float64, device=env.device)
         self.model.eval()

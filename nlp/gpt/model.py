@@ -14,6 +14,7 @@ from torch import nn
 
 from nlp.gpt.config import GPTConfig
 from zoo.plan import ModelPlan
+from zoo.registry import register
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,6 +66,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+@register("gpt", GPTConfig)
 class GPT(nn.Module):
     """Token + position embeddings, `n_layer` blocks, final LayerNorm, LM head tied to the token
     embedding. `forward(input_ids, labels=None)` returns {"logits", "loss"}."""

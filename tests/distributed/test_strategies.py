@@ -1,0 +1,32 @@
+"""ZeRO 0-3 x offload on 2 ranks equal one process: parameters and gradients, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import relative_error, torchrun
+
+COMBOS = [f"{zero}:{offload}" for zero in (0, 1, 2, 3) for offload in ("none", "optimizer", "params")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("strategies")
+    torchrun(1, "strategies", str(folder / "single.pt"), "0:none")
+    torchrun(2, "strategies", str(folder / "two.pt"), *COMBOS, timeout=600)
+    return torch.load(folder / "single.pt")["0:none"], torch.load(folder / "two.pt")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("combo", COMBOS)
+def test_two_ranks_match_one_process(runs, combo):
+    single, two = runs[0], runs[1][combo]
+    assert single["params"].keys() == two["params"].keys()
+    for name, expected in single["params"].items():
+        assert relative_error(two["params"][name], expected) < 1e-5, name
+    for name, expected in single["grads"].items():
+        assert expected.norm() > 0, name
+        assert relative_error(two["grads"][name], expected) < 1e-5, name
+    # Training moved the parameters: the comparison is not between two initialisations.
+    assert two["losses"][-1] < two["losses"][0]

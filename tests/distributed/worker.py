@@ -1,0 +1,114 @@
+"""Multi-process scenarios, run by the tests under torchrun. Each writes its results (full
+tensors gathered on rank 0) to a file the test compares.
+
+    worker.py strategies OUT [zero:offload ...]   train each strategy 3 steps; params + grads
+    worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
+    worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
+    worker.py memory OUT ZERO                      memory report of a fp32 run
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# The repository root first (tests/ mirrors its package names), then tests/ for the helpers.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from helpers import lm_examples, tiny_gpt  # noqa: E402
+from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
+from trainers.optim import clean_fqn  # noqa: E402
+
+STEPS = 3
+
+
+def config(**overrides) -> TrainConfig:
+    base = dict(global_batch_size=8, micro_batch_size=2, max_steps=STEPS, lr=1e-2, warmup_steps=1,
+                log_every=1, progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5)
+    return TrainConfig(**{**base, **overrides})
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().cpu().clone()
+
+
+def gradients_on_probe_batch(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Gradients of the loss of 4 fixed examples at the trained parameters: rank r of W uses
+    examples r*4/W ... (r+1)*4/W, so the reduced gradient is the mean over all four."""
+    examples = lm_examples(4, seed=99)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    share = 4 // world
+    batch = {k: torch.stack([e[k] for e in examples[rank * share : (rank + 1) * share]]) for k in examples[0]}
+    trainer.model(**batch)["loss"].backward()
+    return {clean_fqn(n): full(p.grad) for n, p in trainer.model.named_parameters()}
+
+
+def strategies(out: str, *combos: str) -> None:
+    results = {}
+    for combo in combos:
+        zero, offload = combo.split(":")
+        trainer = Trainer(tiny_gpt(), config(), Strategy(zero=int(zero), offload=offload))
+        history = trainer.fit(lm_examples(64))
+        params = {k: v.clone() for k, v in trainer.full_state_dict().items()}
+        results[combo] = {"params": params, "grads": gradients_on_probe_batch(trainer),
+                          "losses": [r["loss"] for r in history]}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
+def optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Full AdamW moments by parameter name (collective)."""
+    state = trainer.optimizer.state_dict()
+    names = [slot.fqn for slot in trainer.optimizer.slots]
+    gathered: dict[str, torch.Tensor] = {}
+    for name in names:
+        for key in ("exp_avg", "exp_avg_sq"):
+            if trainer.strategy.zero == 1:
+                # ZeRO-1: only the owner holds it; broadcast from the owner.
+                owner = next(s.owner for s in trainer.optimizer.slots if s.fqn == name)
+                slot = next(s for s in trainer.optimizer.slots if s.fqn == name)
+                value = state[name][key].clone() if name in state else torch.empty_like(full(slot.param))
+                dist.broadcast(value, src=owner)
+                gathered[f"{name}.{key}"] = value
+            else:
+                gathered[f"{name}.{key}"] = full(state[name][key])
+    return gathered
+
+
+def dump(trainer: Trainer, out: str) -> None:
+    params = trainer.full_state_dict()
+    moments = optimizer_state(trainer)
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "optimizer": moments, "step": trainer.step}, out)
+
+
+def save(directory: str, zero: str) -> None:
+    trainer = Trainer(tiny_gpt(), config(max_steps=2, checkpoint_dir=directory), Strategy(zero=int(zero)))
+    trainer.fit(lm_examples(64))
+    dump(trainer, str(Path(directory) / "saved.pt"))
+
+
+def load(directory: str, zero: str, out: str) -> None:
+    trainer = Trainer(tiny_gpt(seed=123), config(max_steps=2, checkpoint_dir=directory), Strategy(zero=int(zero)))
+    if not trainer.resume():
+        raise SystemExit("nothing to resume")
+    dump(trainer, out)
+
+
+def memory(out: str, zero: str) -> None:
+    model = tiny_gpt(n_embd=64, n_layer=4, vocab_size=256)
+    numel = sum(p.numel() for p in model.parameters())
+    trainer = Trainer(model, config(max_steps=2), Strategy(zero=int(zero)))
+    trainer.fit(lm_examples(64, vocab=256))
+    if dist.get_rank() == 0:
+        torch.save({"numel": numel, "reports": trainer.memory_report()}, out)
+
+
+if __name__ == "__main__":
+    command, *arguments = sys.argv[1:]
+    {"strategies": strategies, "save": save, "load": load, "memory": memory}[command](*arguments)
+    dist.destroy_process_group()

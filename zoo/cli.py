@@ -1,0 +1,96 @@
+"""The `zoo` command line: list, info, train, generate."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from zoo.recipes import apply_overrides, get_recipe, recipes
+from zoo.store import CARD_FILE, list_models, locate, read_config
+
+
+def _parse_overrides(words: list[str]) -> dict[str, str]:
+    overrides = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if not word.startswith("--") or word == "--":
+            raise ValueError(f"expected --field value; got {word!r}")
+        if "=" in word:
+            key, value = word[2:].split("=", 1)
+            index += 1
+        else:
+            if index + 1 >= len(words):
+                raise ValueError(f"{word} needs a value")
+            key, value = word[2:], words[index + 1]
+            index += 2
+        overrides[key] = value
+    return overrides
+
+
+def cmd_list(_: argparse.Namespace) -> None:
+    for name, folder in list_models().items():
+        print(f"{name:28s} {read_config(folder)['arch']:8s} {folder}")
+    for name, recipe in recipes().items():
+        print(f"recipe {name:21s} -> {recipe.produces}: {recipe.description}")
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    print((locate(args.name) / CARD_FILE).read_text())
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
+    recipe = get_recipe(args.recipe)
+    config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
+    if args.nproc > 1 and "RANK" not in os.environ:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+                   "-m", "zoo.cli", "train", args.recipe, *rest]
+        environment = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        raise SystemExit(subprocess.call(command, env=environment))
+    recipe.run(config)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from nlp.generate import generate_text  # the CLI sits on top of the domains
+
+    print(generate_text(args.name, args.prompt, max_new_tokens=args.tokens, temperature=args.temperature,
+                        top_k=args.top_k, seed=args.seed))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zoo", description="memzoo: train and use memory-lean models")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="models and recipes")
+    info = commands.add_parser("info", help="show a model's card")
+    info.add_argument("name")
+    train = commands.add_parser("train", help="run a recipe: zoo train RECIPE [--field value ...] [--nproc N]")
+    train.add_argument("recipe")
+    train.add_argument("--nproc", type=int, default=1, help="processes (ranks); >1 launches torchrun")
+    generate = commands.add_parser("generate", help="continue a prompt with a language model")
+    generate.add_argument("name")
+    generate.add_argument("prompt")
+    generate.add_argument("--tokens", type=int, default=200)
+    generate.add_argument("--temperature", type=float, default=0.8)
+    generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.command == "train":
+            cmd_train(args, rest)
+            return
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        {"list": cmd_list, "info": cmd_info, "generate": cmd_generate}[args.command](args)
+    except ValueError as error:
+        parser.exit(2, f"zoo: error: {error}\n")
+
+
+if __name__ == "__main__":
+    main()

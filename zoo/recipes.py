@@ -1,0 +1,103 @@
+"""The recipe table: `Recipe` specs found through `memzoo.recipes` entry points, and the parsing
+of `--field value` overrides into a recipe's (nested dataclass) configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+ENTRY_POINT_GROUP = "memzoo.recipes"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A runnable training recipe."""
+
+    name: str
+    """Name used by `zoo train NAME`."""
+    config_class: type
+    """Dataclass of its settings (may nest TrainConfig, Strategy, a model config)."""
+    run: Callable[[Any], dict[str, Any]]
+    """Runs the recipe on every rank; returns its metrics."""
+    produces: str
+    """Name of the zoo entry it writes."""
+    description: str
+    """One line for `zoo list`."""
+
+
+def recipes() -> dict[str, Recipe]:
+    """Every installed recipe by name."""
+    found = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        recipe = entry.load()
+        found[recipe.name] = recipe
+    return found
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe `name`; ValueError listing the known ones otherwise."""
+    known = recipes()
+    if name not in known:
+        raise ValueError(f"unknown recipe {name!r}; available: {sorted(known)}")
+    return known[name]
+
+
+def recipe_producing(model_name: str) -> str | None:
+    """Name of the recipe that writes zoo entry `model_name`, if any."""
+    return next((r.name for r in recipes().values() if r.produces == model_name), None)
+
+
+def _convert(text: str, annotation: Any, where: str) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        for choice in args:
+            if str(choice) == text:
+                return choice
+        raise ValueError(f"--{where} must be one of {list(args)}; got {text!r}")
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() == "none" and type(None) in args:
+            return None
+        return _convert(text, next(a for a in args if a is not type(None)), where)
+    if origin is tuple:
+        parts = text.split(",")
+        if len(parts) != len(args):
+            raise ValueError(f"--{where} needs {len(args)} comma-separated values; got {text!r}")
+        return tuple(_convert(p, a, where) for p, a in zip(parts, args))
+    if annotation is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"--{where} must be true or false; got {text!r}")
+        return text.lower() in ("true", "1")
+    try:
+        return annotation(text)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--{where} expects {getattr(annotation, '__name__', annotation)}; got {text!r}") from error
+
+
+def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
+    """Set dotted fields (`train.max_steps`, `strategy.zero`) of a nested dataclass from strings,
+    converted to each field's annotated type; returns a new config (validated again)."""
+    for dotted, text in overrides.items():
+        *path, leaf = dotted.split(".")
+        owners = [config]
+        for part in path:
+            owners.append(_field_value(owners[-1], part, dotted))
+        hints = typing.get_type_hints(type(owners[-1]))
+        _field_value(owners[-1], leaf, dotted)
+        value = _convert(text, hints[leaf], dotted)
+        # Rebuild from the leaf up, so each dataclass's __post_init__ validates the new value.
+        for owner, name in zip(reversed(owners), reversed([*path, leaf])):
+            value = dataclasses.replace(owner, **{name: value})
+        config = value
+    return config
+
+
+def _field_value(owner: Any, name: str, dotted: str) -> Any:
+    if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
+        fields = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+        raise ValueError(f"--{dotted}: {type(owner).__name__} has no field {name!r}; fields: {fields}")
+    return getattr(owner, name)
