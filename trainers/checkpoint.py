@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -54,8 +55,9 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
     """Write the checkpoint of optimizer step `step` (steps done so far) on every rank; return its folder."""
     final = directory / f"step_{step:08d}"
     partial = directory / f".step_{step:08d}.partial"
-    if dist.get_rank() == 0 and partial.exists():
-        shutil.rmtree(partial)
+    if dist.get_rank() == 0:
+        for stale in directory.glob(".step_*.partial"):  # left by a save that crashed
+            shutil.rmtree(stale)
     dist.barrier()
     dcp.save({"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint_id=partial)
     if dist.get_rank() == 0:
@@ -90,9 +92,10 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
         raise ValueError(f"checkpoint {str(folder)!r} has an unreadable {STATE_FILE}: {error}") from error
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer) -> dict[str, Any]:
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, model_class: str) -> dict[str, Any]:
     """Load `folder` into the (possibly differently sharded) model and optimizer; return its
-    trainer state. Raises ValueError for another architecture or a corrupt checkpoint."""
+    trainer state. `model_class` names the model in errors. Raises ValueError for another
+    architecture or a corrupt checkpoint."""
     state = read_trainer_state(folder)
     expected, found = model_signature(model), state.get("model_signature", {})
     if expected != found:
@@ -101,13 +104,13 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer) -
         reshaped = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])[:3]
         raise ValueError(
             f"checkpoint {str(folder)!r} was saved from model {state.get('model_class')!r}, which does not "
-            f"match this {type(model).__name__}: missing {missing}, unexpected {unexpected}, other shapes {reshaped}"
+            f"match this {model_class}: missing {missing}, unexpected {unexpected}, other shapes {reshaped}"
         )
     model_state = get_model_state_dict(model)
     optimizer_state = optimizer.state_dict()
     try:
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
-    except Exception as error:  # DCP wraps reader errors in its own types; report them as one.
+    except (CheckpointException, OSError, RuntimeError) as error:  # CheckpointException is a BaseException
         raise ValueError(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
     set_model_state_dict(model, model_state)
     optimizer.load_state_dict(optimizer_state)

@@ -47,7 +47,7 @@ class Strategy:
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
                 raise ValueError(
-                    f"Strategy.{field.name} must be one of {', '.join(map(repr, allowed))}; "
+                    f"Strategy.{name} must be one of {', '.join(map(repr, allowed))}; "
                     f"got {value!r}"
                 )
 

@@ -164,7 +164,7 @@ class Trainer:
             folder = latest_checkpoint(self.checkpoint_dir)
             if folder is None:
                 return False
-        state = load_checkpoint(Path(folder), self.model, self.optimizer)
+        state = load_checkpoint(Path(folder), self.model, self.optimizer, self.model_class)
         self.step = int(state["step"])
         if self.loss_scaler is not None and state.get("loss_scaler"):
             self.loss_scaler = DynamicLossScaler(**state["loss_scaler"])

@@ -1,0 +1,123 @@
+"""Checkpoints: exact resume, atomic writes under a kill, clear errors."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import lm_examples, tiny_gpt
+from trainers import Strategy, TrainConfig, Trainer
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    base = dict(global_batch_size=8, micro_batch_size=4, max_steps=6, lr=1e-2, warmup_steps=1, log_every=1,
+                progress=False, output_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "ckpt"))
+    return TrainConfig(**{**base, **overrides})
+
+
+@pytest.mark.timeout(120)
+def test_resume_is_exact_bit_for_bit(tmp_path):
+    straight = Trainer(tiny_gpt(dropout=0.1), config(tmp_path, checkpoint_every=3))
+    straight.fit(lm_examples(64))
+    expected = straight.full_state_dict()
+
+    resumed = Trainer(tiny_gpt(seed=7, dropout=0.1), config(tmp_path))
+    assert resumed.resume(tmp_path / "ckpt" / "step_00000003")
+    assert resumed.step == 3
+    resumed.fit(lm_examples(64))
+    actual = resumed.full_state_dict()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), name
+
+
+@pytest.mark.timeout(120)
+def test_resume_flag_continues_from_latest(tmp_path):
+    first = Trainer(tiny_gpt(), config(tmp_path, max_steps=2))
+    first.fit(lm_examples(64))
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step_00000002"
+    second = Trainer(tiny_gpt(), config(tmp_path, max_steps=4, resume=True))
+    history = second.fit(lm_examples(64))
+    assert [r["step"] for r in history] == [3, 4]
+
+
+KILL_DURING_SAVE = """
+import os, signal, sys
+sys.path.append({tests!r})
+from helpers import lm_examples, tiny_gpt
+import trainers.checkpoint as checkpoint
+from trainers import TrainConfig, Trainer
+
+real_replace = os.replace
+def replace(source, target):
+    # Die at the commit point of the step-3 save: every shard is on disk, nothing renamed yet.
+    if str(source).endswith(".step_00000003.partial"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(source, target)
+checkpoint.os.replace = replace
+config = TrainConfig(global_batch_size=8, micro_batch_size=8, max_steps=4, checkpoint_every=1, progress=False,
+                     checkpoint_dir={ckpt!r}, output_dir={run!r})
+Trainer(tiny_gpt(), config).fit(lm_examples(64))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_kill_during_save_leaves_previous_checkpoint_as_latest(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    script = KILL_DURING_SAVE.format(tests=str(Path(__file__).parents[1]), ckpt=str(ckpt), run=str(tmp_path / "run"))
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=150)
+    assert result.returncode == -9, result.stderr[-2000:]
+    assert (ckpt / "latest").read_text() == "step_00000002"
+    assert (ckpt / ".step_00000003.partial").is_dir()
+    assert not (ckpt / "step_00000003").exists()
+
+    trainer = Trainer(tiny_gpt(seed=5), config(tmp_path, max_steps=4, micro_batch_size=8, resume=True))
+    history = trainer.fit(lm_examples(64))
+    assert [r["step"] for r in history] == [3, 4]
+    assert (ckpt / "latest").read_text() == "step_00000004"
+    assert not (ckpt / ".step_00000003.partial").exists()
+
+
+def test_bad_strategy_and_batch_sizes_are_named():
+    with pytest.raises(ValueError, match=r"Strategy.zero must be one of 0, 1, 2, 3; got 4"):
+        Strategy(zero=4)
+    with pytest.raises(ValueError, match=r"Strategy.offload .* got 'gpu'"):
+        Strategy(offload="gpu")
+    with pytest.raises(ValueError, match=r"global_batch_size must be divisible by micro_batch_size x world size \(3 x 1 = 3\); got 8"):
+        Trainer(tiny_gpt(), TrainConfig(global_batch_size=8, micro_batch_size=3))
+
+
+def test_unwritable_checkpoint_dir_is_named(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="checkpoint_dir='.*a-file/ckpt' is not writable"):
+        Trainer(tiny_gpt(), TrainConfig(checkpoint_dir=str(blocker / "ckpt")))
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_of_another_architecture_is_refused_and_kept(tmp_path):
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).fit(lm_examples(64))
+    folder = tmp_path / "ckpt" / "step_00000001"
+    before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
+    other = Trainer(tiny_gpt(n_layer=3), config(tmp_path, max_steps=1))
+    with pytest.raises(ValueError, match="does not match this GPT: missing \\['blocks.2"):
+        other.resume()
+    assert sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_checkpoint_gives_a_clear_error(tmp_path):
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).fit(lm_examples(64))
+    folder = tmp_path / "ckpt" / "step_00000001"
+    shard = next(folder.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match="is corrupt or incomplete"):
+        Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).resume()
+    shutil.rmtree(folder)
+    with pytest.raises(ValueError, match="missing or incomplete"):
+        Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).resume()

@@ -1,0 +1,97 @@
+"""One-process training behaviour: accumulation, precision, recompute, meta-device construction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helpers import TINY, lm_examples, relative_error, tiny_gpt
+from nlp.gpt import GPT
+from trainers import Strategy, TrainConfig, Trainer
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    base = dict(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-2, warmup_steps=1, log_every=1,
+                progress=False, output_dir=str(tmp_path / "run"))
+    return TrainConfig(**{**base, **overrides})
+
+
+def trained_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.full_state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_gradient_accumulation_does_not_change_the_result(tmp_path):
+    accumulated = Trainer(tiny_gpt(), config(tmp_path, micro_batch_size=2))
+    assert accumulated.fit(lm_examples(64))[0]["step"] == 1
+    whole = Trainer(tiny_gpt(), config(tmp_path, micro_batch_size=8))
+    whole.fit(lm_examples(64))
+    a, b = trained_state(accumulated), trained_state(whole)
+    for name in a:
+        assert relative_error(a[name], b[name]) < 1e-5, name
+    assert relative_error(a["wte.weight"], tiny_gpt().state_dict()["wte.weight"]) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def fp32_losses(tmp_path_factory):
+    trainer = Trainer(tiny_gpt(), config(tmp_path_factory.mktemp("fp32"), max_steps=60, warmup_steps=5))
+    return [r["loss"] for r in trainer.fit(lm_examples(256))]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_converges_like_fp32(tmp_path, precision, fp32_losses):
+    trainer = Trainer(tiny_gpt(), config(tmp_path, max_steps=60, warmup_steps=5), Strategy(zero=3, precision=precision))
+    losses = [r["loss"] for r in trainer.fit(lm_examples(256))]
+    assert fp32_losses[-1] < 0.25 * fp32_losses[0], fp32_losses[::10]
+    assert losses[-1] < 0.25 * losses[0], losses[::10]
+    assert abs(losses[-1] - fp32_losses[-1]) < 0.1 * fp32_losses[0]
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale():
+    from trainers.loss_scale import DynamicLossScaler
+
+    scaler = DynamicLossScaler(scale=1024.0, growth_interval=2)
+    assert scaler.update(float("inf")) is False and scaler.scale == 512.0 and scaler.skipped_steps == 1
+    assert scaler.update(1.0) and scaler.update(1.0) and scaler.scale == 1024.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("recompute", ["blocks", "selective"])
+def test_recompute_gives_the_same_training(tmp_path, recompute):
+    plain = Trainer(tiny_gpt(dropout=0.1), config(tmp_path))
+    plain.fit(lm_examples(64))
+    recomputed = Trainer(tiny_gpt(dropout=0.1), config(tmp_path), Strategy(recompute=recompute))
+    recomputed.fit(lm_examples(64))
+    a, b = trained_state(plain), trained_state(recomputed)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert recomputed.memory_report()[0]["activation_peak"] < plain.memory_report()[0]["activation_peak"]
+
+
+@pytest.mark.timeout(120)
+def test_meta_device_model_is_materialised_after_sharding(tmp_path):
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(TINY))
+    assert all(p.is_meta for p in model.parameters())
+    trainer = Trainer(model, config(tmp_path, max_steps=5), Strategy(zero=3))
+    history = trainer.fit(lm_examples(64))
+    state = trained_state(trainer)
+    assert not any(t.is_meta for t in state.values())
+    assert 0.01 < state["wte.weight"].std().item() < 0.05
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+@pytest.mark.timeout(60)
+def test_memory_report_and_metrics_file(tmp_path):
+    trainer = Trainer(tiny_gpt(), config(tmp_path))
+    trainer.fit(lm_examples(64))
+    (report,) = trainer.memory_report()
+    numel = sum(p.numel() for p in tiny_gpt().parameters())
+    assert report["parameters"] == 4 * numel
+    assert report["gradients"] == 4 * numel
+    assert 8 * numel <= report["optimizer"] <= 8 * numel + 64 * 4
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and '"tokens_per_second"' in lines[-1]
