@@ -1,0 +1,73 @@
+"""Registry, model folders, and recipe overrides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import zoo
+from helpers import tiny_gpt
+from nlp.gpt import GPT, GPTConfig
+from trainers import Strategy, TrainConfig
+from zoo.recipes import apply_overrides, get_recipe
+from zoo.store import read_config
+
+
+def test_create_builds_registered_architecture():
+    model = zoo.create("gpt", vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8)
+    assert isinstance(model, GPT) and model.config.n_layer == 1
+    with pytest.raises(ValueError, match="unknown architecture 'nope'; registered: \\[.*'gpt'"):
+        zoo.create("nope")
+    with pytest.raises(ValueError, match="unknown GPTConfig fields \\['layers'\\]"):
+        zoo.create("gpt", layers=3)
+
+
+def test_save_then_load_round_trips_weights_and_card(tmp_path):
+    model = tiny_gpt()
+    folder = zoo.save(model, tmp_path / "m", card="# tiny\n", extra={"metrics": {"loss": 1.5}})
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    loaded = zoo.load(folder)
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert read_config(folder)["metrics"] == {"loss": 1.5}
+    # Saving again replaces the folder whole and leaves no staging folders behind.
+    zoo.save(tiny_gpt(seed=3), folder, card="# again\n")
+    assert (folder / "README.md").read_text() == "# again\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_load_refuses_weights_of_another_shape(tmp_path):
+    folder = zoo.save(tiny_gpt(), tmp_path / "m", card="")
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["n_layer"] = 3
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="do not fit 'gpt': missing \\['blocks.2"):
+        zoo.load(folder)
+
+
+def test_unknown_model_says_how_to_make_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMZOO_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="no model 'gpt-shakespeare-gpt2'"):
+        zoo.load("gpt-shakespeare-gpt2")
+    monkeypatch.setattr("zoo.store.SHIPPED_DIR", tmp_path / "none")
+    with pytest.raises(ValueError, match="train it with `zoo train gpt_shakespeare`"):
+        zoo.load("gpt-shakespeare-char")
+
+
+def test_overrides_reach_nested_fields_with_types_and_validation():
+    recipe = get_recipe("gpt_shakespeare")
+    config = apply_overrides(recipe.config_class(), {
+        "train.max_steps": "7", "strategy.zero": "2", "strategy.precision": "fp16", "model.n_layer": "3",
+        "train.betas": "0.8,0.9", "train.checkpoint_dir": "none", "tokenizer": "gpt2", "train.progress": "false"})
+    assert config.train.max_steps == 7 and config.train.betas == (0.8, 0.9) and config.train.checkpoint_dir is None
+    assert config.strategy == Strategy(zero=2, precision="fp16")
+    assert config.model.n_layer == 3 and config.tokenizer == "gpt2" and config.train.progress is False
+    assert isinstance(config.train, TrainConfig) and isinstance(config.model, GPTConfig)
+    with pytest.raises(ValueError, match="--strategy.zero must be one of \\[0, 1, 2, 3\\]; got '5'"):
+        apply_overrides(recipe.config_class(), {"strategy.zero": "5"})
+    with pytest.raises(ValueError, match="--train.steps: TrainConfig has no field 'steps'"):
+        apply_overrides(recipe.config_class(), {"train.steps": "5"})
+    with pytest.raises(ValueError, match="GPTConfig.n_embd must be divisible by n_head=4; got 30"):
+        apply_overrides(recipe.config_class(), {"model.n_embd": "30"})
