@@ -1,0 +1,106 @@
+"""Per-rank memory and step time of the trainer for every ZeRO stage and offload mode.
+
+    python benchmarks/trainer_memory.py [--ranks 1 2 4] [--steps 4] [--out BENCH.jsonl]
+
+For each world size it launches torchrun (gloo; NCCL on GPUs) running this file with --worker,
+which trains two GPT sizes under each strategy for a few steps and records the trainer's measured
+memory report (parameters, gradients, optimizer state, activation peak: live tensors on CPU,
+CUDA allocator stats on GPU), the median step time, and the ZeRO-paper estimate. The driver
+prints one markdown table per model size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = {
+    "gpt-5M": dict(vocab_size=8192, block_size=128, n_layer=4, n_head=4, n_embd=256),
+    "gpt-30M": dict(vocab_size=8192, block_size=128, n_layer=8, n_head=8, n_embd=512),
+}
+STRATEGIES = [(zero, offload) for zero in (0, 1, 2, 3) for offload in ("none", "optimizer", "params")]
+
+
+def worker(steps: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from nlp.gpt import GPT, GPTConfig
+    from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+
+    rows = []
+    for size, shape in SIZES.items():
+        generator = torch.Generator().manual_seed(0)
+        data = [{"input_ids": x[:-1], "labels": x[1:]}
+                for x in torch.randint(0, shape["vocab_size"], (64, shape["block_size"] + 1), generator=generator)]
+        for zero, offload in STRATEGIES:
+            strategy = Strategy(zero=zero, offload=offload)
+            torch.manual_seed(0)
+            model = GPT(GPTConfig(**shape))
+            numel = model.num_parameters()
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            config = TrainConfig(global_batch_size=4 * world, micro_batch_size=4, max_steps=steps, log_every=1,
+                                 progress=False, output_dir=tempfile.mkdtemp(prefix="bench-"))
+            trainer = Trainer(model, config, strategy)
+            history = trainer.fit(data)
+            seconds = statistics.median(r["step_seconds"] for r in history[2:]) if len(history) > 2 else history[-1]["step_seconds"]
+            if dist.get_rank() == 0:
+                for report in trainer.memory_report():
+                    rows.append({"size": size, "params": numel, "world_size": world, "zero": zero, "offload": offload,
+                                 "step_seconds": seconds, **{k: v for k, v in report.items() if k != "by_device"},
+                                 "estimate": estimate_memory(numel, strategy, world)})
+    if dist.get_rank() == 0:
+        with open(out, "a") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+
+
+def table(rows: list[dict], size: str) -> str:
+    mib = 2**20
+    lines = [f"### {size} ({rows[0]['params'] / 1e6:.1f} M parameters), rank 0, MiB",
+             "",
+             "| ranks | zero | offload | params | grads | optimizer | other | activation peak | model states | ZeRO paper | step s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        states = r["parameters"] + r["gradients"] + r["optimizer"] + r["other"]
+        lines.append(f"| {r['world_size']} | {r['zero']} | {r['offload']} | {r['parameters'] / mib:.1f} | {r['gradients'] / mib:.1f} | "
+                     f"{r['optimizer'] / mib:.1f} | {r['other'] / mib:.1f} | {r['activation_peak'] / mib:.1f} | {states / mib:.1f} | "
+                     f"{r['estimate']['total'] / mib:.1f} | {r['step_seconds']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", default="benchmarks/results/trainer_memory.jsonl")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.steps, args.out)
+        return
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("")
+    started = time.time()
+    for ranks in args.ranks:
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                        __file__, "--worker", "--steps", str(args.steps), "--out", args.out],
+                       check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["rank"] == 0]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
+    for size in SIZES:
+        print(table([r for r in rows if r["size"] == size], size) + "\n")
+
+
+if __name__ == "__main__":
+    main()
