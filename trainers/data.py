@@ -13,6 +13,16 @@ from dataclasses import dataclass
 import torch
 
 
+def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size: int) -> None:
+    """ValueError unless the global batch splits into whole micro batches on every rank."""
+    per_round = micro_batch_size * world_size
+    if global_batch_size % per_round:
+        raise ValueError(
+            f"TrainConfig.global_batch_size must be divisible by micro_batch_size x world size "
+            f"({micro_batch_size} x {world_size} = {per_round}); got {global_batch_size}"
+        )
+
+
 @dataclass(frozen=True)
 class StepSampler:
     """Indices of the examples each rank uses in each optimizer step."""
@@ -31,12 +41,7 @@ class StepSampler:
     """Seed of the per-epoch shuffles."""
 
     def __post_init__(self) -> None:
-        per_round = self.micro_batch_size * self.world_size
-        if self.global_batch_size % per_round:
-            raise ValueError(
-                f"global_batch_size must be divisible by micro_batch_size x world size "
-                f"({self.micro_batch_size} x {self.world_size} = {per_round}); got {self.global_batch_size}"
-            )
+        check_batch_sizes(self.global_batch_size, self.micro_batch_size, self.world_size)
         if self.dataset_size < self.global_batch_size:
             raise ValueError(
                 f"the training set must hold at least global_batch_size={self.global_batch_size} "

@@ -18,7 +18,7 @@ from torch.utils.data import default_collate
 
 from trainers.checkpoint import ensure_writable, full_state_dict, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.config import TrainConfig
-from trainers.data import StepSampler
+from trainers.data import StepSampler, check_batch_sizes
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
@@ -30,7 +30,8 @@ from trainers.strategy import Strategy
 
 Batch = Mapping[str, Any]
 MEMORY_PROBE_STEP = 1
-"""The step measured for `memory_report()`: the second, when optimizer state already exists."""
+"""Which step of a `fit` is measured for `memory_report()`: the second it runs (0-based 1), when
+optimizer state already exists; the first when it runs only one."""
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -63,12 +64,7 @@ class Trainer:
                 raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(config, name)}")
         self.config, self.strategy = config, strategy
         self.env = setup_distributed()
-        per_round = config.micro_batch_size * self.env.world_size
-        if config.global_batch_size % per_round:
-            raise ValueError(
-                f"TrainConfig.global_batch_size must be divisible by micro_batch_size x world size "
-                f"({config.micro_batch_size} x {self.env.world_size} = {per_round}); got {config.global_batch_size}"
-            )
+        check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.world_size)
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
         self.model_class = type(model).__name__
         self.model = parallelize(model, strategy, self.env)
@@ -78,6 +74,7 @@ class Trainer:
         self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        self._steps_run = 0
         self._memory: list[dict[str, Any]] | None = None
 
     # ---------------------------------------------------------------- public API
@@ -128,9 +125,15 @@ class Trainer:
         totals = torch.zeros(2, dtype=torch.float64, device=env.device)
         self.model.eval()
         try:
-            for chunk in chunks[env.rank :: env.world_size]:
+            # Every rank runs the same number of forwards (sharded parameters are gathered
+            # collectively); a rank past the end repeats the first chunk with weight 0.
+            for start in range(0, len(chunks), env.world_size):
+                index = start + env.rank
+                chunk = chunks[index] if index < len(chunks) else chunks[0]
+                weight = len(chunk) if index < len(chunks) else 0
                 loss = self._loss(_to_device(collate([dataset[i] for i in chunk]), env.device))
-                totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64, device=env.device)
+                totals[0] += loss.double() * weight
+                totals[1] += weight
         finally:
             self.model.train()
         dist.all_reduce(totals)
@@ -138,8 +141,8 @@ class Trainer:
 
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
-        the activation peak, measured from live tensors during training step `MEMORY_PROBE_STEP`
-        (see `trainers.memory.RankMemory`). Empty before that step has run in this process."""
+        the activation peak, measured from live tensors during one training step (the second
+        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then."""
         return self._memory or []
 
     def save(self) -> Path:
@@ -189,7 +192,8 @@ class Trainer:
         config, env = self.config, self.env
         torch.manual_seed(step_seed(config.seed, self.step, env.rank))
         probe = None
-        if self.step == min(MEMORY_PROBE_STEP, config.max_steps - 1) and self._memory is None:
+        last = self.step == config.max_steps - 1
+        if self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last):
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters).__enter__()
         try:
@@ -199,6 +203,7 @@ class Trainer:
                 probe.__exit__(None, None, None)
         if probe is not None:
             self._memory = gather_reports(probe.report(env.rank))
+        self._steps_run += 1
         return record
 
     def _forward_backward_step(self, batches: list[Batch], probe: StepMemoryProbe | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
     worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
     worker.py memory OUT ZERO                      memory report of a fp32 run
+    worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
 """
 
 from __future__ import annotations
@@ -108,7 +109,14 @@ def memory(out: str, zero: str) -> None:
         torch.save({"numel": numel, "reports": trainer.memory_report()}, out)
 
 
+def evaluate(out: str) -> None:
+    trainer = Trainer(tiny_gpt(), config(eval_batches=3), Strategy(zero=3))
+    result = trainer.evaluate(lm_examples(5, seed=7))
+    if dist.get_rank() == 0:
+        torch.save(result, out)
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"strategies": strategies, "save": save, "load": load, "memory": memory}[command](*arguments)
+    {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate}[command](*arguments)
     dist.destroy_process_group()
