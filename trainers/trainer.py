@@ -65,6 +65,8 @@ class Trainer:
         self.config, self.strategy = config, strategy
         self.env = setup_distributed()
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.world_size)
+        if config.resume and not config.checkpoint_dir:
+            raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
         self.model_class = type(model).__name__
         self.model = parallelize(model, strategy, self.env)
@@ -86,7 +88,7 @@ class Trainer:
         collate = collate_fn or default_collate
         sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
                               env.world_size, env.rank, config.seed)
-        if config.resume and self.checkpoint_dir is not None:
+        if config.resume:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
                            start_step=self.step, progress=config.progress)
@@ -107,7 +109,7 @@ class Trainer:
                     sink.write(record)
                 sink.advance({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
                               "tok/s": f"{record.get('tokens_per_second', 0):.0f}",
-                              "rss": f"{record['peak_rss_bytes'] / 2**20:.0f}MiB"})
+                              "mem": f"{record.get('cuda_max_allocated_bytes', record['peak_rss_bytes']) / 2**20:.0f}MiB"})
                 if self.checkpoint_dir is not None and ((config.checkpoint_every and self.step % config.checkpoint_every == 0) or last):
                     self.save()
         finally:

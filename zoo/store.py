@@ -89,6 +89,9 @@ def save(model: nn.Module, directory: str | os.PathLike, *, card: str, extra: di
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a model folder is not
     save_file(tensors, str(staging / WEIGHTS_FILE))
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1))
     (staging / CARD_FILE).write_text(card)
