@@ -8,6 +8,8 @@ reported beside it.
 
 from __future__ import annotations
 
+import gc
+from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
 
 from trainers.strategy import Strategy
 
@@ -121,6 +124,27 @@ def gather_reports(report: RankMemory) -> list[dict[str, Any]]:
     reports: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(reports, asdict(report))
     return reports
+
+
+def live_tensor_bytes() -> dict[str, int]:
+    """Bytes of every tensor storage the garbage collector can reach now, each storage counted
+    once, by device. A census that needs no tracker installed beforehand, so it measures any
+    framework's state at rest (e.g. DeepSpeed's flat partitions) with the same instrument."""
+    gc.collect()
+    storages: dict[tuple[str, int], int] = {}
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(), not isinstance: no __class__ lookups
+            continue
+        tensor = obj.to_local() if isinstance(obj, DTensor) else obj
+        if tensor.is_meta or tensor.layout != torch.strided:
+            continue
+        storage = tensor.untyped_storage()
+        key = (str(storage.device), storage.data_ptr())
+        storages[key] = max(storages.get(key, 0), storage.nbytes())
+    totals: dict[str, int] = defaultdict(int)
+    for (device, _), nbytes in storages.items():
+        totals[device] += nbytes
+    return dict(totals)
 
 
 def estimate_memory(model_or_numel: nn.Module | int, strategy: Strategy, world_size: int) -> dict[str, float]:
