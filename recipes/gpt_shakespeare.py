@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +25,7 @@ from nlp.gpt import GPT, GPTConfig
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, TextTokenizer
 from recipes.report import format_memory_report
 from trainers import Strategy, TrainConfig, Trainer, estimate_memory
-from zoo.recipes import Recipe
+from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
 
@@ -97,7 +96,7 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
     sample = tokenizer.decode(model.generate(prompt, config.sample_tokens, temperature=0.8,
                                              generator=torch.Generator().manual_seed(0))[0].tolist())
     output = Path(config.output) if config.output else user_zoo_dir() / f"gpt-shakespeare-{config.tokenizer}"
-    command = "zoo train gpt_shakespeare " + " ".join(sys.argv[3:]) if sys.argv[1:2] == ["train"] else "zoo train gpt_shakespeare"
+    command = command_line(RECIPE, config, trainer.env.world_size)
     card = _card(output.name, model, model_config, config, metrics, memory, trainer.env.world_size, command)
     zoo.save(model, output, card=card, extra={"tokenizer": tokenizer.spec(), "metrics": metrics})
     print(f"\nvalidation perplexity {metrics['validation_perplexity']:.3f} (loss {metrics['validation_loss']:.4f})")

@@ -30,10 +30,20 @@ class DistEnv:
         return self.rank == 0
 
 
+def use_cuda() -> bool:
+    """Whether ranks compute on GPUs: when one is present, unless MEMZOO_DEVICE=cpu."""
+    wanted = os.environ.get("MEMZOO_DEVICE", "auto")
+    if wanted not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"MEMZOO_DEVICE must be 'auto', 'cpu' or 'cuda'; got {wanted!r}")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ValueError("MEMZOO_DEVICE='cuda' but torch sees no GPU")
+    return wanted != "cpu" and torch.cuda.is_available()
+
+
 def setup_distributed() -> DistEnv:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...), or form a
     one-process group when run as plain `python`, so that one code path serves both."""
-    cuda = torch.cuda.is_available()
+    cuda = use_cuda()
     if not dist.is_initialized():
         # gloo carries the collectives of CPU-resident (offloaded) state; NCCL those on the GPU.
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"

@@ -79,13 +79,15 @@ class StepMemoryProbe(AbstractContextManager):
     """Measure one training step. Use as a context around the step, call `before_forward()`
     before each micro batch and `after_backward()` between backward and the optimizer step."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: Iterable[torch.Tensor]) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: Iterable[torch.Tensor],
+                 device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
         self.tracker = MemTracker()
         self.tracker.track_external(model, *([optimizer] if optimizer is not None else []), *extra)
         self.gradients = 0
 
     def __enter__(self) -> "StepMemoryProbe":
-        if torch.cuda.is_available():
+        if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         self.tracker.__enter__()
         return self
@@ -115,7 +117,7 @@ class StepMemoryProbe(AbstractContextManager):
             activation_peak=_total(peak, "activations", "temporaries"),
             peak=sum(sum(stats.values()) for stats in peak.values()),
             by_device=peak,
-            cuda_max_allocated=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+            cuda_max_allocated=torch.cuda.max_memory_allocated() if self.cuda else None,
         )
 
 

