@@ -1,0 +1,1 @@
+"""Transducer speech recognition (its models arrive with the asr issues)."""

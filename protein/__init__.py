@@ -1,0 +1,1 @@
+"""AlphaFold-style protein folding (arrives with the protein issue)."""

@@ -1,0 +1,1 @@
+"""Vision models on the fused layers (ViT arrives with the vision issue)."""
