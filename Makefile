@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
 	touch $@
 
+# The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,
+# longer-trained zoo entry of the same name.
 demo: setup
-	$(VENV)/bin/zoo train gpt_shakespeare --nproc 2
+	$(VENV)/bin/zoo train gpt_shakespeare --nproc 2 --output runs/demo/gpt-shakespeare-char
 
 test: setup
 	$(PY) -m pytest -q tests
