@@ -7,6 +7,7 @@ import math
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -197,12 +198,9 @@ class Trainer:
         last = self.step == config.max_steps - 1
         if self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last):
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
-            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device).__enter__()
-        try:
+            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
+        with probe or nullcontext():
             record = self._forward_backward_step(batches, probe)
-        finally:
-            if probe is not None:
-                probe.__exit__(None, None, None)
         if probe is not None:
             self._memory = gather_reports(probe.report(env.rank))
         self._steps_run += 1
