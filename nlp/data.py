@@ -77,3 +77,8 @@ class TokenBlocks(torch.utils.data.Dataset):
         start = index * self.block_size
         chunk = self.ids[start : start + self.block_size + 1]
         return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+
+if __name__ == "__main__":
+    corpus = shakespeare_text()
+    print(f"{data_dir() / 'shakespeare.txt'}: {len(corpus):,} characters, {len(set(corpus))} distinct")

@@ -95,3 +95,28 @@ def test_memory_report_and_metrics_file(tmp_path):
     assert 8 * numel <= report["optimizer"] <= 8 * numel + 64 * 4
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"tokens_per_second"' in lines[-1]
+
+
+class Regression(torch.nn.Module):
+    """A plain module with no parallel plan: trained as one unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)}
+
+
+@pytest.mark.timeout(60)
+def test_plain_module_without_a_plan_trains_as_one_unit(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    xs = torch.randn(128, 4, generator=generator)
+    weights = torch.tensor([0.3, -0.6, 0.15, 0.9])
+    data = [{"x": x, "y": x @ weights} for x in xs]
+    torch.manual_seed(0)
+    trainer = Trainer(Regression(), config(tmp_path, max_steps=40, lr=1e-2, warmup_steps=2), Strategy(zero=3))
+    history = trainer.fit(data)
+    assert history[-1]["loss"] < 0.3 * history[0]["loss"]
+    with pytest.raises(ValueError, match="recompute='blocks' needs blocks to recompute, but Regression declares none"):
+        Trainer(Regression(), config(tmp_path), Strategy(recompute="blocks"))
