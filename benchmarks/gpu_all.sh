@@ -15,3 +15,6 @@ python3 -m pip install -q --no-deps --no-build-isolation -e .
 MEMZOO_DEVICE=cpu OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest.log"
 # The trainer on the GPU: CUDA allocator peaks beside the live-tensor report, one rank.
 python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_memory.jsonl" | tee "$out/trainer_memory.md"
+# Fused linear + cross-entropy against F.cross_entropy(x @ W.T) at GPT-2 shape, fp32 and bf16.
+python3 benchmarks/fused_cross_entropy.py | tee "$out/fused_cross_entropy.md"
+python3 benchmarks/fused_cross_entropy.py --dtype bfloat16 | tee -a "$out/fused_cross_entropy.md"

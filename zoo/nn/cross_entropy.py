@@ -1,0 +1,115 @@
+"""Fused linear + cross-entropy: the loss of `hidden @ weight.T (+ bias)` against labels, and its
+gradients, without ever holding the (tokens x vocab) logits.
+
+Tokens are processed in chunks: each chunk's logits are formed, reduced to a float32
+log-sum-exp, turned into their gradient (softmax - target distribution) and immediately
+contracted with `weight` and `hidden` into the gradients of both, all inside the forward pass.
+Backward only scales the stored gradients by the incoming scalar. Peak memory is one chunk of
+logits plus the gradient buffers of `hidden` (N, H) and `weight` (V, H) that autograd would
+allocate anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Reduction = Literal["mean", "sum"]
+DEFAULT_CHUNK_ELEMENTS = 1 << 23
+"""Logit elements per chunk (32 MiB in float32) when `chunk_size` is not given."""
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
+           reduction: str, label_smoothing: float) -> None:
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden must be (N, H) and weight (V, H) with the same H; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels must have shape (N,) = ({hidden.shape[0]},); got {tuple(labels.shape)}")
+    if labels.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"labels must be int64 or int32; got {labels.dtype}")
+    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden and weight must share one floating dtype; got {hidden.dtype} and {weight.dtype}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias must have shape (V,) = ({weight.shape[0]},); got {tuple(bias.shape)}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum'; got {reduction!r}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing}")
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size):
+        tokens, vocab = hidden.shape[0], weight.shape[0]
+        valid = labels != ignore_index
+        count = valid.sum()
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        want_bias = bias is not None and ctx.needs_input_grad[2]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
+        grad_bias = torch.zeros(vocab, dtype=torch.float32, device=weight.device) if want_bias else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        # mean: every token's gradient carries 1 / (number of labelled tokens).
+        scale = 1.0 / count.clamp(min=1).float() if reduction == "mean" else torch.ones((), device=hidden.device)
+        for start in range(0, tokens, chunk_size):
+            h = hidden[start : start + chunk_size]
+            y = labels[start : start + chunk_size]
+            keep = valid[start : start + chunk_size]
+            logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+            logits = logits.float()
+            lse = torch.logsumexp(logits, dim=-1)
+            target = y.clamp(0, vocab - 1).long()
+            token_loss = lse - logits.gather(1, target[:, None]).squeeze(1)
+            if label_smoothing:
+                token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse - logits.mean(dim=-1))
+            loss += token_loss.masked_fill(~keep, 0.0).sum()
+            # d loss / d logits = softmax - (1 - eps) onehot - eps / V, zero on ignored rows;
+            # computed in place over the chunk's logits.
+            grad = logits.sub_(lse[:, None]).exp_()
+            grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], -(1 - label_smoothing)))
+            if label_smoothing:
+                grad.sub_(label_smoothing / vocab)
+            grad.mul_((keep.float() * scale)[:, None])
+            if want_bias:
+                grad_bias += grad.sum(0)
+            if want_hidden:  # in the input dtype (a no-op cast for float32)
+                torch.mm(grad.to(hidden.dtype), weight, out=grad_hidden[start : start + chunk_size])
+            if want_weight:  # accumulated in float32 over chunks
+                grad_weight.addmm_(grad.t(), h.float())
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return loss * scale
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        scale = grad_loss.float()
+        return (
+            None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
+            None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
+            None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
+            None, None, None, None, None,
+        )
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None = None,
+                         *, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: Reduction = "mean",
+                         chunk_size: int | None = None) -> torch.Tensor:
+    """Cross-entropy of `hidden @ weight.T + bias` against `labels`, fused and chunked.
+
+    hidden: (N, H) float (N tokens; select MLM's masked positions before calling); weight: (V, H)
+    of the same dtype (the LM head / tied embedding); bias: (V,) or None; labels: (N,) int with
+    `ignore_index` for positions without a target. Logits are reduced in float32.
+    reduction "mean" divides by the number of labelled tokens (as `F.cross_entropy`), "sum" does not.
+    label_smoothing eps mixes the one-hot target with the uniform distribution, as in PyTorch.
+    chunk_size: tokens per chunk (default: about 8 M logit elements per chunk).
+    Returns the scalar float32 loss; its backward yields gradients for hidden, weight and bias.
+    """
+    _check(hidden, weight, labels, bias, reduction, label_smoothing)
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size)
