@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -57,3 +58,22 @@ def setup_distributed() -> DistEnv:
     world_size = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
     return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group once every rank is done with it, then destroy it."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def exit_process(code: int = 0) -> None:
+    """End a launched rank without running C++ static destructors.
+
+    After `destroy_process_group`, torch 2.13's gloo threads stay alive (DTensor's sharding caches
+    keep the mesh, hence the group, referenced), and tearing them down at interpreter exit aborts
+    now and then ("terminate called without an active exception", SIGABRT) after all work is done.
+    Entry points that own the process (the `zoo` CLI, test workers) exit through here instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

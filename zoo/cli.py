@@ -49,7 +49,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
                    "-m", "zoo.cli", "train", args.recipe, *rest]
         environment = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         raise SystemExit(subprocess.call(command, env=environment))
+    from trainers.distributed import exit_process, shutdown_distributed
+
     recipe.run(config)
+    shutdown_distributed()
+    exit_process(0)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -22,6 +22,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from helpers import lm_examples, tiny_gpt  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
+from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from trainers.optim import clean_fqn  # noqa: E402
 
 STEPS = 3
@@ -119,4 +120,5 @@ def evaluate(out: str) -> None:
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate}[command](*arguments)
-    dist.destroy_process_group()
+    shutdown_distributed()
+    exit_process(0)
