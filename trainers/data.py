@@ -9,8 +9,15 @@ saved iterator, only s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
+
+
+@lru_cache(maxsize=1)
+def _epoch_order(dataset_size: int, seed: int, epoch: int) -> torch.Tensor:
+    """The shuffle of one epoch, drawn once per epoch rather than once per step."""
+    return torch.randperm(dataset_size, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
 
 
 def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size: int) -> None:
@@ -61,7 +68,7 @@ class StepSampler:
     def micro_batches(self, step: int) -> list[list[int]]:
         """The `accumulation_steps` lists of example indices this rank uses at optimizer step `step`."""
         epoch, position = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(self.dataset_size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+        order = _epoch_order(self.dataset_size, self.seed, epoch)
         batch = order[position * self.global_batch_size : (position + 1) * self.global_batch_size].tolist()
         chunks = [batch[i : i + self.micro_batch_size] for i in range(0, len(batch), self.micro_batch_size)]
         return chunks[self.rank :: self.world_size]

@@ -6,7 +6,7 @@ import hashlib
 import math
 import resource
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -96,8 +96,10 @@ class Trainer:
         try:
             while self.step < config.max_steps:
                 started = time.perf_counter()
-                batches = [collate([train_dataset[i] for i in chunk]) for chunk in sampler.micro_batches(self.step)]
-                record = self._train_step(batches)
+                chunks = sampler.micro_batches(self.step)
+                # Collated one micro batch at a time, as the step consumes them.
+                batches = (collate([train_dataset[i] for i in chunk]) for chunk in chunks)
+                record = self._train_step(batches, len(chunks))
                 record["step_seconds"] = time.perf_counter() - started
                 if "tokens" in record:
                     record["tokens_per_second"] = record["tokens"] / record["step_seconds"]
@@ -191,7 +193,7 @@ class Trainer:
             raise TypeError(f"{self.model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
         return loss
 
-    def _train_step(self, batches: list[Batch]) -> dict[str, Any]:
+    def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         config, env = self.config, self.env
         torch.manual_seed(step_seed(config.seed, self.step, env.rank))
         probe = None
@@ -200,13 +202,14 @@ class Trainer:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
         with probe or nullcontext():
-            record = self._forward_backward_step(batches, probe)
+            record = self._forward_backward_step(batches, accumulation, probe)
         if probe is not None:
             self._memory = gather_reports(probe.report(env.rank))
         self._steps_run += 1
         return record
 
-    def _forward_backward_step(self, batches: list[Batch], probe: StepMemoryProbe | None) -> dict[str, Any]:
+    def _forward_backward_step(self, batches: Iterator[Batch], accumulation: int,
+                               probe: StepMemoryProbe | None) -> dict[str, Any]:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         loss_sum = torch.zeros((), device=env.device)
@@ -216,11 +219,11 @@ class Trainer:
             if self.strategy.zero <= 1:
                 # Replicated gradients need one all-reduce per step, after the last micro batch;
                 # sharded ones are reduce-scattered every micro batch to keep only a shard.
-                self.model.set_requires_gradient_sync(index == len(batches) - 1)
+                self.model.set_requires_gradient_sync(index == accumulation - 1)
             if probe is not None:
                 probe.before_forward()
             loss = self._loss(batch)
-            (loss * (scale / len(batches))).backward()
+            (loss * (scale / accumulation)).backward()
             loss_sum += loss.detach().float()
             if isinstance(batch.get("input_ids"), torch.Tensor):
                 tokens += batch["input_ids"].numel()
@@ -245,7 +248,7 @@ class Trainer:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         record = {
             "step": self.step + 1,
-            "loss": loss_sum.item() / len(batches),
+            "loss": loss_sum.item() / accumulation,
             "lr": lr,
             "grad_norm": grad_norm,
             "skipped": not take_step,
