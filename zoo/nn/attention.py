@@ -1,0 +1,177 @@
+"""Attention through `scaled_dot_product_attention`, and the self-attention layer built on it.
+
+`attention()` runs SDPA (flash / memory-efficient backends: saves q, k, v, the output and one
+log-sum-exp per query) for causal and key-padding masks and multi-/grouped-query heads. One case
+SDPA cannot serve without materialising the (B, H, S, S) probabilities: attention dropout on CPU,
+where only the math backend supports it. There `attention()` runs `_ChunkedAttention`, a PyTorch
+flash-style function: query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
+per chunk, and a backward that recomputes each chunk's probabilities. It saves what SDPA's flash
+backend saves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.nn.dropout import SEED_BOUND, check_probability, draw_seed, keep_mask
+
+SCORE_CHUNK_ELEMENTS = 1 << 23
+"""Score elements per query chunk in `_ChunkedAttention` (32 MiB in float32)."""
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    return (seed + 1_000_003 * chunk) % SEED_BOUND
+
+
+def _chunk_scores(q_chunk, k, start, scale, bias, causal):
+    """Scaled scores of queries [start, start + c) (B, H, c, Skv) in k's dtype, masked with -inf."""
+    scores = (q_chunk.to(k.dtype) @ k.transpose(-1, -2)).mul_(scale)
+    if bias is not None:
+        scores += bias if bias.shape[-2] == 1 else bias[..., start : start + q_chunk.shape[-2], :]
+    if causal:
+        rows = torch.arange(start, start + q_chunk.shape[-2], device=q_chunk.device)[:, None]
+        scores.masked_fill_(torch.arange(k.shape[-2], device=q_chunk.device)[None, :] > rows, float("-inf"))
+    return scores
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, causal, p, scale, chunk):
+        groups = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
+        seed = draw_seed(p)
+        acc = lse.dtype
+        ke_acc = ke.to(acc)
+        for index, start in enumerate(range(0, q.shape[2], chunk)):
+            scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal)
+            chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
+            probs = scores.sub_(chunk_lse[..., None]).exp_()
+            if p:
+                probs *= keep_mask(probs.shape, p, _chunk_seed(seed, index), q.device) * (1.0 / (1.0 - p))
+            lse[:, :, start : start + chunk] = chunk_lse
+            out[:, :, start : start + chunk] = probs.to(v.dtype) @ ve
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.config = (causal, p, scale, chunk, seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        causal, p, scale, chunk, seed = ctx.config
+        groups = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        grad_out = grad_out.to(q.dtype)
+        acc = lse.dtype
+        delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
+        grad_q = torch.empty_like(q)
+        grad_k = torch.zeros(ke.shape, dtype=acc, device=q.device)
+        grad_v = torch.zeros(ve.shape, dtype=acc, device=q.device)
+        ke_acc = ke.to(acc)
+        for index, start in enumerate(range(0, q.shape[2], chunk)):
+            rows = slice(start, start + chunk)
+            q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
+            probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal)
+            probs = probs.sub_(lse[:, :, rows, None]).exp_()
+            grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
+            dropped = probs
+            if p:
+                keep = keep_mask(probs.shape, p, _chunk_seed(seed, index), q.device) * (1.0 / (1.0 - p))
+                dropped = probs * keep
+                grad_probs *= keep
+            grad_v += dropped.transpose(-1, -2) @ g_chunk.to(acc)
+            grad_scores = probs.mul_(grad_probs.sub_(delta[:, :, rows, None])).mul_(scale)
+            grad_q[:, :, rows] = (grad_scores.to(q.dtype) @ ke)
+            grad_k += grad_scores.transpose(-1, -2) @ q_chunk.to(acc)
+        fold = lambda g: g.unflatten(1, (k.shape[1], groups)).sum(2).to(k.dtype)  # noqa: E731
+        return grad_q, fold(grad_k), fold(grad_v), None, None, None, None, None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share batch and head dimension")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+    if not q.is_floating_point() or q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"q, k, v must share one floating dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (k.shape[0], k.shape[2]):
+            raise ValueError(f"key_padding_mask must be (B, Skv) = {(k.shape[0], k.shape[2])}; "
+                             f"got {tuple(key_padding_mask.shape)}")
+        if key_padding_mask.dtype != torch.bool:
+            raise TypeError(f"key_padding_mask must be bool (True = attend); got {key_padding_mask.dtype}")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
+              training: bool = True) -> torch.Tensor:
+    """softmax(q k^T * scale + masks) v with dropout on the probabilities.
+
+    q: (B, Hq, S, D); k, v: (B, Hkv, Skv, D) with Hq a multiple of Hkv (MQA: Hkv = 1, GQA: 1 < Hkv <
+    Hq; query head h uses key/value head h // (Hq / Hkv)); key_padding_mask: (B, Skv) bool, True
+    where a key may be attended; causal masks key j > query i (top-left aligned, as SDPA).
+    scale defaults to 1 / sqrt(D). Returns (B, Hq, S, D). A query that sees no key gets zeros on the
+    chunked path."""
+    _check(q, k, v, key_padding_mask)
+    check_probability("dropout_p", dropout_p)
+    p = dropout_p if training else 0.0
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if p and not q.is_cuda:
+        bias = None
+        if key_padding_mask is not None:
+            bias = torch.zeros(key_padding_mask.shape, dtype=torch.float32, device=q.device)
+            bias = bias.masked_fill_(~key_padding_mask, float("-inf"))[:, None, None, :]
+        chunk = max(1, SCORE_CHUNK_ELEMENTS // (q.shape[0] * q.shape[1] * k.shape[2]))
+        return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
+    mask = None
+    if key_padding_mask is not None:
+        mask = key_padding_mask[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
+                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: one fused qkv projection (column-parallel), `attention()`, and
+    the output projection (row-parallel). `kv_heads` < `heads` gives grouped-query attention
+    (kv_heads = 1: multi-query). State-dict names: qkv.*, out.*."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int | None = None, *, bias: bool = True,
+                 causal: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        kv_heads = heads if kv_heads is None else kv_heads
+        if heads < 1 or width % heads:
+            raise ValueError(f"heads ({heads}) must divide width ({width})")
+        if kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
+        check_probability("dropout", dropout)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
+        self.causal, self.dropout = causal, dropout
+        self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * self.head_dim, bias=bias)
+        self.out = nn.Linear(width, width, bias=bias)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, S, W) -> q (B, heads, S, D), k and v (B, kv_heads, S, D): views of one projection."""
+        batch, length, _ = x.shape
+        qkv = self.qkv(x).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
+        return qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W)."""
+        q, k, v = self.project(x)
+        y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
+                      training=self.training)
+        return self.out(y.transpose(1, 2).flatten(2))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, kv_heads={self.kv_heads}, causal={self.causal}, dropout={self.dropout}"
