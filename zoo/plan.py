@@ -26,23 +26,43 @@ class ModelPlan:
     "blocks.0" but not "blocks.0.attn"): each block is one FSDP unit (its parameters gathered
     together) and one recompute unit."""
 
+    colwise: tuple[str, ...] = ()
+    """Patterns of the `nn.Linear`s to split by output features under tensor parallelism
+    (attention qkv, the first feed-forward linear)."""
+    rowwise: tuple[str, ...] = ()
+    """Patterns of the `nn.Linear`s to split by input features (attention output, second
+    feed-forward linear), each following a column-parallel one."""
+
     def block_names(self, model: nn.Module) -> list[str]:
         """Names of the modules of `model` matched by `blocks`, in `named_modules()` order.
 
         Raises ValueError when a pattern matches nothing, so a renamed module cannot silently
         turn per-block sharding off."""
-        names = [name for name, _ in model.named_modules() if name]
-        matched: list[str] = []
-        for pattern in self.blocks:
-            hits = [name for name in names if _matches(name, pattern)]
-            if not hits:
-                raise ValueError(
-                    f"ModelPlan.blocks pattern {pattern!r} matches no submodule of "
-                    f"{type(model).__name__}; its top-level children are {[n for n, _ in model.named_children()]}"
-                )
-            matched.extend(hits)
-        chosen = set(matched)
-        return [name for name in names if name in chosen]
+        return _resolve(model, self.blocks, "blocks")
+
+    def linear_names(self, model: nn.Module) -> tuple[list[str], list[str]]:
+        """(column-parallel, row-parallel) names of `model`'s linears; ValueError when a pattern
+        matches nothing or a match is not an `nn.Linear`."""
+        found = _resolve(model, self.colwise, "colwise"), _resolve(model, self.rowwise, "rowwise")
+        modules = dict(model.named_modules())
+        for name in found[0] + found[1]:
+            if not isinstance(modules[name], nn.Linear):
+                raise ValueError(f"ModelPlan names {name!r} as a parallel linear; it is a {type(modules[name]).__name__}")
+        return found
+
+
+def _resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str]:
+    names = [name for name, _ in model.named_modules() if name]
+    matched: set[str] = set()
+    for pattern in patterns:
+        hits = [name for name in names if _matches(name, pattern)]
+        if not hits:
+            raise ValueError(
+                f"ModelPlan.{field} pattern {pattern!r} matches no submodule of "
+                f"{type(model).__name__}; its top-level children are {[n for n, _ in model.named_children()]}"
+            )
+        matched.update(hits)
+    return [name for name in names if name in matched]
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -166,12 +166,16 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
         return qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W)."""
+    def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Projection and attention without the output projection: (B, S, W) -> (B, S, heads * D)."""
         q, k, v = self.project(x)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
                       training=self.training)
-        return self.out(y.transpose(1, 2).flatten(2))
+        return y.transpose(1, 2).flatten(2)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W)."""
+        return self.out(self.core(x, key_padding_mask))
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, causal={self.causal}, dropout={self.dropout}"

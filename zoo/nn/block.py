@@ -1,0 +1,100 @@
+"""`TransformerBlock`: self-attention and feed-forward on the fused ops, pre-LN or post-LN.
+
+What one block keeps for backward, with x (B, S, W), F = mlp_ratio * W, and SDPA saving q, k, v,
+its output and a log-sum-exp:
+
+    pre-LN:  norm1 output (W), q k v (W + 2 W_kv), attention output (W), norm2 output (W), fc1 output (F)
+    post-LN: block input (W, the previous block's output), q k v, attention output, norm1 output (W),
+             fc1 output (F), norm2 output (W, the next block's input)
+
+No dropout mask, no residual sum, no activation output and no norm input is kept.
+With `recompute_attention`, q, k, v are not kept either: the qkv projection and the attention
+forward run again in backward (from the norm output the block keeps anyway), so a pre-LN block
+keeps 3W + F per token instead of 6W + 2 W_kv + F (plus one log-sum-exp per head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from zoo.nn.activation import Activation
+from zoo.nn.attention import SelfAttention
+from zoo.nn.mlp import FusedMLP
+from zoo.nn.norm import Norm, NormKind, dropout_add
+from zoo.plan import ModelPlan
+
+
+@dataclass
+class TransformerBlockConfig:
+    """Shape and options of one transformer block."""
+
+    width: int = 768
+    """Model (hidden) width W."""
+    heads: int = 12
+    """Query heads; must divide `width`."""
+    kv_heads: int | None = None
+    """Key/value heads (None: `heads`; 1: multi-query; otherwise grouped-query, dividing `heads`)."""
+    mlp_ratio: float = 4.0
+    """Feed-forward width F = round(mlp_ratio * width)."""
+    activation: Activation = "gelu"
+    """Feed-forward activation: "gelu" (erf, BERT/ViT), "gelu_tanh" (GPT-2), "silu", "relu"."""
+    norm: NormKind = "layer"
+    """"layer" (LayerNorm) or "rms" (RMSNorm)."""
+    prenorm: bool = True
+    """True: x + f(norm(x)) (GPT, ViT); False: norm(x + f(x)) (BERT)."""
+    causal: bool = False
+    """Causal self-attention (decoders)."""
+    dropout: float = 0.0
+    """Dropout on each sublayer's output before the residual add."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities."""
+    bias: bool = True
+    """Biases in the linear layers and LayerNorms."""
+    eps: float = 1e-5
+    """Normalisation epsilon."""
+    recompute_attention: bool = False
+    """Recompute the qkv projection and attention in backward instead of keeping q, k, v
+    (about one extra qkv matmul and attention forward per step)."""
+
+    @property
+    def mlp_width(self) -> int:
+        return round(self.mlp_ratio * self.width)
+
+
+class TransformerBlock(nn.Module):
+    """One block: `attn` (qkv, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
+    key_padding_mask (B, S) bool or None) -> (B, S, W). It is one shard and recompute unit; its
+    qkv/fc1 are column-parallel and out/fc2 row-parallel linears (see `block_plan`)."""
+
+    def __init__(self, config: TransformerBlockConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.attn = SelfAttention(config.width, config.heads, config.kv_heads, bias=config.bias,
+                                  causal=config.causal, dropout=config.attention_dropout)
+        self.mlp = FusedMLP(config.width, config.mlp_width, config.activation, bias=config.bias)
+        self.norm1 = Norm(config.width, config.norm, config.eps, bias=config.bias)
+        self.norm2 = Norm(config.width, config.norm, config.eps, bias=config.bias)
+
+    def _attend(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        if self.config.recompute_attention and torch.is_grad_enabled():
+            return checkpoint(self.attn.core, x, key_padding_mask, use_reentrant=False)
+        return self.attn.core(x, key_padding_mask)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.config.dropout
+        if self.config.prenorm:
+            attended = self.attn.out(self._attend(self.norm1(x), key_padding_mask))
+            normed, residual = self.norm2(attended, x, p=p, prenorm=True)
+            return dropout_add(self.mlp(normed), residual, p=p, training=self.training)
+        hidden = self.norm1(self.attn.out(self._attend(x, key_padding_mask)), x, p=p)
+        return self.norm2(self.mlp(hidden), hidden, p=p)
+
+
+def block_plan(pattern: str) -> ModelPlan:
+    """The plan of a stack of `TransformerBlock`s whose names match `pattern` (e.g. "blocks.*")."""
+    return ModelPlan(blocks=(pattern,), colwise=(f"{pattern}.attn.qkv", f"{pattern}.mlp.fc1"),
+                     rowwise=(f"{pattern}.attn.out", f"{pattern}.mlp.fc2"))
