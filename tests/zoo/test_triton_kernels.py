@@ -1,0 +1,106 @@
+"""The Triton kernels of zoo.nn against float64 references: on a GPU when present, otherwise in the
+Triton interpreter on CPU at small shapes (tests/conftest.py sets TRITON_INTERPRET=1)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import relative_error
+from test_fused_activation import REFERENCE
+from zoo.nn.activation import bias_act_dropout
+from zoo.nn.dropout import dropout
+from zoo.nn.mlp import fused_mlp
+from zoo.nn.norm import dropout_add, dropout_add_norm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def leaves(*tensors):
+    return [t.detach().to(DEVICE).requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("prenorm", [False, True])
+def test_norm_kernel_matches_float64(kind, prenorm):
+    g = torch.Generator().manual_seed(1)
+    x, r = torch.randn(2, 5, 40, generator=g, dtype=torch.float64) * 2 + 1, torch.randn(2, 5, 40, generator=g, dtype=torch.float64)
+    w, b = torch.rand(40, generator=g, dtype=torch.float64) + 0.5, torch.randn(40, generator=g, dtype=torch.float64)
+    b = b if kind == "layer" else None
+    ours = leaves(*(t.float() for t in (x, r, w) + ((b,) if b is not None else ())))
+    refs = [t.detach().requires_grad_() for t in (x, r, w) + ((b,) if b is not None else ())]
+    out = dropout_add_norm(*ours[:3], ours[3] if b is not None else None, norm=kind, prenorm=prenorm, backend="triton")
+    s = refs[0] + refs[1]
+    if kind == "layer":
+        y = F.layer_norm(s, (40,), refs[2], refs[3], 1e-5)
+    else:
+        y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * refs[2]
+    grad = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    if prenorm:
+        assert relative_error(out[1].cpu(), s) < 1e-6
+        torch.autograd.backward(out, (grad.float().to(DEVICE), grad.float().to(DEVICE)))
+        torch.autograd.backward((y, s), (grad, grad))
+        out = out[0]
+    else:
+        out.backward(grad.float().to(DEVICE))
+        y.backward(grad)
+    assert relative_error(out.cpu(), y) < 1e-6
+    for mine, theirs in zip(ours, refs):
+        assert relative_error(mine.grad.cpu(), theirs.grad) < 1e-5
+
+
+def test_norm_kernel_dropout_mask_is_regenerated():
+    x, r = leaves(torch.randn(6, 32), torch.randn(6, 32))
+    torch.manual_seed(0)
+    s = dropout_add(x, r, p=0.5, backend="triton")
+    kept = (s - r).detach() != 0
+    assert 0.3 < kept.float().mean().item() < 0.7
+    s.backward(torch.ones_like(s))
+    assert torch.equal(x.grad != 0, kept)
+    torch.manual_seed(0)
+    assert torch.equal(dropout_add(x, r, p=0.5, backend="triton"), s)
+
+
+@pytest.mark.parametrize("activation", sorted(REFERENCE))
+@pytest.mark.parametrize("save", ["input", "derivative"])
+def test_bias_act_kernel_matches_float64(activation, save):
+    g = torch.Generator().manual_seed(2)
+    x64, b64 = torch.randn(3, 7, 24, generator=g, dtype=torch.float64), torch.randn(24, generator=g, dtype=torch.float64)
+    x, b = leaves(x64.float(), b64.float())
+    out = bias_act_dropout(x, b, activation, save=save, backend="triton")
+    x64.requires_grad_(), b64.requires_grad_()
+    expected = REFERENCE[activation](x64 + b64)
+    grad = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    out.backward(grad.float().to(DEVICE))
+    expected.backward(grad)
+    assert relative_error(out.cpu(), expected) < 1e-6
+    assert relative_error(x.grad.cpu(), x64.grad) < 1e-5
+    assert relative_error(b.grad.cpu(), b64.grad) < 1e-5
+
+
+def test_dropout_and_mlp_kernels():
+    (x,) = leaves(torch.ones(5000))
+    torch.manual_seed(5)
+    y = dropout(x, 0.3, backend="triton")
+    assert abs((y == 0).float().mean().item() - 0.3) < 0.03
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, y.detach())
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(s, generator=g, dtype=torch.float64) * 0.5 for s in ((2, 6, 16), (32, 16), (32,), (16, 32), (16,))]
+    ours = leaves(*(t.float() for t in tensors))
+    out = fused_mlp(*ours, activation="gelu_tanh", backend="triton")
+    refs = [t.requires_grad_() for t in tensors]
+    expected = F.linear(REFERENCE["gelu_tanh"](F.linear(refs[0], refs[1], refs[2])), refs[3], refs[4])
+    out.sum().backward()
+    expected.sum().backward()
+    assert relative_error(out.cpu(), expected) < 1e-6
+    for mine, theirs in zip(ours, refs):
+        assert relative_error(mine.grad.cpu(), theirs.grad) < 1e-5
+
+
+def test_triton_backend_needs_a_gpu_or_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+            dropout(torch.ones(3), 0.5, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        dropout(torch.ones(3), 0.5, backend="cuda")

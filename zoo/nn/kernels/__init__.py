@@ -1,0 +1,1 @@
+"""Triton kernels behind the `zoo.nn` ops (imported only when the Triton backend runs)."""
