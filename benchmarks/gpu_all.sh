@@ -18,3 +18,7 @@ python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_mem
 # Fused linear + cross-entropy against F.cross_entropy(x @ W.T) at GPT-2 shape, fp32 and bf16.
 python3 benchmarks/fused_cross_entropy.py | tee "$out/fused_cross_entropy.md"
 python3 benchmarks/fused_cross_entropy.py --dtype bfloat16 | tee -a "$out/fused_cross_entropy.md"
+# zoo.nn blocks against the HF layers (saved bytes, step time) and each Triton kernel against its
+# PyTorch path and torch.compile; the Triton tests ran compiled for the GPU in the suite above.
+python3 benchmarks/fused_layers.py --device cuda | tee "$out/fused_layers.md"
+python3 benchmarks/fused_layers.py --device cuda --dtype bfloat16 | tee -a "$out/fused_layers.md"

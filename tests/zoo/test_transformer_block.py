@@ -141,3 +141,25 @@ def test_embeddings_match_reference_and_check_length():
     assert emb.word.weight.grad is not None and emb.norm.weight.grad is not None
     with pytest.raises(ValueError, match="exceeds the 16 learned positions"):
         emb(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("prenorm", [True, False])
+def test_bfloat16_block_is_within_bfloat16_tolerance(prenorm):
+    config = TransformerBlockConfig(width=64, heads=4, kv_heads=2, prenorm=prenorm, activation="gelu_tanh")
+    torch.manual_seed(1)
+    block = TransformerBlock(config)
+    params64 = {n: p.detach().double().requires_grad_() for n, p in block.named_parameters()}
+    block = block.to(torch.bfloat16)
+    x = torch.randn(2, 16, 64)
+    x16 = x.to(torch.bfloat16).requires_grad_()
+    out = block(x16)
+    x64 = x.double().requires_grad_()
+    expected = reference_block(block, params64, x64, None)
+    grad = torch.randn_like(expected)
+    out.backward(grad.to(torch.bfloat16))
+    expected.backward(grad)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out, expected) < 2e-2
+    assert relative_error(x16.grad, x64.grad) < 3e-2
+    for name, param in block.named_parameters():
+        assert relative_error(param.grad, params64[name].grad) < 3e-2, name

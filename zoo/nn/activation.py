@@ -41,15 +41,17 @@ def activate(z: torch.Tensor, activation: str) -> torch.Tensor:
     return F.relu(z)
 
 
-def activate_backward(grad: torch.Tensor, z: torch.Tensor, activation: str) -> torch.Tensor:
-    """grad * act'(z) through the aten backward kernels."""
-    if activation == "gelu":
-        return torch.ops.aten.gelu_backward(grad, z)
-    if activation == "gelu_tanh":
-        return torch.ops.aten.gelu_backward(grad, z, approximate="tanh")
+def activate_backward(grad: torch.Tensor, z: torch.Tensor, activation: str, *, inplace: bool = False) -> torch.Tensor:
+    """grad * act'(z) through the aten backward kernels; `inplace` writes the result into grad."""
+    out = {"grad_input": grad} if inplace else {}
+    if activation in ("gelu", "gelu_tanh"):
+        kernel = torch.ops.aten.gelu_backward.grad_input if inplace else torch.ops.aten.gelu_backward
+        return kernel(grad, z, approximate="tanh" if activation == "gelu_tanh" else "none", **out)
     if activation == "silu":
-        return torch.ops.aten.silu_backward(grad, z)
-    return torch.ops.aten.threshold_backward(grad, z, 0)
+        kernel = torch.ops.aten.silu_backward.grad_input if inplace else torch.ops.aten.silu_backward
+        return kernel(grad, z, **out)
+    kernel = torch.ops.aten.threshold_backward.grad_input if inplace else torch.ops.aten.threshold_backward
+    return kernel(grad, z, 0, **out)
 
 
 def activate_with_derivative(z: torch.Tensor, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,13 +69,14 @@ def act_dropout_forward(z: torch.Tensor, activation: str, p: float, seed: int, b
 
 
 def act_dropout_backward(grad: torch.Tensor, z: torch.Tensor, activation: str, p: float, seed: int,
-                         backend: str) -> torch.Tensor:
-    """d loss / d z from d loss / d dropout(act(z)), with the regenerated mask."""
+                         backend: str, *, inplace: bool = False) -> torch.Tensor:
+    """d loss / d z from d loss / d dropout(act(z)), with the regenerated mask; `inplace`
+    reuses grad's buffer (PyTorch path)."""
     if backend == "triton":
         from zoo.nn.kernels.elementwise import bias_act_dropout_backward
 
         return bias_act_dropout_backward(grad, z, activation, p, seed, "input")
-    return activate_backward(apply_dropout(grad, p, seed), z, activation)
+    return activate_backward(apply_dropout(grad, p, seed, inplace=inplace), z, activation, inplace=inplace)
 
 
 class _BiasActDropout(torch.autograd.Function):

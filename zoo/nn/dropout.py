@@ -35,14 +35,17 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: 
     the same for the same (seed, shape, device)."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    return torch.empty(shape, dtype=torch.bool, device=device).bernoulli_(1.0 - p, generator=generator)
+    # uniform draws compared with p: about twice as fast on CPU as bernoulli_
+    return torch.rand(shape, generator=generator, device=device) >= p
 
 
-def apply_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """x * mask / (1 - p) with the mask of (seed, x.shape); x itself when p == 0."""
+def apply_dropout(x: torch.Tensor, p: float, seed: int, *, inplace: bool = False) -> torch.Tensor:
+    """x * mask / (1 - p) with the mask of (seed, x.shape); x itself when p == 0. `inplace`
+    overwrites x (for buffers the caller owns, such as a gradient it just computed)."""
     if p == 0:
         return x
-    return x * keep_mask(x.shape, p, seed, x.device) * (1.0 / (1.0 - p))
+    scaled = x.mul_(1.0 / (1.0 - p)) if inplace else x.mul(1.0 / (1.0 - p))
+    return scaled.mul_(keep_mask(x.shape, p, seed, x.device))
 
 
 class _Dropout(torch.autograd.Function):

@@ -48,7 +48,7 @@ class _FusedMLP(torch.autograd.Function):
             grad_w2 = (grad.t() @ act_dropout_forward(z, activation, p, seed, backend)).to(w2.dtype)
         if has_b2 and needs[4]:
             grad_b2 = grad.sum(0)
-        grad_z = act_dropout_backward(grad @ w2.to(dtype), z, activation, p, seed, backend)
+        grad_z = act_dropout_backward(grad @ w2.to(dtype), z, activation, p, seed, backend, inplace=True)
         if has_b1 and needs[2]:
             grad_b1 = grad_z.sum(0)
         if needs[1]:
