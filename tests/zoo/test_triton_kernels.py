@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from helpers import relative_error
 from test_fused_activation import REFERENCE
 from zoo.nn.activation import bias_act_dropout
+from zoo.nn.cross_entropy import linear_cross_entropy
 from zoo.nn.dropout import dropout
 from zoo.nn.mlp import fused_mlp
 from zoo.nn.norm import dropout_add, dropout_add_norm
@@ -104,3 +105,22 @@ def test_triton_backend_needs_a_gpu_or_the_interpreter(monkeypatch):
             dropout(torch.ones(3), 0.5, backend="triton")
     with pytest.raises(ValueError, match="backend must be one of"):
         dropout(torch.ones(3), 0.5, backend="cuda")
+
+
+@pytest.mark.parametrize("reduction,label_smoothing", [("mean", 0.0), ("sum", 0.1)])
+def test_cross_entropy_kernel_matches_float64(reduction, label_smoothing):
+    g = torch.Generator().manual_seed(4)
+    hidden64 = torch.randn(37, 16, generator=g, dtype=torch.float64)
+    weight64 = torch.randn(1500, 16, generator=g, dtype=torch.float64) * 0.3  # > one 1024-wide block
+    labels = torch.randint(0, 1500, (37,), generator=g)
+    labels[[3, 20]] = -100
+    hidden, weight = leaves(hidden64.float(), weight64.float())
+    loss = linear_cross_entropy(hidden, weight, labels.to(DEVICE), reduction=reduction,
+                                label_smoothing=label_smoothing, chunk_size=10, backend="triton")
+    hidden64.requires_grad_(), weight64.requires_grad_()
+    expected = F.cross_entropy(hidden64 @ weight64.T, labels, reduction=reduction, label_smoothing=label_smoothing)
+    loss.backward()
+    expected.backward()
+    assert relative_error(loss.cpu(), expected) < 1e-6
+    assert relative_error(hidden.grad.cpu(), hidden64.grad) < 1e-5
+    assert relative_error(weight.grad.cpu(), weight64.grad) < 1e-5

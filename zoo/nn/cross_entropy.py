@@ -15,6 +15,8 @@ from typing import Literal
 
 import torch
 
+from zoo.nn.backend import Backend, resolve_backend
+
 Reduction = Literal["mean", "sum"]
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
 """Logit elements per chunk (32 MiB in float32) when `chunk_size` is not given."""
@@ -38,9 +40,28 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bia
         raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing}")
 
 
+def _chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor, label_smoothing: float,
+                         scale: torch.Tensor) -> torch.Tensor:
+    """PyTorch path: each row's loss (C,) (zero where not kept); overwrites the float32 logits
+    (C, V) with d loss / d logits = (softmax - (1 - eps) onehot - eps / V) * scale, zero on
+    ignored rows."""
+    vocab = logits.shape[1]
+    lse = torch.logsumexp(logits, dim=-1)
+    target = labels.clamp(0, vocab - 1).long()
+    token_loss = lse - logits.gather(1, target[:, None]).squeeze(1)
+    if label_smoothing:
+        token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse - logits.mean(dim=-1))
+    grad = logits.sub_(lse[:, None]).exp_()
+    grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], -(1 - label_smoothing)))
+    if label_smoothing:
+        grad.sub_(label_smoothing / vocab)
+    grad.mul_((keep.float() * scale)[:, None])
+    return token_loss.masked_fill_(~keep, 0.0)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size):
+    def forward(ctx, hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size, backend):
         tokens, vocab = hidden.shape[0], weight.shape[0]
         valid = labels != ignore_index
         count = valid.sum()
@@ -58,19 +79,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             keep = valid[start : start + chunk_size]
             logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
             logits = logits.float()
-            lse = torch.logsumexp(logits, dim=-1)
-            target = y.clamp(0, vocab - 1).long()
-            token_loss = lse - logits.gather(1, target[:, None]).squeeze(1)
-            if label_smoothing:
-                token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse - logits.mean(dim=-1))
-            loss += token_loss.masked_fill(~keep, 0.0).sum()
-            # d loss / d logits = softmax - (1 - eps) onehot - eps / V, zero on ignored rows;
-            # computed in place over the chunk's logits.
-            grad = logits.sub_(lse[:, None]).exp_()
-            grad.scatter_add_(1, target[:, None], torch.full_like(lse[:, None], -(1 - label_smoothing)))
-            if label_smoothing:
-                grad.sub_(label_smoothing / vocab)
-            grad.mul_((keep.float() * scale)[:, None])
+            if backend == "triton":
+                from zoo.nn.kernels.cross_entropy import chunk_loss_and_grad
+
+                token_loss = chunk_loss_and_grad(logits, y, ignore_index, label_smoothing, scale)
+            else:
+                token_loss = _chunk_loss_and_grad(logits, y, keep, label_smoothing, scale)
+            loss += token_loss.sum()
+            grad = logits
             if want_bias:
                 grad_bias += grad.sum(0)
             if want_hidden:  # in the input dtype (a no-op cast for float32)
@@ -90,13 +106,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
             None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
             None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
-            None, None, None, None, None,
+            None, None, None, None, None, None,
         )
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None = None,
                          *, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: Reduction = "mean",
-                         chunk_size: int | None = None) -> torch.Tensor:
+                         chunk_size: int | None = None, backend: Backend | None = None) -> torch.Tensor:
     """Cross-entropy of `hidden @ weight.T + bias` against `labels`, fused and chunked.
 
     hidden: (N, H) float (N tokens; select MLM's masked positions before calling); weight: (V, H)
@@ -105,6 +121,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     reduction "mean" divides by the number of labelled tokens (as `F.cross_entropy`), "sum" does not.
     label_smoothing eps mixes the one-hot target with the uniform distribution, as in PyTorch.
     chunk_size: tokens per chunk (default: about 8 M logit elements per chunk).
+    backend: the chunk's loss and logit gradient by a Triton kernel or PyTorch (`zoo.nn.backend`).
     Returns the scalar float32 loss; its backward yields gradients for hidden, weight and bias.
     """
     _check(hidden, weight, labels, bias, reduction, label_smoothing)
@@ -112,4 +129,5 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
-    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size)
+    return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size,
+                                     resolve_backend(backend, hidden))
