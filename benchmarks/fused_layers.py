@@ -159,7 +159,6 @@ def kernel_table(dtype: torch.dtype, repeats: int) -> None:
     from zoo.nn.norm import dropout_add_norm
 
     rows, width = 16384, 768
-    torch._dynamo.config.cache_size_limit = 64
     x = torch.randn(rows, width, device="cuda", dtype=dtype, requires_grad=True)
     r = torch.randn_like(x, requires_grad=True)
     w = torch.ones(width, device="cuda", dtype=dtype, requires_grad=True)

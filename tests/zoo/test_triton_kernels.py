@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import relative_error
+from trainers.saved_activations import SavedActivations
 from test_fused_activation import REFERENCE
 from zoo.nn.activation import bias_act_dropout
 from zoo.nn.cross_entropy import linear_cross_entropy
@@ -124,3 +125,15 @@ def test_cross_entropy_kernel_matches_float64(reduction, label_smoothing):
     assert relative_error(loss.cpu(), expected) < 1e-6
     assert relative_error(hidden.grad.cpu(), hidden64.grad) < 1e-5
     assert relative_error(weight.grad.cpu(), weight64.grad) < 1e-5
+
+
+def test_bias_act_kernel_writes_a_bfloat16_derivative():
+    x64 = torch.randn(4000, generator=torch.Generator().manual_seed(6), dtype=torch.float64) * 3
+    (x,) = leaves(x64.float())
+    with SavedActivations() as saved:
+        out = bias_act_dropout(x, None, "gelu", save="derivative", derivative_dtype=torch.bfloat16, backend="triton")
+    assert saved.bytes == x.numel() * 2
+    out.sum().backward()
+    x64.requires_grad_()
+    REFERENCE["gelu"](x64).sum().backward()
+    assert 1e-4 < relative_error(x.grad.cpu(), x64.grad) < 2 ** -8

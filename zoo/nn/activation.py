@@ -86,9 +86,8 @@ class _BiasActDropout(torch.autograd.Function):
         if backend == "triton":
             from zoo.nn.kernels.elementwise import bias_act_dropout_forward
 
-            out, kept = bias_act_dropout_forward(x, bias, activation, p, seed, save)
-            if save == "derivative":
-                kept = kept.to(derivative_dtype)
+            out, kept = bias_act_dropout_forward(x, bias, activation, p, seed, save,
+                                                 derivative_dtype if save == "derivative" else None)
         else:
             z = x if bias is None else x + bias
             if save == "derivative":

@@ -9,15 +9,12 @@ are one (N, F) tensor.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zoo.nn.activation import Activation, act_dropout_backward, act_dropout_forward, check_activation
 from zoo.nn.backend import Backend, resolve_backend
 from zoo.nn.dropout import check_probability, draw_seed
-
-
-def _affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
 
 
 class _FusedMLP(torch.autograd.Function):
@@ -27,10 +24,10 @@ class _FusedMLP(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1])
         dtype = x.dtype
         w1c, w2c = w1.to(dtype), w2.to(dtype)
-        z = _affine(x2, w1c, None if b1 is None else b1.to(dtype))
+        z = F.linear(x2, w1c, None if b1 is None else b1.to(dtype))
         seed = draw_seed(p)
         hidden = act_dropout_forward(z, activation, p, seed, backend)
-        out = _affine(hidden, w2c, None if b2 is None else b2.to(dtype))
+        out = F.linear(hidden, w2c, None if b2 is None else b2.to(dtype))
         ctx.save_for_backward(x2, z, w1, w2)
         ctx.config = (activation, p, seed, backend, b1 is not None, b2 is not None)
         ctx.input_shape = shape

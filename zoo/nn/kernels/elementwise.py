@@ -51,11 +51,13 @@ def _backward_kernel(grad_ptr, kept_ptr, out_ptr, numel, p, seed, ACT: tl.conste
 
 
 def bias_act_dropout_forward(x: torch.Tensor, bias: torch.Tensor | None, activation: str, p: float, seed: int,
-                             save: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dropout(act(x + bias)), z = x + bias or act'(z) or None) for x (..., F)."""
+                             save: str | None, kept_dtype: torch.dtype | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dropout(act(x + bias)), z = x + bias or act'(z) or None) for x (..., F); the kept tensor
+    is written in `kept_dtype` (x's dtype by default)."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    kept = torch.empty_like(x) if save else None
+    kept = torch.empty_like(x, dtype=kept_dtype or x.dtype) if save else None
     numel = x.numel()
     _forward_kernel[(triton.cdiv(numel, BLOCK),)](
         x, bias if bias is not None else x, out, kept if kept is not None else out, numel, x.shape[-1], p, seed,
