@@ -40,7 +40,8 @@ class Strategy:
     recompute: Recompute = "none"
     """Activation recompute. "blocks": each block keeps only its input and recomputes the rest in
     backward; "selective": each block keeps the outputs of matrix multiplies and attention and
-    recomputes the cheap element-wise ops."""
+    recomputes the cheap element-wise ops. Selective pays off for unfused layers; `zoo.nn` blocks
+    already keep no more than it would, so for them use "blocks" (or recompute_attention)."""
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():

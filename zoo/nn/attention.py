@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.nn.dropout import SEED_BOUND, check_probability, draw_seed, keep_mask
+from zoo.nn.kv_cache import LayerKVCache
 
 SCORE_CHUNK_ELEMENTS = 1 << 23
 """Score elements per query chunk in `_ChunkedAttention` (32 MiB in float32)."""
@@ -27,13 +28,17 @@ def _chunk_seed(seed: int, chunk: int) -> int:
     return (seed + 1_000_003 * chunk) % SEED_BOUND
 
 
-def _chunk_scores(q_chunk, k, start, scale, bias, causal):
-    """Scaled scores of queries [start, start + c) (B, H, c, Skv) in k's dtype, masked with -inf."""
-    scores = (q_chunk.to(k.dtype) @ k.transpose(-1, -2)).mul_(scale)
+def _chunk_scores(q_chunk, k, start, scale, bias, causal, sq):
+    """Scaled scores of queries [start, start + c) of Sq = sq (B, H, c, Skv) in k's dtype, masked
+    with -inf (causal: query i sits at key position i + Skv - Sq)."""
+    # Out of place: selective checkpointing keeps the matmul's output and hands that same tensor
+    # to the recompute, so it must not be modified here.
+    scores = (q_chunk.to(k.dtype) @ k.transpose(-1, -2)) * scale
     if bias is not None:
         scores += bias if bias.shape[-2] == 1 else bias[..., start : start + q_chunk.shape[-2], :]
     if causal:
-        rows = torch.arange(start, start + q_chunk.shape[-2], device=q_chunk.device)[:, None]
+        offset = k.shape[-2] - sq
+        rows = torch.arange(start + offset, start + offset + q_chunk.shape[-2], device=q_chunk.device)[:, None]
         scores.masked_fill_(torch.arange(k.shape[-2], device=q_chunk.device)[None, :] > rows, float("-inf"))
     return scores
 
@@ -49,7 +54,7 @@ class _ChunkedAttention(torch.autograd.Function):
         acc = lse.dtype
         ke_acc = ke.to(acc)
         for index, start in enumerate(range(0, q.shape[2], chunk)):
-            scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal)
+            scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal, q.shape[2])
             chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
             probs = scores.sub_(chunk_lse[..., None]).exp_()
             if p:
@@ -76,7 +81,7 @@ class _ChunkedAttention(torch.autograd.Function):
         for index, start in enumerate(range(0, q.shape[2], chunk)):
             rows = slice(start, start + chunk)
             q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
-            probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal)
+            probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal, q.shape[2])
             probs = probs.sub_(lse[:, :, rows, None]).exp_()
             grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
             dropped = probs
@@ -118,10 +123,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
     q: (B, Hq, S, D); k, v: (B, Hkv, Skv, D) with Hq a multiple of Hkv (MQA: Hkv = 1, GQA: 1 < Hkv <
     Hq; query head h uses key/value head h // (Hq / Hkv)); key_padding_mask: (B, Skv) bool, True
-    where a key may be attended; causal masks key j > query i (top-left aligned, as SDPA).
+    where a key may be attended; causal masks key j > query i + Skv - S (the queries are the last S
+    of the Skv positions, as in incremental decoding; for S = Skv this is SDPA's is_causal).
     scale defaults to 1 / sqrt(D). Returns (B, Hq, S, D). A query that sees no key gets zeros on the
     chunked path."""
     _check(q, k, v, key_padding_mask)
+    if causal and k.shape[2] < q.shape[2]:
+        raise ValueError(f"causal attention needs at least as many keys as queries; got {k.shape[2]} keys, {q.shape[2]} queries")
     check_probability("dropout_p", dropout_p)
     p = dropout_p if training else 0.0
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -133,10 +141,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         chunk = max(1, SCORE_CHUNK_ELEMENTS // (q.shape[0] * q.shape[1] * k.shape[2]))
         return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
     mask = None
-    if key_padding_mask is not None:
-        mask = key_padding_mask[:, None, None, :]
+    if key_padding_mask is not None or (causal and q.shape[2] != k.shape[2]):
+        mask = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=q.device)
+        if key_padding_mask is not None:
+            mask = key_padding_mask[:, None, None, :]
         if causal:
-            mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+            mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -166,16 +176,22 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
         return qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
 
-    def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Projection and attention without the output projection: (B, S, W) -> (B, S, heads * D)."""
+    def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+             cache: LayerKVCache | None = None) -> torch.Tensor:
+        """Projection and attention without the output projection: (B, S, W) -> (B, S, heads * D).
+        With `cache`, x holds the positions after the cached ones, whose keys and values join the
+        cache; key_padding_mask then covers all (B, cached + S) positions."""
         q, k, v = self.project(x)
+        if cache is not None:
+            k, v = cache.append(k, v)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
                       training=self.training)
         return y.transpose(1, 2).flatten(2)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None) -> torch.Tensor:
         """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W)."""
-        return self.out(self.core(x, key_padding_mask))
+        return self.out(self.core(x, key_padding_mask, cache))
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kv_heads={self.kv_heads}, causal={self.causal}, dropout={self.dropout}"

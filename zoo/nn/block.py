@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zoo.nn.activation import Activation
 from zoo.nn.attention import SelfAttention
+from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.mlp import FusedMLP
 from zoo.nn.norm import Norm, NormKind, dropout_add
 from zoo.plan import ModelPlan
@@ -79,18 +80,22 @@ class TransformerBlock(nn.Module):
         self.norm1 = Norm(config.width, config.norm, config.eps, bias=config.bias)
         self.norm2 = Norm(config.width, config.norm, config.eps, bias=config.bias)
 
-    def _attend(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-        if self.config.recompute_attention and torch.is_grad_enabled():
+    def _attend(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                cache: LayerKVCache | None) -> torch.Tensor:
+        if self.config.recompute_attention and torch.is_grad_enabled() and cache is None:
             return checkpoint(self.attn.core, x, key_padding_mask, use_reentrant=False)
-        return self.attn.core(x, key_padding_mask)
+        return self.attn.core(x, key_padding_mask, cache)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        """x: (B, S, W); key_padding_mask: (B, Skv) bool, True = attend; cache: this block's past keys
+        and values for incremental decoding (x then holds only the new positions)."""
         p = self.config.dropout
         if self.config.prenorm:
-            attended = self.attn.out(self._attend(self.norm1(x), key_padding_mask))
+            attended = self.attn.out(self._attend(self.norm1(x), key_padding_mask, cache))
             normed, residual = self.norm2(attended, x, p=p, prenorm=True)
             return dropout_add(self.mlp(normed), residual, p=p, training=self.training)
-        hidden = self.norm1(self.attn.out(self._attend(x, key_padding_mask)), x, p=p)
+        hidden = self.norm1(self.attn.out(self._attend(x, key_padding_mask, cache)), x, p=p)
         return self.norm2(self.mlp(hidden), hidden, p=p)
 
 

@@ -34,7 +34,8 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _normalise(s: torch.Tensor, weight, bias, eps: float, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch path: (y in s's dtype, rstd (N, 1) in the statistics dtype) for s (N, H)."""
+    """PyTorch path: (y (..., H) in s's dtype, rstd (N, 1) in the statistics dtype) for s (..., H)
+    of N rows."""
     width = (s.shape[-1],)
     acc = statistics_dtype(s.dtype)
     sf = s.to(acc)
@@ -49,13 +50,13 @@ def _normalise(s: torch.Tensor, weight, bias, eps: float, kind: str) -> tuple[to
 
 
 def _normalise_backward(grad_y, y, rstd, weight, bias, kind: str, needs: tuple[bool, bool]):
-    """PyTorch path: (d s, d weight, d bias) in rstd's dtype from the output y (N, H).
+    """PyTorch path: (d s (N, H), d weight, d bias) in rstd's dtype from the output y (..., H) of N rows.
 
     LayerNorm calls the aten backward kernel on x_hat with rstd = 1 and mean = 0, which makes it
     compute d s / rstd; one multiply by the true rstd finishes (RMSNorm likewise, in plain ops)."""
     width = [y.shape[-1]]
     acc = rstd.dtype
-    x_hat = y.to(acc)
+    x_hat = y.reshape(-1, width[0]).to(acc)
     if bias is not None:
         x_hat = x_hat - bias.to(acc)
     w = None if weight is None else weight.to(acc)
@@ -77,26 +78,25 @@ def _normalise_backward(grad_y, y, rstd, weight, bias, kind: str, needs: tuple[b
 class _DropoutAddNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, bias, p, eps, kind, return_sum, backend):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        r2 = None if residual is None else residual.reshape(-1, shape[-1])
+        # Outputs are made in x's shape, never as views of a flattened buffer: a module's output
+        # that is a view trips FSDP2's hooks when the caller modifies it in place.
         seed = draw_seed(p)
         if backend == "triton":
             from zoo.nn.kernels.norm import norm_forward
 
-            y, s, rstd = norm_forward(x2, r2, weight, bias, p, seed, eps, kind, return_sum)
+            y, s, rstd = norm_forward(x, residual, weight, bias, p, seed, eps, kind, return_sum)
         else:
-            s = apply_dropout(x2, p, seed)
-            if r2 is not None:
-                s = s + r2
+            s = apply_dropout(x, p, seed)
+            if residual is not None:
+                s = s + residual
             y, rstd = (None, None) if kind is None else _normalise(s, weight, bias, eps, kind)
         ctx.save_for_backward(y, rstd, weight, bias)
         ctx.config = (p, seed, kind, backend, x.dtype, None if residual is None else residual.dtype)
-        ctx.shape = shape
+        ctx.shape = x.shape
         ctx.set_materialize_grads(False)
         if kind is None:
-            return s.reshape(shape)
-        return (y.reshape(shape), s.reshape(shape)) if return_sum else y.reshape(shape)
+            return s
+        return (y, s) if return_sum else y
 
     @staticmethod
     def backward(ctx, *grads):

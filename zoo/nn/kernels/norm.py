@@ -95,12 +95,13 @@ def _backward_kernel(grad_y_ptr, grad_sum_ptr, y_ptr, rstd_ptr, weight_ptr, bias
 
 def norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
                  bias: torch.Tensor | None, p: float, seed: int, eps: float, kind: str | None, return_sum: bool):
-    """x, residual (N, H) -> (y (N, H) or None, s (N, H) or None, rstd (N,) float32 or None)."""
+    """x, residual (..., H) of N rows -> (y (..., H) or None, s (..., H) or None, rstd (N,) float32 or None)."""
     x = x.contiguous()
-    rows, width = x.shape
+    width = x.shape[-1]
+    rows = x.numel() // width
     store_sum = return_sum or kind is None
     sum_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    s = torch.empty((rows, width), dtype=sum_dtype, device=x.device) if store_sum else None
+    s = torch.empty(x.shape, dtype=sum_dtype, device=x.device) if store_sum else None
     y = torch.empty_like(x) if kind is not None else None
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if kind is not None else None
     placeholder = x
