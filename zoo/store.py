@@ -65,9 +65,17 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
-    """Build the model a folder (or zoo name) describes and load its safetensors weights."""
+    """Build the model a folder (or zoo name) describes and load its safetensors weights. A
+    Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`)."""
     folder = locate(name_or_path)
     config = read_config(folder)
+    if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
+        from zoo.hf import is_hf_folder, load_hf, package_folder  # local import: zoo.hf builds on this module
+
+        source = package_folder(config["source"], folder.name) if "source" in config else folder
+        if not is_hf_folder(source):
+            raise ValueError(f"{str(folder)!r} has a config.json with neither 'arch' (a zoo model) nor 'model_type' (Hugging Face)")
+        return load_hf(source).to(device).eval()
     architecture = get_architecture(config["arch"])
     model = architecture.model_class(architecture.config_class(**config["config"]))
     state = load_file(str(folder / WEIGHTS_FILE), device=str(device))
@@ -85,7 +93,15 @@ def save(model: nn.Module, directory: str | os.PathLike, *, card: str, extra: di
     state_dict: the weights when they are not `model.state_dict()` (e.g. gathered from shards)."""
     architecture = arch_of(model)
     config = {"arch": architecture.name, "config": dataclasses.asdict(model.config), **(extra or {})}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in (state_dict if state_dict is not None else model.state_dict()).items()}
+    tensors = state_dict if state_dict is not None else model.state_dict()
+    return write_model_folder(directory, tensors, config, card)
+
+
+def write_model_folder(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict[str, Any],
+                       card: str | None = None) -> Path:
+    """Write model.safetensors, config.json (and README.md) into `directory` atomically: they are
+    written to a hidden sibling folder that then replaces `directory` whole."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -94,7 +110,8 @@ def save(model: nn.Module, directory: str | os.PathLike, *, card: str, extra: di
     staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a model folder is not
     save_file(tensors, str(staging / WEIGHTS_FILE))
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1))
-    (staging / CARD_FILE).write_text(card)
+    if card is not None:
+        (staging / CARD_FILE).write_text(card)
     if target.exists():
         retired = staging.with_name(staging.name + ".old")
         os.replace(target, retired)

@@ -1,0 +1,207 @@
+"""Hugging Face interop for GPT-2 and BERT: import a transformers model folder as our `GPT` / `Bert`
+and export ours as a folder `GPT2LMHeadModel` / `BertModel` / `BertForMaskedLM` /
+`BertForSequenceClassification.from_pretrained` loads.
+
+Names are those stored in the safetensors files: GPT-2's `Conv1D` weights are stored [in, out]
+(transposed here), its causal-mask buffers (`attn.bias`, `attn.masked_bias`) and BERT's
+`position_ids` are dropped, tied output weights (`lm_head.weight`, `cls.predictions.decoder.weight`)
+are usually absent and, when present, must equal the word embedding; the `transformer.` / `bert.`
+prefix may be present or not; legacy LayerNorm `gamma`/`beta` are read (see `zoo.hf`). BERT's
+separate query/key/value linears become our fused qkv.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nlp.bert import Bert, BertConfig
+from nlp.gpt import GPT, GPTConfig
+from nlp.gpt.model import NORM_EPS
+from zoo.hf import StateReader, read_hf_config, read_hf_state, write_hf_folder
+
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+BERT_HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "classification"}
+
+
+def _require(hf: dict[str, Any], key: str, allowed: tuple, default: Any) -> None:
+    value = hf.get(key, default)
+    if value not in allowed:
+        raise ValueError(f"Hugging Face config {key}={value!r} is not supported; expected one of {list(allowed)}")
+
+
+def _check_tied(reader: StateReader, name: str, embedding: torch.Tensor) -> None:
+    if reader.has(name) and not torch.equal(reader.take(name), embedding):
+        raise ValueError(f"{name} differs from the word embedding; only tied output weights are supported")
+
+
+# GPT-2 ---------------------------------------------------------------------------------------------
+
+def gpt_config_from_hf(hf: dict[str, Any]) -> GPTConfig:
+    """Our GPTConfig of a GPT2Config dict (dropout: resid_pdrop, used for every dropout)."""
+    _require(hf, "activation_function", GPT2_ACTIVATIONS, "gelu_new")
+    _require(hf, "n_inner", (None, 4 * hf["n_embd"]), None)
+    _require(hf, "layer_norm_epsilon", (NORM_EPS,), 1e-5)
+    _require(hf, "scale_attn_weights", (True,), True)
+    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
+    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                     n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=hf.get("resid_pdrop", 0.1), bias=True)
+
+
+def gpt_state_from_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """Our GPT state dict from a GPT-2 safetensors state."""
+    reader = StateReader(state, ["transformer."])
+    reader.drop(lambda name: name.endswith((".attn.bias", ".attn.masked_bias")))
+    out = {"embeddings.word.weight": reader.take("wte.weight"), "embeddings.position.weight": reader.take("wpe.weight")}
+    _check_tied(reader, "lm_head.weight", out["embeddings.word.weight"])
+    names = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out", "ln_2": "norm2",
+             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    for layer in range(config.n_layer):
+        for theirs, ours in names.items():
+            weight = reader.take(f"h.{layer}.{theirs}.weight")
+            out[f"blocks.{layer}.{ours}.weight"] = weight if theirs.startswith("ln") else weight.t()
+            out[f"blocks.{layer}.{ours}.bias"] = reader.take(f"h.{layer}.{theirs}.bias")
+    out["norm.weight"], out["norm.bias"] = reader.take("ln_f.weight"), reader.take("ln_f.bias")
+    reader.finish()
+    return out
+
+
+def gpt_from_hf(folder: str | os.PathLike) -> GPT:
+    """Our GPT with the weights of a GPT2LMHeadModel / GPT2Model folder."""
+    config = gpt_config_from_hf(read_hf_config(folder))
+    model = GPT(config)
+    model.load_state_dict(gpt_state_from_hf(read_hf_state(folder), config))
+    return model
+
+
+def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
+    """Write `model` as a GPT2LMHeadModel folder (multi-head attention with biases only)."""
+    c = model.config
+    if not c.bias or c.n_kv_head not in (None, c.n_head):
+        raise ValueError(f"GPT-2 has biases and multi-head attention; this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}")
+    ours = model.state_dict()
+    state = {"transformer.wte.weight": ours["embeddings.word.weight"], "transformer.wpe.weight": ours["embeddings.position.weight"],
+             "transformer.ln_f.weight": ours["norm.weight"], "transformer.ln_f.bias": ours["norm.bias"]}
+    names = {"norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.out": "attn.c_proj", "norm2": "ln_2",
+             "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
+    for layer in range(c.n_layer):
+        for mine, theirs in names.items():
+            weight = ours[f"blocks.{layer}.{mine}.weight"]
+            state[f"transformer.h.{layer}.{theirs}.weight"] = weight if mine.startswith("norm") else weight.t()
+            state[f"transformer.h.{layer}.{theirs}.bias"] = ours[f"blocks.{layer}.{mine}.bias"]
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
+              "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
+              "activation_function": "gelu_new", "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
+              "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True}
+    return write_hf_folder(directory, state, config)
+
+
+# BERT ----------------------------------------------------------------------------------------------
+
+def bert_config_from_hf(hf: dict[str, Any]) -> BertConfig:
+    """Our BertConfig of a transformers BertConfig dict; the head follows `architectures`."""
+    _require(hf, "hidden_act", ("gelu",), "gelu")
+    _require(hf, "position_embedding_type", ("absolute",), "absolute")
+    architecture = (hf.get("architectures") or ["BertModel"])[0]
+    num_labels = len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2)
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob",
+              "layer_norm_eps", "pad_token_id", "classifier_dropout")
+    return BertConfig(**{k: hf[k] for k in fields if k in hf}, head=BERT_HEADS.get(architecture, "none"), num_labels=num_labels)
+
+
+_BERT_LAYER = {"attention.output.dense": "attn.out", "attention.output.LayerNorm": "norm1",
+               "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2", "output.LayerNorm": "norm2"}
+_BERT_EMBEDDINGS = {"word_embeddings": "word", "position_embeddings": "position", "token_type_embeddings": "token_type"}
+
+
+def bert_state_from_hf(state: dict[str, torch.Tensor], config: BertConfig) -> dict[str, torch.Tensor]:
+    """Our Bert state dict from a BERT safetensors state (BertModel, BertForMaskedLM,
+    BertForPreTraining without its next-sentence head, BertForSequenceClassification)."""
+    reader = StateReader(state, ["bert."])
+    reader.drop(lambda name: name == "embeddings.position_ids" or name.startswith("cls.seq_relationship."))
+    out = {f"embeddings.{ours}.weight": reader.take(f"embeddings.{theirs}.weight") for theirs, ours in _BERT_EMBEDDINGS.items()}
+    out["embeddings.norm.weight"] = reader.take("embeddings.LayerNorm.weight")
+    out["embeddings.norm.bias"] = reader.take("embeddings.LayerNorm.bias")
+    for layer in range(config.num_hidden_layers):
+        prefix = f"encoder.layer.{layer}"
+        for kind in ("weight", "bias"):
+            out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(
+                [reader.take(f"{prefix}.attention.self.{part}.{kind}") for part in ("query", "key", "value")])
+            for theirs, ours in _BERT_LAYER.items():
+                out[f"blocks.{layer}.{ours}.{kind}"] = reader.take(f"{prefix}.{theirs}.{kind}")
+    if config.head == "mlm":
+        reader.drop(lambda name: name.startswith("pooler."))
+        for theirs, ours in (("transform.dense", "mlm_transform"), ("transform.LayerNorm", "mlm_norm")):
+            for kind in ("weight", "bias"):
+                out[f"{ours}.{kind}"] = reader.take(f"cls.predictions.{theirs}.{kind}")
+        out["mlm_bias"] = reader.take("cls.predictions.bias")
+        _check_tied(reader, "cls.predictions.decoder.weight", out["embeddings.word.weight"])
+        _check_tied(reader, "cls.predictions.decoder.bias", out["mlm_bias"])
+    else:
+        out["pooler.weight"], out["pooler.bias"] = reader.take("pooler.dense.weight"), reader.take("pooler.dense.bias")
+    if config.head == "classification":
+        out["classifier.weight"], out["classifier.bias"] = reader.take("classifier.weight"), reader.take("classifier.bias")
+    reader.finish()
+    return out
+
+
+def bert_from_hf(folder: str | os.PathLike) -> Bert:
+    """Our Bert with the weights of a BertModel / BertForMaskedLM / BertForSequenceClassification folder."""
+    config = bert_config_from_hf(read_hf_config(folder))
+    model = Bert(config)
+    model.load_state_dict(bert_state_from_hf(read_hf_state(folder), config))
+    return model
+
+
+def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
+    """Write `model` as the transformers folder of its head: BertModel ("none"), BertForMaskedLM
+    ("mlm") or BertForSequenceClassification ("classification")."""
+    c = model.config
+    ours = model.state_dict()
+    prefix = "" if c.head == "none" else "bert."
+    state = {f"{prefix}embeddings.{theirs}.weight": ours[f"embeddings.{mine}.weight"] for theirs, mine in _BERT_EMBEDDINGS.items()}
+    state[f"{prefix}embeddings.LayerNorm.weight"] = ours["embeddings.norm.weight"]
+    state[f"{prefix}embeddings.LayerNorm.bias"] = ours["embeddings.norm.bias"]
+    width = c.hidden_size
+    for layer in range(c.num_hidden_layers):
+        theirs_prefix = f"{prefix}encoder.layer.{layer}"
+        for kind in ("weight", "bias"):
+            for part, piece in zip(("query", "key", "value"), ours[f"blocks.{layer}.attn.qkv.{kind}"].split(width)):
+                state[f"{theirs_prefix}.attention.self.{part}.{kind}"] = piece
+            for theirs, mine in _BERT_LAYER.items():
+                state[f"{theirs_prefix}.{theirs}.{kind}"] = ours[f"blocks.{layer}.{mine}.{kind}"]
+    if c.head == "mlm":
+        for theirs, mine in (("transform.dense", "mlm_transform"), ("transform.LayerNorm", "mlm_norm")):
+            for kind in ("weight", "bias"):
+                state[f"cls.predictions.{theirs}.{kind}"] = ours[f"{mine}.{kind}"]
+        state["cls.predictions.bias"] = ours["mlm_bias"]
+    else:
+        state[f"{prefix}pooler.dense.weight"], state[f"{prefix}pooler.dense.bias"] = ours["pooler.weight"], ours["pooler.bias"]
+    if c.head == "classification":
+        state["classifier.weight"], state["classifier.bias"] = ours["classifier.weight"], ours["classifier.bias"]
+    architecture = {"none": "BertModel", "mlm": "BertForMaskedLM", "classification": "BertForSequenceClassification"}[c.head]
+    config = {"model_type": "bert", "architectures": [architecture], "vocab_size": c.vocab_size, "hidden_size": width,
+              "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
+              "intermediate_size": c.intermediate_size, "hidden_act": "gelu",
+              "hidden_dropout_prob": c.hidden_dropout_prob, "attention_probs_dropout_prob": c.attention_probs_dropout_prob,
+              "max_position_embeddings": c.max_position_embeddings, "type_vocab_size": c.type_vocab_size,
+              "layer_norm_eps": c.layer_norm_eps, "pad_token_id": c.pad_token_id, "position_embedding_type": "absolute",
+              "classifier_dropout": c.classifier_dropout, "tie_word_embeddings": True}
+    if c.head == "classification":
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(c.num_labels)}
+    return write_hf_folder(directory, state, config)
+
+
+def to_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Export a GPT or Bert as a Hugging Face model folder."""
+    if isinstance(model, GPT):
+        return gpt_to_hf(model, directory)
+    if isinstance(model, Bert):
+        return bert_to_hf(model, directory)
+    raise ValueError(f"Hugging Face export covers GPT and Bert; got {type(model).__name__}")

@@ -1,0 +1,183 @@
+"""Hugging Face parity: tiny random GPT-2 and BERT models saved by transformers load into ours with
+equal logits and loss gradients, and our export loads back into transformers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import zoo
+from helpers import relative_error
+from nlp.bert import Bert
+from nlp.gpt import GPT
+from nlp.hf import to_hf
+
+GPT2_NAMES = {"embeddings.word.weight": "transformer.wte.weight", "embeddings.position.weight": "transformer.wpe.weight",
+              "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias"}
+GPT2_BLOCK = {"norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.out": "attn.c_proj", "norm2": "ln_2",
+              "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
+
+
+def hf_gpt2(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so that a misplaced one shows
+        for name, param in model.named_parameters():
+            if "ln" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(tmp_path / "hf_gpt2")
+    return model, tmp_path / "hf_gpt2"
+
+
+def hf_bert(tmp_path, kind: str):
+    torch.manual_seed(1)
+    config = transformers.BertConfig(vocab_size=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0, num_labels=3)
+    model = getattr(transformers, kind)(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(tmp_path / kind)
+    return model, tmp_path / kind
+
+
+def gpt2_grad(hf_model, ours_name: str) -> torch.Tensor:
+    if ours_name in GPT2_NAMES:
+        return hf_model.get_parameter(GPT2_NAMES[ours_name]).grad
+    _, layer, *mine, kind = ours_name.split(".")
+    grad = hf_model.get_parameter(f"transformer.h.{layer}.{GPT2_BLOCK['.'.join(mine)]}.{kind}").grad
+    return grad.t() if kind == "weight" and not mine[0].startswith("norm") else grad
+
+
+def test_gpt2_logits_and_gradients_match_transformers(tmp_path):
+    hf_model, folder = hf_gpt2(tmp_path)
+    model = zoo.load(folder)
+    assert isinstance(model, GPT) and model.config.n_embd == 32
+    ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
+    theirs = hf_model(ids, labels=ids)  # transformers shifts the labels itself
+    assert relative_error(model(ids)["logits"], theirs.logits) < 1e-5
+    ours = model(ids[:, :-1], labels=ids[:, 1:])["loss"]
+    assert abs(ours.item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    ours.backward()
+    theirs.loss.backward()
+    for name, param in model.named_parameters():
+        assert relative_error(param.grad, gpt2_grad(hf_model, name)) < 1e-5, name
+
+
+def test_gpt2_round_trip_through_our_export(tmp_path):
+    hf_model, folder = hf_gpt2(tmp_path)
+    to_hf(zoo.load(folder), tmp_path / "exported")
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert relative_error(reloaded(ids).logits, hf_model(ids).logits) < 1e-6
+    stored = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert "lm_head.weight" not in stored and stored["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)
+
+
+def padded_batch(vocab: int):
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, vocab, (3, 14), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 9:], mask[2, 5:] = 0, 0
+    ids = ids.masked_fill(mask == 0, 0)
+    types = torch.zeros_like(ids)
+    types[:, 7:] = 1
+    return ids, mask, types
+
+
+def test_bert_masked_lm_matches_transformers(tmp_path):
+    hf_model, folder = hf_bert(tmp_path, "BertForMaskedLM")
+    model = zoo.load(folder)
+    assert isinstance(model, Bert) and model.config.head == "mlm"
+    ids, mask, types = padded_batch(80)
+    labels = torch.full_like(ids, -100)
+    labels[0, [1, 4, 8]], labels[1, [2, 3]], labels[2, [0]] = ids[0, [1, 4, 8]], ids[1, [2, 3]], ids[2, [0]]
+    theirs = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    ours_logits = model(ids, mask, types)["logits"]
+    assert relative_error(ours_logits, theirs.logits) < 1e-5
+    ours = model(ids, mask, types, labels=labels)["loss"]
+    assert abs(ours.item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    ours.backward()
+    theirs.loss.backward()
+    compare_gradients(model, hf_model, tmp_path)
+
+
+def compare_gradients(model, hf_model, tmp_path):
+    """Our gradients against theirs: write ours through the exporter (which knows every name and
+    layout) and read them back as an HF state."""
+    grads = type(model)(model.config)
+    with torch.no_grad():
+        for name, param in grads.named_parameters():
+            param.copy_(dict(model.named_parameters())[name].grad)
+    to_hf(grads, tmp_path / "grads")
+    exported = load_file(str(tmp_path / "grads" / "model.safetensors"))
+    theirs = {name: p.grad for name, p in hf_model.named_parameters() if p.grad is not None}
+    assert set(exported) <= set(theirs) | {"cls.predictions.bias"}
+    for name, grad in exported.items():
+        if name.endswith("attention.self.key.bias"):  # exactly zero in exact arithmetic (softmax ignores it)
+            assert grad.abs().max() < 1e-9 and theirs[name].abs().max() < 1e-9
+            continue
+        expected = theirs.get(name, theirs.get("cls.predictions.decoder.bias"))
+        assert relative_error(grad, expected) < 1e-5, name
+
+
+def test_bert_classification_matches_transformers_and_round_trips(tmp_path):
+    hf_model, folder = hf_bert(tmp_path, "BertForSequenceClassification")
+    model = zoo.load(folder)
+    assert model.config.head == "classification" and model.config.num_labels == 3
+    ids, mask, types = padded_batch(80)
+    labels = torch.tensor([0, 2, 1])
+    theirs = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    ours = model(ids, mask, types, labels=labels)
+    assert relative_error(ours["logits"], theirs.logits) < 1e-5
+    assert abs(ours["loss"].item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    ours["loss"].backward()
+    theirs.loss.backward()
+    compare_gradients(model, hf_model, tmp_path)
+    to_hf(model, tmp_path / "exported")
+    reloaded = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
+    with torch.no_grad():
+        assert relative_error(reloaded(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, theirs.logits) < 1e-6
+
+
+def test_bert_legacy_names_without_prefix_and_masked_lm_round_trip(tmp_path):
+    hf_model, folder = hf_bert(tmp_path, "BertForMaskedLM")
+    state = load_file(str(folder / "model.safetensors"))
+    legacy = {name.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): t
+              for name, t in state.items()}
+    legacy["embeddings.position_ids"] = torch.arange(40)[None]
+    assert any(name.endswith("gamma") for name in legacy) and not any(name.startswith("bert.") for name in legacy)
+    save_file(legacy, str(folder / "model.safetensors"))
+    model = zoo.load(folder)
+    to_hf(model, tmp_path / "exported")
+    reloaded = transformers.BertForMaskedLM.from_pretrained(tmp_path / "exported").eval()
+    ids, mask, types = padded_batch(80)
+    with torch.no_grad():
+        expected = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        assert relative_error(model(ids, mask, types)["logits"], expected) < 1e-5
+        assert relative_error(reloaded(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, expected) < 1e-6
+
+
+def test_unsupported_or_mismatched_checkpoints_are_named(tmp_path):
+    _, folder = hf_gpt2(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(ValueError, match="activation_function='relu' is not supported; expected one of \\['gelu_new'"):
+        zoo.load(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": 1}))
+    with pytest.raises(ValueError, match="has 12 tensors this model has no place for: \\['h.1"):
+        zoo.load(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    with pytest.raises(ValueError, match="has no tensor 'h.2.ln_1.weight'"):
+        zoo.load(folder)
+    with pytest.raises(ValueError, match="GPT-2 has biases and multi-head attention; this GPT has bias=True, n_kv_head=1"):
+        to_hf(zoo.create("gpt", vocab_size=8, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=8), tmp_path / "x")
