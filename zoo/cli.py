@@ -1,4 +1,4 @@
-"""The `zoo` command line: list, info, train, generate."""
+"""The `zoo` command line: list, info, train, generate, export."""
 
 from __future__ import annotations
 
@@ -60,7 +60,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from nlp.generate import generate_text  # the CLI sits on top of the domains
 
     print(generate_text(args.name, args.prompt, max_new_tokens=args.tokens, temperature=args.temperature,
-                        top_k=args.top_k, seed=args.seed))
+                        top_k=args.top_k, top_p=args.top_p, seed=args.seed))
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from zoo.hf import export_hf
+    from zoo.store import load
+
+    print(export_hf(load(args.name), args.directory))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--tokens", type=int, default=200)
     generate.add_argument("--temperature", type=float, default=0.8)
     generate.add_argument("--top-k", type=int, default=None)
+    generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=0)
+    export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
+    export.add_argument("name")
+    export.add_argument("directory")
     return parser
 
 
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        {"list": cmd_list, "info": cmd_info, "generate": cmd_generate}[args.command](args)
+        {"list": cmd_list, "info": cmd_info, "generate": cmd_generate, "export": cmd_export}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"zoo: error: {error}\n")
 

@@ -2,7 +2,8 @@
 the importer of their `model_type`, and write folders that transformers' `from_pretrained` loads.
 
 Importers are found through the `memzoo.hf` entry points (name = HF model_type, value = a function
-folder -> nn.Module), so the zoo imports no domain package. Only safetensors files are read
+folder -> nn.Module), exporters through `memzoo.hf_export` (name = zoo architecture, value = a
+function (model, folder) -> folder), so the zoo imports no domain package. Only safetensors files are read
 (never a pickle); sharded files (model.safetensors.index.json) are joined.
 """
 
@@ -20,9 +21,11 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from zoo.registry import arch_of
 from zoo.store import CONFIG_FILE, WEIGHTS_FILE, write_model_folder
 
 ENTRY_POINT_GROUP = "memzoo.hf"
+EXPORT_ENTRY_POINT_GROUP = "memzoo.hf_export"
 INDEX_FILE = "model.safetensors.index.json"
 LEGACY_NAMES = {"gamma": "weight", "beta": "bias"}
 """Old TensorFlow-converted LayerNorm parameter names and their current ones."""
@@ -100,6 +103,15 @@ def load_hf(folder: str | os.PathLike) -> nn.Module:
     if model_type not in known:
         raise ValueError(f"no importer for Hugging Face model_type {model_type!r} in {str(folder)!r}; known: {sorted(known)}")
     return known[model_type](Path(folder))
+
+
+def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
+    """Write `model` as a Hugging Face model folder, through the exporter of its architecture."""
+    arch = arch_of(model).name
+    exporters = {entry.name: entry for entry in entry_points(group=EXPORT_ENTRY_POINT_GROUP)}
+    if arch not in exporters:
+        raise ValueError(f"no Hugging Face export for architecture {arch!r}; exporters: {sorted(exporters)}")
+    return exporters[arch].load()(model, directory)
 
 
 def write_hf_folder(directory: str | os.PathLike, state: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:

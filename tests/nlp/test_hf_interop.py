@@ -14,7 +14,7 @@ import zoo
 from helpers import relative_error
 from nlp.bert import Bert
 from nlp.gpt import GPT
-from nlp.hf import to_hf
+from zoo.hf import export_hf as to_hf
 
 GPT2_NAMES = {"embeddings.word.weight": "transformer.wte.weight", "embeddings.position.weight": "transformer.wpe.weight",
               "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias"}

@@ -54,3 +54,19 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path):
     assert 1.0 < config["metrics"]["validation_perplexity"] < 100.0
     generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
+
+
+def test_export_writes_a_folder_transformers_loads(tmp_path):
+    import torch
+    import transformers
+
+    import zoo
+
+    result = zoo_cli("export", "gpt-shakespeare-char", str(tmp_path / "hf"))
+    assert result.returncode == 0, result.stderr
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ours = zoo.load("gpt-shakespeare-char")
+    ids = torch.tensor([[30, 41, 52, 63, 7]])
+    with torch.no_grad():
+        assert torch.allclose(theirs(ids).logits, ours(ids)["logits"], rtol=1e-5, atol=1e-5)
+    assert zoo.load(tmp_path / "hf").config.n_embd == 128
