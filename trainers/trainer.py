@@ -93,6 +93,7 @@ class Trainer:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
                            start_step=self.step, progress=config.progress)
+        self.model.train()  # a model fresh from zoo.load is in eval mode
         try:
             while self.step < config.max_steps:
                 started = time.perf_counter()

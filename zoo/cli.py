@@ -34,7 +34,7 @@ def cmd_list(_: argparse.Namespace) -> None:
     for name, folder in list_models().items():
         print(f"{name:28s} {read_config(folder)['arch']:8s} {folder}")
     for name, recipe in recipes().items():
-        print(f"recipe {name:21s} -> {recipe.produces}: {recipe.description}")
+        print(f"recipe {name:21s} -> {', '.join(recipe.produces)}: {recipe.description}")
 
 
 def cmd_info(args: argparse.Namespace) -> None:

@@ -24,8 +24,8 @@ class Recipe:
     """Dataclass of its settings (may nest TrainConfig, Strategy, a model config)."""
     run: Callable[[Any], dict[str, Any]]
     """Runs the recipe on every rank; returns its metrics."""
-    produces: str
-    """Name of the zoo entry it writes."""
+    produces: tuple[str, ...]
+    """Names of the zoo entries it writes (by default the first; options may select another)."""
     description: str
     """One line for `zoo list`."""
 
@@ -49,7 +49,7 @@ def get_recipe(name: str) -> Recipe:
 
 def recipe_producing(model_name: str) -> str | None:
     """Name of the recipe that writes zoo entry `model_name`, if any."""
-    return next((r.name for r in recipes().values() if r.produces == model_name), None)
+    return next((r.name for r in recipes().values() if model_name in r.produces), None)
 
 
 def _convert(text: str, annotation: Any, where: str) -> Any:

@@ -42,16 +42,25 @@ def test_bad_override_is_reported_without_a_traceback():
 
 
 @pytest.mark.timeout(300)
-def test_train_on_two_ranks_writes_a_loadable_model(tmp_path):
+@pytest.mark.parametrize("tokenizer,zero,vocab", [("char", "3", 84), ("gpt2", "1", 50257)])
+def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, vocab):
     out = tmp_path / "gpt"
-    result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", "--train.max_steps", "4", "--train.eval_batches", "2",
-                     "--train.progress", "false", "--train.output_dir", str(tmp_path / "run"), "--model.n_layer", "1",
-                     "--model.n_embd", "32", "--sample_tokens", "20", "--output", str(out), timeout=280)
+    result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", "--tokenizer", tokenizer, "--strategy.zero", zero,
+                     "--train.max_steps", "4", "--train.eval_batches", "2", "--train.progress", "false",
+                     "--train.output_dir", str(tmp_path / "run"), "--model.n_layer", "1", "--model.n_embd", "32",
+                     "--sample_tokens", "20", "--output", str(out), timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation perplexity" in result.stdout and "| ZeRO paper |" in result.stdout
     config = json.loads((out / "config.json").read_text())
-    assert config["tokenizer"]["kind"] == "char" and config["metrics"]["steps"] == 4
-    assert 1.0 < config["metrics"]["validation_perplexity"] < 100.0
+    assert config["tokenizer"]["kind"] == tokenizer and config["metrics"]["steps"] == 4
+    assert config["config"]["vocab_size"] == vocab
+    metrics = config["metrics"]
+    assert 1.0 < metrics["validation_perplexity"] < 2 * vocab
+    # bits per character = nats per token / (characters per token x ln 2); one character per token for "char"
+    if tokenizer == "char":
+        assert abs(metrics["validation_bits_per_character"] - metrics["validation_loss"] / 0.6931471805599453) < 1e-9
+    else:
+        assert 0.1 * metrics["validation_loss"] < metrics["validation_bits_per_character"] < metrics["validation_loss"]
     generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
 

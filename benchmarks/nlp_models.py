@@ -1,0 +1,171 @@
+"""Training-step time and peak memory of our GPT-2-small and BERT-base against Hugging Face
+transformers (`GPT2LMHeadModel`, `BertForMaskedLM`), same weights, same inputs, same precision.
+
+    python benchmarks/nlp_models.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 3]
+
+Each (model, implementation) runs in a fresh process, so that peak memory is its own: on CPU the
+peak resident set (VmHWM, reset through /proc/self/clear_refs) above the resident set once the
+model and AdamW's state exist, with glibc returning freed buffers (fixed mmap threshold); on CUDA
+`torch.cuda.max_memory_allocated` above the allocation at that point. Gradients count on both sides. The step is forward
+(train mode, the HF default dropouts of 0.1), loss, backward and an AdamW step; its time is the
+median of `--steps` steps after one warm-up. Saved-activation bytes of one forward
+(`SavedActivations`, parameters excluded) are listed as well. HF runs with SDPA attention.
+GPT-2: causal LM on (batch, 512) tokens, loss over all next tokens; BERT: MLM on (batch, 128)
+tokens with 15% of positions labelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128)}
+
+
+def build(model_name: str, implementation: str):
+    """(model, batch builder) with HF's initialisation; ours loads the HF weights."""
+    import transformers
+
+    from nlp.bert import Bert
+    from nlp.gpt import GPT
+    from nlp.hf import bert_config_from_hf, bert_state_from_hf, gpt_config_from_hf, gpt_state_from_hf
+
+    torch.manual_seed(0)
+    if model_name == "gpt2-small":
+        config = transformers.GPT2Config(n_positions=1024)
+        hf = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+        if implementation == "hf":
+            return hf
+        ours_config = gpt_config_from_hf(config.to_dict())
+        ours = GPT(ours_config)
+        ours.load_state_dict(gpt_state_from_hf(hf.state_dict(), ours_config))
+        return ours
+    config = transformers.BertConfig(architectures=["BertForMaskedLM"])
+    hf = transformers.BertForMaskedLM._from_config(config, attn_implementation="sdpa")
+    if implementation == "hf":
+        return hf
+    ours_config = bert_config_from_hf(config.to_dict())
+    ours = Bert(ours_config)
+    ours.load_state_dict(bert_state_from_hf(hf.state_dict(), ours_config))
+    return ours
+
+
+def batch(model_name: str, device: torch.device) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    size, length = SHAPES[model_name]
+    if model_name == "gpt2-small":
+        ids = torch.randint(0, 50257, (size, length + 1), generator=generator)
+        return {"input_ids": ids.to(device)}
+    ids = torch.randint(1000, 30522, (size, length), generator=generator)
+    labels = torch.where(torch.rand(size, length, generator=generator) < 0.15, ids, -100)
+    return {"input_ids": ids.to(device), "labels": labels.to(device)}
+
+
+def loss_of(model, model_name: str, implementation: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if model_name == "gpt2-small":
+        ids = inputs["input_ids"]
+        if implementation == "hf":  # transformers shifts the labels itself
+            return model(input_ids=ids[:, :-1], labels=ids[:, :-1]).loss
+        return model(ids[:, :-1], labels=ids[:, 1:])["loss"]
+    if implementation == "hf":
+        return model(**inputs).loss
+    return model(inputs["input_ids"], labels=inputs["labels"])["loss"]
+
+
+def _status_bytes(field: str) -> int:
+    """A field of /proc/self/status (VmRSS, VmHWM) in bytes."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"/proc/self/status has no {field}")
+
+
+def start_peak(device: torch.device) -> int:
+    """Reset the peak counter; returns the memory in use now."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # resets VmHWM, the peak resident set size
+    return _status_bytes("VmRSS")
+
+
+def peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated() if device.type == "cuda" else _status_bytes("VmHWM")
+
+
+def worker(model_name: str, implementation: str, device_name: str, dtype_name: str, steps: int) -> dict:
+    from trainers.saved_activations import SavedActivations
+
+    device, dtype = torch.device(device_name), getattr(torch, dtype_name)
+    model = build(model_name, implementation).to(device=device, dtype=dtype).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for param in model.parameters():  # AdamW's state exists before the measured steps
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    inputs = batch(model_name, device)
+    base = start_peak(device)
+    times = []
+    for _ in range(steps + 1):  # the first step warms up and is not timed
+        started = time.perf_counter()
+        loss = loss_of(model, model_name, implementation, inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    top = peak(device)
+    with SavedActivations(exclude=model.parameters()) as saved:
+        loss_of(model, model_name, implementation, inputs)
+    return {"model": model_name, "impl": implementation, "step_s": statistics.median(times[1:]),
+            "peak_above_states_mib": (top - base) / 2**20, "saved_mib": saved.bytes / 2**20, "loss": loss.item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", default="gpt2-small,bert-base")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "IMPL"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.device, args.dtype, args.steps)))
+        return
+    name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"device: {name}; dtype {args.dtype}; torch {torch.__version__}\n")
+    print("| model | shape | impl | step s | peak MiB above model+optimizer | saved MiB | loss |")
+    print("|---|---|---|---|---|---|---|")
+    for model_name in args.models.split(","):
+        rows = {}
+        for implementation in ("hf", "ours"):
+            command = [sys.executable, __file__, "--worker", model_name, implementation, "--device", args.device,
+                       "--dtype", args.dtype, "--steps", str(args.steps)]
+            # A fixed mmap threshold makes glibc return every large buffer when it is freed, so the
+            # resident set follows the live tensors.
+            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+            result = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+            rows[implementation] = json.loads(result.stdout)
+        for implementation, row in rows.items():
+            print(f"| {model_name} | {'x'.join(map(str, SHAPES[model_name]))} | {implementation} | {row['step_s']:.3f} | "
+                  f"{row['peak_above_states_mib']:.0f} | {row['saved_mib']:.0f} | {row['loss']:.4f} |")
+        hf, ours = rows["hf"], rows["ours"]
+        print(f"| {model_name} | | ours / hf | {ours['step_s'] / hf['step_s']:.2f}x | "
+              f"{ours['peak_above_states_mib'] / hf['peak_above_states_mib']:.2f}x | {ours['saved_mib'] / hf['saved_mib']:.2f}x | |")
+
+
+if __name__ == "__main__":
+    main()
