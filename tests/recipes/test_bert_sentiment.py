@@ -46,7 +46,8 @@ def test_two_ranks_zero3_fine_tune_writes_a_loadable_classifier(tmp_path):
     assert 0.0 <= config["metrics"]["test_accuracy"] <= 1.0 and config["tokenizer"]["kind"] == "wordpiece"
     model = zoo.load(tmp_path / "model")
     assert isinstance(model, Bert) and model.classifier.weight.shape == (2, 384)
-    assert "--nproc 2 --train.max_steps 3" in (tmp_path / "model" / "README.md").read_text()
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert all(f" {words} " in card for words in ("--nproc 2", "--train.max_steps 3", "--strategy.zero 3"))
 
 
 def test_missing_fine_tuned_model_says_how_to_make_it(tmp_path, monkeypatch):
