@@ -77,8 +77,12 @@ def test_gpt2_round_trip_through_our_export(tmp_path):
     to_hf(zoo.load(folder), tmp_path / "exported")
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert relative_error(reloaded(ids).logits, hf_model(ids).logits) < 1e-6
+    after, before = reloaded(ids, labels=ids), hf_model(ids, labels=ids)
+    assert relative_error(after.logits, before.logits) < 1e-6
+    after.loss.backward()
+    before.loss.backward()
+    for name, param in hf_model.named_parameters():
+        assert relative_error(reloaded.get_parameter(name).grad, param.grad) < 1e-5, name
     stored = load_file(str(tmp_path / "exported" / "model.safetensors"))
     assert "lm_head.weight" not in stored and stored["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)
 
@@ -145,8 +149,12 @@ def test_bert_classification_matches_transformers_and_round_trips(tmp_path):
     compare_gradients(model, hf_model, tmp_path)
     to_hf(model, tmp_path / "exported")
     reloaded = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "exported").eval()
-    with torch.no_grad():
-        assert relative_error(reloaded(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, theirs.logits) < 1e-6
+    after = reloaded(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    assert relative_error(after.logits, theirs.logits) < 1e-6
+    after.loss.backward()
+    for name, param in hf_model.named_parameters():
+        if not name.endswith("attention.self.key.bias"):  # zero in exact arithmetic
+            assert relative_error(reloaded.get_parameter(name).grad, param.grad) < 1e-5, name
 
 
 def test_bert_legacy_names_without_prefix_and_masked_lm_round_trip(tmp_path):
