@@ -20,6 +20,7 @@ from torch import nn
 from nlp.bert.config import BertConfig
 from zoo.nn import (Embeddings, Norm, TransformerBlock, TransformerBlockConfig, bias_act_dropout, block_plan,
                     dropout, linear_cross_entropy)
+from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
 
@@ -65,13 +66,7 @@ class Bert(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """BERT initialisation: N(0, 0.02) weights, zero biases, unit norms, a zero padding row."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, Norm):
-                module.reset_parameters()
+        init_transformer_(self)
         self.embeddings.word.weight[self.config.pad_token_id].zero_()
         if self.config.head == "mlm":
             self.mlm_bias.zero_()

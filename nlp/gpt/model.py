@@ -18,6 +18,7 @@ from torch import nn
 from nlp.gpt.config import GPTConfig
 from nlp.sampling import Sampling, next_token
 from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlockConfig, block_plan, linear_cross_entropy
+from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
 
@@ -54,15 +55,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
-        for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                residual = name.endswith(("attn.out", "mlp.fc2"))
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if residual else 0.02
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, Norm):
-                module.reset_parameters()
+        init_transformer_(self, residual_std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def num_parameters(self) -> int:
         """Number of parameters (the tied head counted once)."""
