@@ -129,19 +129,25 @@ class TokenBlocks(torch.utils.data.Dataset):
         return {"input_ids": chunk[:-1], "labels": chunk[1:]}
 
 
+def pad_sequences(sequences: list[torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
+    """Token id sequences (L_i,) -> input_ids, attention_mask (1 = token) and token_type_ids
+    (zeros), each (B, max L_i) int64."""
+    length = max(sequence.numel() for sequence in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        input_ids[row, : sequence.numel()], attention_mask[row, : sequence.numel()] = sequence, 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+
+
 def pad_collate(pad_id: int):
-    """A collate function for examples {"input_ids": (L_i,) int64, "labels": scalar}: pads to the
-    longest L in the batch and adds attention_mask (1 = token) and token_type_ids (zeros)."""
+    """A collate function for examples {"input_ids": (L_i,) int64, "labels": scalar}: `pad_sequences`
+    plus the stacked labels."""
 
     def collate(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        length = max(e["input_ids"].numel() for e in examples)
-        input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
-        for row, example in enumerate(examples):
-            size = example["input_ids"].numel()
-            input_ids[row, :size], attention_mask[row, :size] = example["input_ids"], 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids),
-                "labels": torch.stack([torch.as_tensor(e["labels"]) for e in examples])}
+        batch = pad_sequences([e["input_ids"] for e in examples], pad_id)
+        batch["labels"] = torch.stack([torch.as_tensor(e["labels"]) for e in examples])
+        return batch
 
     return collate
 

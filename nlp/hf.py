@@ -20,7 +20,8 @@ import torch
 from nlp.bert import Bert, BertConfig
 from nlp.gpt import GPT, GPTConfig
 from nlp.gpt.model import NORM_EPS
-from zoo.hf import StateReader, read_hf_config, read_hf_state, write_hf_folder
+from zoo.hf import StateReader, read_hf_config, read_hf_state
+from zoo.store import write_model_folder
 
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 BERT_HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "classification"}
@@ -39,6 +40,10 @@ def _check_tied(reader: StateReader, name: str, embedding: torch.Tensor) -> None
 
 # GPT-2 ---------------------------------------------------------------------------------------------
 
+_GPT2_BLOCK = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out", "ln_2": "norm2",
+               "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+"""GPT-2's block parameter names (Conv1D weights stored [in, out]) and ours."""
+
 def gpt_config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     """Our GPTConfig of a GPT2Config dict (dropout: resid_pdrop, used for every dropout)."""
     _require(hf, "activation_function", GPT2_ACTIVATIONS, "gelu_new")
@@ -56,10 +61,8 @@ def gpt_state_from_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict
     reader.drop(lambda name: name.endswith((".attn.bias", ".attn.masked_bias")))
     out = {"embeddings.word.weight": reader.take("wte.weight"), "embeddings.position.weight": reader.take("wpe.weight")}
     _check_tied(reader, "lm_head.weight", out["embeddings.word.weight"])
-    names = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out", "ln_2": "norm2",
-             "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
     for layer in range(config.n_layer):
-        for theirs, ours in names.items():
+        for theirs, ours in _GPT2_BLOCK.items():
             weight = reader.take(f"h.{layer}.{theirs}.weight")
             out[f"blocks.{layer}.{ours}.weight"] = weight if theirs.startswith("ln") else weight.t()
             out[f"blocks.{layer}.{ours}.bias"] = reader.take(f"h.{layer}.{theirs}.bias")
@@ -84,10 +87,8 @@ def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
     ours = model.state_dict()
     state = {"transformer.wte.weight": ours["embeddings.word.weight"], "transformer.wpe.weight": ours["embeddings.position.weight"],
              "transformer.ln_f.weight": ours["norm.weight"], "transformer.ln_f.bias": ours["norm.bias"]}
-    names = {"norm1": "ln_1", "attn.qkv": "attn.c_attn", "attn.out": "attn.c_proj", "norm2": "ln_2",
-             "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
     for layer in range(c.n_layer):
-        for mine, theirs in names.items():
+        for theirs, mine in _GPT2_BLOCK.items():
             weight = ours[f"blocks.{layer}.{mine}.weight"]
             state[f"transformer.h.{layer}.{theirs}.weight"] = weight if mine.startswith("norm") else weight.t()
             state[f"transformer.h.{layer}.{theirs}.bias"] = ours[f"blocks.{layer}.{mine}.bias"]
@@ -95,7 +96,7 @@ def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
               "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
               "activation_function": "gelu_new", "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
               "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True}
-    return write_hf_folder(directory, state, config)
+    return write_model_folder(directory, state, config)
 
 
 # BERT ----------------------------------------------------------------------------------------------
@@ -193,4 +194,4 @@ def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
     if c.head == "classification":
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(c.num_labels)}
-    return write_hf_folder(directory, state, config)
+    return write_model_folder(directory, state, config)

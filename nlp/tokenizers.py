@@ -17,6 +17,7 @@ from tokenizers.models import BPE
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.pre_tokenizers import ByteLevel
 
+from nlp.data import pad_sequences
 from zoo.hf import package_folder
 
 
@@ -96,15 +97,18 @@ class WordPieceTokenizer:
 
     def __init__(self, source: dict[str, str]) -> None:
         self.source = source
-        self._tokenizer = Tokenizer.from_file(str(package_folder(source, source["package"]) / "tokenizer.json"))
+        self._tokenizer = Tokenizer.from_file(str(package_folder(source) / "tokenizer.json"))
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
         self.vocab_size = self._tokenizer.get_vocab_size()
         self.pad_id = self._tokenizer.token_to_id("[PAD]")
 
-    def encode(self, text: str) -> list[int]:
-        """[CLS] ids of `text` [SEP]."""
-        return self._tokenizer.encode(text).ids
+    def encode(self, text: str, max_length: int | None = None) -> list[int]:
+        """[CLS] ids of `text` [SEP], cut to `max_length` ids keeping the final [SEP]."""
+        if max_length is not None and max_length < 2:
+            raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]); got {max_length}")
+        ids = self._tokenizer.encode(text).ids
+        return ids if max_length is None or len(ids) <= max_length else ids[: max_length - 1] + ids[-1:]
 
     def decode(self, ids: list[int]) -> str:
         """The text of `ids` (special tokens skipped)."""
@@ -113,17 +117,7 @@ class WordPieceTokenizer:
     def batch(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
         """A padded batch: input_ids, attention_mask, token_type_ids, each (B, S) int64 with S the
         longest encoding, at most `max_length` (longer texts are cut, keeping the final [SEP])."""
-        if max_length < 2:
-            raise ValueError(f"max_length must be >= 2 ([CLS] and [SEP]); got {max_length}")
-        encodings = [self.encode(text) for text in texts]
-        encodings = [ids if len(ids) <= max_length else ids[: max_length - 1] + ids[-1:] for ids in encodings]
-        length = max(map(len, encodings))
-        input_ids = torch.full((len(texts), length), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(texts), length), dtype=torch.long)
-        for row, ids in enumerate(encodings):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention_mask[row, : len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": torch.zeros_like(input_ids)}
+        return pad_sequences([torch.tensor(self.encode(text, max_length)) for text in texts], self.pad_id)
 
     def spec(self) -> dict[str, Any]:
         """JSON-able description (see `tokenizer_from_spec`)."""

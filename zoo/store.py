@@ -72,7 +72,7 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
         from zoo.hf import is_hf_folder, load_hf, package_folder  # local import: zoo.hf builds on this module
 
-        source = package_folder(config["source"], folder.name) if "source" in config else folder
+        source = package_folder(config["source"]) if "source" in config else folder
         if not is_hf_folder(source):
             raise ValueError(f"{str(folder)!r} has a config.json with neither 'arch' (a zoo model) nor 'model_type' (Hugging Face)")
         return load_hf(source).to(device).eval()

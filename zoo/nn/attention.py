@@ -140,13 +140,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
             bias = bias.masked_fill_(~key_padding_mask, float("-inf"))[:, None, None, :]
         chunk = max(1, SCORE_CHUNK_ELEMENTS // (q.shape[0] * q.shape[1] * k.shape[2]))
         return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
-    mask = None
-    if key_padding_mask is not None or (causal and q.shape[2] != k.shape[2]):
-        mask = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=q.device)
-        if key_padding_mask is not None:
-            mask = key_padding_mask[:, None, None, :]
-        if causal:
-            mask = mask & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+    mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+    if causal and (mask is not None or q.shape[2] != k.shape[2]):  # else SDPA's is_causal serves
+        lower = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+        mask = lower if mask is None else mask & lower
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal and mask is None,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
