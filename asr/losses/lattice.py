@@ -1,0 +1,199 @@
+"""The transducer lattice: forward (alpha) and backward (beta) scores and arc occupancies.
+
+A lattice is given by two (B, T, U+1) tensors of arc log-weights:
+- `blank[b, t, u]`: log p(blank | frame t, u symbols emitted), the arc (t, u) -> (t+1, u);
+- `label[b, t, u]`: log p(y_{u+1} | frame t, u symbols emitted), the arc (t, u) -> (t, u+1) in the
+  "regular" topology (any number of symbols per frame) or (t, u) -> (t+1, u+1) in the "modified"
+  topology (at most one symbol per frame). Column u = U of `label` is never read.
+Sample b uses frames t < T_b = logit_lengths[b] and u <= U_b = target_lengths[b]; everything outside
+is ignored (it may hold any finite value or -inf). A path starts at (0, 0); in the regular topology it
+ends with the blank arc leaving (T_b - 1, U_b), in the modified one at the node (T_b, U_b).
+
+`occupancies` returns log p(y | x) and the posterior occupancy of every arc: the gradient of
+log p(y | x) with respect to that arc's log-weight, which is all a transducer loss needs for its
+closed-form gradient. The recursion runs over anti-diagonals t + u = n (regular) or over frames
+(modified), each step vectorised over the batch and u; on CUDA a Triton kernel runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Topology = Literal["regular", "modified"]
+TOPOLOGIES = ("regular", "modified")
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Occupancies:
+    """The posterior of a lattice; every tensor lies in the lattice's (float32 or float64) dtype."""
+
+    log_likelihood: torch.Tensor
+    """(B,) log p(y | x); -inf where no path exists."""
+    blank: torch.Tensor
+    """(B, T, U+1) posterior occupancy of each blank arc (0 outside the sample's lattice)."""
+    label: torch.Tensor
+    """(B, T, U+1) posterior occupancy of each label arc (column U is 0)."""
+
+
+def log_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """log(exp(a) + exp(b)) that is -inf (not nan) where both are -inf."""
+    top = torch.maximum(a, b)
+    finite = torch.where(top == NEG_INF, torch.zeros_like(top), top)
+    return finite + torch.log(torch.exp(a - finite) + torch.exp(b - finite))
+
+
+def lattice_mask(shape: torch.Size, logit_lengths: torch.Tensor, target_lengths: torch.Tensor):
+    """Boolean (B, T, U+1) masks of the blank and the label arcs that belong to each sample."""
+    _, frames, width = shape
+    t = torch.arange(frames, device=logit_lengths.device)[None, :, None]
+    u = torch.arange(width, device=logit_lengths.device)[None, None, :]
+    in_time = t < logit_lengths[:, None, None]
+    return in_time & (u <= target_lengths[:, None, None]), in_time & (u < target_lengths[:, None, None])
+
+
+def add_delay_penalty(label: torch.Tensor, logit_lengths: torch.Tensor, penalty: float) -> torch.Tensor:
+    """label (B, T, U+1) + penalty * ((T_b - 1) / 2 - t): k2's delay penalty; a positive penalty favours
+    paths that emit their symbols early (it is zero on average over a sample's frames)."""
+    if not penalty:
+        return label
+    t = torch.arange(label.shape[1], device=label.device, dtype=label.dtype)[None, :, None]
+    middle = (logit_lengths[:, None, None].to(label.dtype) - 1) / 2
+    return label + penalty * (middle - t)
+
+
+def occupancies(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.Tensor, target_lengths: torch.Tensor,
+                topology: Topology = "regular", backend: str | None = None) -> Occupancies:
+    """Log-likelihood and arc occupancies of the lattices in a batch (see the module docstring).
+
+    blank, label: (B, T, U+1) float log-weights; logit_lengths, target_lengths: (B,) int64 on the
+    same device. The recursion runs in float64 for float64 input and in float32 otherwise.
+    """
+    from zoo.nn.backend import resolve_backend
+
+    dtype = torch.promote_types(blank.dtype, torch.float32)
+    blank_mask, label_mask = lattice_mask(blank.shape, logit_lengths, target_lengths)
+    blank = blank.to(dtype).masked_fill(~blank_mask, NEG_INF)
+    label = label.to(dtype).masked_fill(~label_mask, NEG_INF)
+    if topology == "regular":
+        run = _regular_triton if resolve_backend(backend, blank) == "triton" else _regular_torch
+    else:
+        run = _modified_triton if resolve_backend(backend, blank) == "triton" else _modified_torch
+    log_likelihood, blank_occupancy, label_occupancy = run(blank, label, logit_lengths, target_lengths)
+    lost = ~torch.isfinite(log_likelihood)
+    blank_occupancy = blank_occupancy.masked_fill(lost[:, None, None], 0.0)
+    label_occupancy = label_occupancy.masked_fill(lost[:, None, None], 0.0)
+    return Occupancies(log_likelihood, blank_occupancy, label_occupancy)
+
+
+# ---- regular topology: anti-diagonals n = t + u, stored "skewed" as (B, T+U, U+1) ----
+
+def _skew(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, U+1) -> (B, T+U, U+1) with out[b, n, u] = x[b, n-u, u] (-inf where n-u is off the lattice)."""
+    batch, frames, width = x.shape
+    n = torch.arange(frames + width - 1, device=x.device)[:, None]
+    t = n - torch.arange(width, device=x.device)[None, :]
+    inside = (t >= 0) & (t < frames)
+    skewed = x.gather(1, t.clamp(0, frames - 1).expand(batch, -1, -1))
+    return skewed.masked_fill(~inside, NEG_INF)
+
+
+def _unskew(x: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, T+U, U+1) -> (B, T, U+1), the inverse of `_skew`."""
+    batch, _, width = x.shape
+    n = torch.arange(frames, device=x.device)[:, None] + torch.arange(width, device=x.device)[None, :]
+    return x.gather(1, n.expand(batch, -1, -1))
+
+
+def _regular_weights(blank, label, logit_lengths, target_lengths):
+    """Skewed arc weights; the final blank leaves the lattice, so inside the recursion it becomes the
+    "exit" weight of the last node (T_b - 1, U_b), at skewed position (T_b - 1 + U_b, U_b)."""
+    skewed_blank, skewed_label = _skew(blank), _skew(label)
+    rows = torch.arange(blank.shape[0], device=blank.device)
+    end_n = logit_lengths - 1 + target_lengths
+    exit_weight = torch.full_like(skewed_blank, NEG_INF)
+    exit_weight[rows, end_n, target_lengths] = skewed_blank[rows, end_n, target_lengths]
+    inner_blank = skewed_blank.clone()
+    inner_blank[rows, end_n, target_lengths] = NEG_INF
+    return inner_blank, exit_weight, skewed_label
+
+
+def _regular_torch(blank, label, logit_lengths, target_lengths):
+    inner_blank, exit_weight, skewed_label = _regular_weights(blank, label, logit_lengths, target_lengths)
+    batch, diagonals, _ = inner_blank.shape
+    no_label = inner_blank.new_full((batch, 1), NEG_INF)
+    alpha = torch.full_like(inner_blank, NEG_INF)
+    alpha[:, 0, 0] = 0.0
+    for n in range(1, diagonals):
+        stay = alpha[:, n - 1] + inner_blank[:, n - 1]
+        up = torch.cat([no_label, (alpha[:, n - 1] + skewed_label[:, n - 1])[:, :-1]], dim=1)
+        alpha[:, n] = log_add(stay, up)
+    beta = torch.full_like(inner_blank, NEG_INF)
+    beta[:, diagonals - 1] = exit_weight[:, diagonals - 1]
+    for n in range(diagonals - 2, -1, -1):
+        stay = beta[:, n + 1] + inner_blank[:, n]
+        up = torch.cat([beta[:, n + 1, 1:], no_label], dim=1) + skewed_label[:, n]
+        beta[:, n] = log_add(exit_weight[:, n], log_add(stay, up))
+    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, blank.shape[1])
+
+
+def _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames):
+    """Arc occupancies from skewed alpha/beta: exp(alpha(src) + weight + beta(dst) - log p)."""
+    log_likelihood = beta[:, 0, 0]
+    total = log_likelihood[:, None, None]
+    safe_total = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
+    beta_next_diagonal = torch.cat([beta[:, 1:], torch.full_like(beta[:, :1], NEG_INF)], dim=1)
+    blank_target = log_add(beta_next_diagonal + inner_blank, exit_weight)
+    label_target = torch.cat([beta_next_diagonal[:, :, 1:], torch.full_like(beta[:, :, :1], NEG_INF)], dim=2)
+    blank_occupancy = torch.exp(alpha + blank_target - safe_total)
+    label_occupancy = torch.exp(alpha + skewed_label + label_target - safe_total)
+    return log_likelihood, _unskew(blank_occupancy, frames), _unskew(label_occupancy, frames)
+
+
+# ---- modified topology: frames, node rows t = 0..T ----
+
+def _modified_torch(blank, label, logit_lengths, target_lengths):
+    batch, frames, width = blank.shape
+    rows = torch.arange(batch, device=blank.device)
+    no_label = blank.new_full((batch, 1), NEG_INF)
+    alpha = torch.full((batch, frames + 1, width), NEG_INF, dtype=blank.dtype, device=blank.device)
+    alpha[:, 0, 0] = 0.0
+    for t in range(frames):
+        up = torch.cat([no_label, (alpha[:, t] + label[:, t])[:, :-1]], dim=1)
+        alpha[:, t + 1] = log_add(alpha[:, t] + blank[:, t], up)
+    beta = torch.full_like(alpha, NEG_INF)
+    beta[rows, logit_lengths, target_lengths] = 0.0
+    for t in range(frames - 1, -1, -1):
+        up = torch.cat([beta[:, t + 1, 1:], no_label], dim=1)
+        step = log_add(beta[:, t + 1] + blank[:, t], up + label[:, t])
+        beta[:, t] = torch.where((logit_lengths == t)[:, None], beta[:, t], step)
+    return _modified_posterior(alpha, beta, blank, label)
+
+
+def _modified_posterior(alpha, beta, blank, label):
+    log_likelihood = beta[:, 0, 0]
+    total = log_likelihood[:, None, None]
+    safe_total = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
+    after = beta[:, 1:]
+    after_up = torch.cat([after[:, :, 1:], torch.full_like(after[:, :, :1], NEG_INF)], dim=2)
+    blank_occupancy = torch.exp(alpha[:, :-1] + blank + after - safe_total)
+    label_occupancy = torch.exp(alpha[:, :-1] + label + after_up - safe_total)
+    return log_likelihood, blank_occupancy, label_occupancy
+
+
+def _regular_triton(blank, label, logit_lengths, target_lengths):
+    from asr.losses.kernels import regular_alpha_beta
+
+    inner_blank, exit_weight, skewed_label = _regular_weights(blank, label, logit_lengths, target_lengths)
+    alpha, beta = regular_alpha_beta(inner_blank, exit_weight, skewed_label)
+    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, blank.shape[1])
+
+
+def _modified_triton(blank, label, logit_lengths, target_lengths):
+    from asr.losses.kernels import modified_alpha_beta
+
+    alpha, beta = modified_alpha_beta(blank, label, logit_lengths, target_lengths)
+    return _modified_posterior(alpha, beta, blank, label)
