@@ -115,14 +115,16 @@ def pruned_transducer_losses(simple_am: torch.Tensor, simple_lm: torch.Tensor, e
 
     Returns:
         (simple_loss, pruned_loss), each reduced as asked; a training loss is a weighted sum of both.
-        The largest tensor is the pruned logits (B, T, S, V) and its gradient.
+        The largest tensor is the pruned logits (B, T, S, V), which then hold their own gradient.
     """
     simple_loss, posterior = simple_rnnt_loss(simple_am, simple_lm, targets, logit_lengths, target_lengths, blank,
                                               reduction, delay_penalty, zero_infinity, topology, backend,
                                               return_occupancies=True)
     starts = prune_ranges(posterior, logit_lengths, target_lengths, s_range, topology)
     logits = joiner(encoder_proj[:, :, None, :], prune_decoder(decoder_proj, starts, s_range))
+    # Nobody else holds these logits, so their storage takes the gradient (a joiner that saved its own
+    # output for backward would fail loudly there: the write bumps the tensor's version counter).
     pruned_loss = pruned_rnnt_loss(logits, targets, starts, logit_lengths, target_lengths, blank, reduction,
                                    delay_penalty=delay_penalty, zero_infinity=zero_infinity, topology=topology,
-                                   backend=backend)
+                                   gradient_in_logits=True, backend=backend)
     return simple_loss, pruned_loss

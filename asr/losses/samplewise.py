@@ -39,11 +39,14 @@ class Pruning:
     """Encoder's simple projection: (..., H_enc) -> (..., V)."""
     simple_lm: nn.Module
     """Decoder's simple projection: (..., H_dec) -> (..., V)."""
+    simple_loss_scale: float = 0.5
+    """Weight of the simple loss in the returned loss: loss = simple_loss_scale * simple + pruned.
+    (One weighted loss keeps one set of gradient buffers; icefall warms this weight up over training.)"""
 
 
 def joiner_bytes_per_cell(joiner: nn.Module, encoder_out: torch.Tensor, decoder_out: torch.Tensor) -> int:
     """Bytes one lattice cell costs in a group (an upper bound): what the joiner saves for backward on a
-    1 x 1 probe (parameters aside), its output and the output's gradient buffer, the lattice tensors."""
+    1 x 1 probe (parameters aside), its output (which then holds its gradient), the lattice tensors."""
     enc = encoder_out[:1, :1, None].detach().requires_grad_()
     dec = decoder_out[:1, None, :1].detach().requires_grad_()
     parameters = {p.data_ptr() for p in joiner.parameters()}
@@ -56,7 +59,7 @@ def joiner_bytes_per_cell(joiner: nn.Module, encoder_out: torch.Tensor, decoder_
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
         logits = joiner(enc, dec)
-    return sum(saved) + 2 * logits.numel() * logits.element_size() + LATTICE_BYTES_PER_CELL
+    return sum(saved) + logits.numel() * logits.element_size() + LATTICE_BYTES_PER_CELL
 
 
 def plan_groups(cells: torch.Tensor, frames: torch.Tensor, columns: torch.Tensor, group_size: int | None,
@@ -83,24 +86,17 @@ def plan_groups(cells: torch.Tensor, frames: torch.Tensor, columns: torch.Tensor
 class _SamplewiseLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, encoder_out, decoder_out, run, *parameters):
-        ctx.buffers = run.gradients(encoder_out, decoder_out, parameters)
-        return tuple(run.totals)
+        ctx.gradients = run.gradients(encoder_out, decoder_out, parameters)
+        return run.totals[0]
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, *grad_totals):
-        if ctx.buffers is None:
+    def backward(ctx, grad_total):
+        if ctx.gradients is None:
             raise RuntimeError("the sample-wise loss scales its gradient buffers in place: backward runs once")
-        buffers, ctx.buffers = ctx.buffers, None
-        combined = []
-        for slot in zip(*buffers):
-            total = slot[0].mul_(grad_totals[0].to(slot[0].dtype)) if slot[0] is not None else None
-            for more, scale in zip(slot[1:], grad_totals[1:]):
-                if more is not None:
-                    more = more.mul_(scale.to(more.dtype))
-                    total = more if total is None else total.add_(more)
-            combined.append(total)
-        return combined[0], combined[1], None, *combined[2:]
+        gradients, ctx.gradients = ctx.gradients, None
+        scaled = [None if g is None else g.mul_(grad_total.to(g.dtype)) for g in gradients]
+        return scaled[0], scaled[1], None, *scaled[2:]
 
 
 @dataclass
@@ -118,13 +114,11 @@ class _SamplewiseRun:
         self.totals = []
 
     def gradients(self, encoder_out, decoder_out, parameters):
-        """Loss totals (in self.totals) and, per loss, gradient buffers for (encoder_out, decoder_out,
-        *parameters) of the loss scaled by `scale`."""
-        count = 1 if self.pruning is None else 2
-        buffers = [[torch.zeros_like(encoder_out), torch.zeros_like(decoder_out)] + [None] * len(parameters)
-                   for _ in range(count)]
+        """Gradient buffers for (encoder_out, decoder_out, *parameters) of the loss; the loss and, with
+        pruning, its simple and pruned parts go to self.totals. All are scaled by `scale`."""
+        gradients = [torch.zeros_like(encoder_out), torch.zeros_like(decoder_out)] + [None] * len(parameters)
         dtype = torch.promote_types(encoder_out.dtype, torch.float32)
-        totals = [encoder_out.new_zeros((), dtype=dtype) for _ in range(count)]
+        totals = encoder_out.new_zeros(1 if self.pruning is None else 3, dtype=dtype)
         for group in self.groups:
             group = group.to(encoder_out.device)
             frames, symbols = int(self.logit_lengths[group].max()), int(self.target_lengths[group].max())
@@ -132,17 +126,16 @@ class _SamplewiseRun:
             dec = decoder_out[group, :symbols + 1].detach().requires_grad_()
             with torch.enable_grad():
                 losses = self._group_losses(enc, dec, group, frames, symbols)
-            for k, loss in enumerate(losses):
-                inputs = [enc, dec, *parameters]
-                grads = torch.autograd.grad(loss, inputs, loss.new_tensor(self.scale), allow_unused=True)
-                totals[k] += loss.detach()
-                buffers[k][0][group, :frames] += grads[0]
-                buffers[k][1][group, :symbols + 1] += grads[1]
-                for i, grad in enumerate(grads[2:], start=2):
-                    if grad is not None:
-                        buffers[k][i] = grad if buffers[k][i] is None else buffers[k][i].add_(grad)
-        self.totals = [total * self.scale for total in totals]
-        return buffers
+            grads = torch.autograd.grad(losses[0], [enc, dec, *parameters], losses[0].new_tensor(self.scale),
+                                        allow_unused=True)
+            totals += torch.stack([loss.detach() for loss in losses])
+            gradients[0][group, :frames] += grads[0]
+            gradients[1][group, :symbols + 1] += grads[1]
+            for i, grad in enumerate(grads[2:], start=2):
+                if grad is not None:
+                    gradients[i] = grad if gradients[i] is None else gradients[i].add_(grad)
+        self.totals = list(totals * self.scale)
+        return gradients
 
     def _group_losses(self, enc, dec, group, frames, symbols):
         targets = self.targets[group, :symbols]
@@ -159,7 +152,7 @@ class _SamplewiseRun:
         starts = prune_ranges(posterior, logit_lengths, target_lengths, s_range, options.topology)
         logits = self.joiner(enc[:, :, None], prune_decoder(dec, starts, s_range))
         pruned = transducer_loss(logits, targets, logit_lengths, target_lengths, starts, symbols + 1, options, "sum")
-        return simple, pruned
+        return self.pruning.simple_loss_scale * simple + pruned, simple, pruned
 
 
 def samplewise_rnnt_loss(encoder_out: torch.Tensor, decoder_out: torch.Tensor, joiner: nn.Module,
@@ -184,9 +177,10 @@ def samplewise_rnnt_loss(encoder_out: torch.Tensor, decoder_out: torch.Tensor, j
         pruning: compute the simple loss and the pruned loss per group instead of the full loss.
 
     Returns:
-        The loss, or (simple_loss, pruned_loss) with pruning. `backward()` on it (or on any weighted
-        sum of the two) sends the gradients into encoder_out, decoder_out and the joiner's (and
-        projections') parameters; it may run once.
+        The loss; with pruning, (loss, simple_loss, pruned_loss) where loss = pruning.simple_loss_scale
+        * simple_loss + pruned_loss and the two parts are detached, for logging. `backward()` on the
+        loss sends the gradients into encoder_out, decoder_out and the joiner's (and projections')
+        parameters; it may run once.
     """
     check_choice("reduction", reduction, ("mean", "sum"))
     if encoder_out.dim() != 3 or decoder_out.dim() != 3 or encoder_out.shape[0] != decoder_out.shape[0]:
@@ -195,7 +189,7 @@ def samplewise_rnnt_loss(encoder_out: torch.Tensor, decoder_out: torch.Tensor, j
     if group_size is not None and group_size < 1:
         raise ValueError(f"group_size must be >= 1; got {group_size}")
     with torch.no_grad():
-        probe = joiner(encoder_out[:1, :1, None], decoder_out[:1, None, :1])
+        probe = joiner(encoder_out[:1, :1, None].detach(), decoder_out[:1, None, :1].detach())
     vocab = probe.shape[-1]
     blank = resolve_blank(blank, vocab)
     batch, frames, _ = encoder_out.shape
@@ -207,9 +201,10 @@ def samplewise_rnnt_loss(encoder_out: torch.Tensor, decoder_out: torch.Tensor, j
     columns = target_lengths + 1 if pruning is None else torch.full_like(target_lengths, pruning.s_range)
     bytes_per_cell = joiner_bytes_per_cell(joiner, encoder_out, decoder_out) if memory_budget is not None else 0
     groups = plan_groups(logit_lengths * columns, logit_lengths, columns, group_size, memory_budget, bytes_per_cell)
-    options = LossOptions(blank, clamp, True, delay_penalty, zero_infinity, topology, False, backend)
+    # The group's logits are the joiner's output, held by nobody else: their storage takes the gradient.
+    options = LossOptions(blank, clamp, True, delay_penalty, zero_infinity, topology, True, backend)
     parameters = list({id(p): p for module in modules for p in module.parameters() if p.requires_grad}.values())
     run = _SamplewiseRun(joiner, targets, logit_lengths.long(), target_lengths.long(), groups, options,
                          1.0 / batch if reduction == "mean" else 1.0, pruning)
-    totals = _SamplewiseLoss.apply(encoder_out, decoder_out, run, *parameters)
-    return totals[0] if pruning is None else totals
+    loss = _SamplewiseLoss.apply(encoder_out, decoder_out, run, *parameters)
+    return loss if pruning is None else (loss, run.totals[1], run.totals[2])

@@ -65,10 +65,12 @@ def test_samplewise_pruned_equals_batched_pruned():
                                               targets, logit_lengths, target_lengths, s_range=3)
     expected = torch.autograd.grad(0.25 * simple + pruned, inputs)
     joiner.largest = 0
-    ours = samplewise_rnnt_loss(encoder_out, decoder_out, joiner, targets, logit_lengths, target_lengths,
-                                pruning=Pruning(3, am, lm), group_size=2)
-    got = torch.autograd.grad(0.25 * ours[0] + ours[1], inputs)
-    assert relative_error(ours[0], simple) < 1e-14 and relative_error(ours[1], pruned) < 1e-14
+    loss, simple_part, pruned_part = samplewise_rnnt_loss(encoder_out, decoder_out, joiner, targets, logit_lengths,
+                                                          target_lengths, pruning=Pruning(3, am, lm, 0.25),
+                                                          group_size=2)
+    got = torch.autograd.grad(loss, inputs)
+    assert relative_error(simple_part, simple) < 1e-14 and relative_error(pruned_part, pruned) < 1e-14
+    assert relative_error(loss, 0.25 * simple + pruned) < 1e-14
     for mine, theirs in zip(got, expected):
         assert relative_error(mine, theirs) < 1e-13
     assert joiner.largest <= 2 * 7 * 3 * 7  # two samples x T_g x s_range x V
