@@ -1,1 +1,2 @@
-"""Transducer speech recognition (its models arrive with the asr issues)."""
+"""Transducer speech recognition: the RNN-T losses (`asr.losses`); models, features and decoding
+arrive with the end-to-end ASR issue."""

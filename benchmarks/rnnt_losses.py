@@ -8,7 +8,9 @@ is the loss and the gradients of encoder_out, decoder_out and every parameter. P
 total of tensor bytes alive at once beyond the inputs and parameters (trainers.tensor_peak on CPU, the
 CUDA allocator's peak above the inputs on a GPU), so the encoder/decoder gradients count for every
 method; "working" is that peak less those two gradients (what the loss itself needs). Methods:
-  full               joiner on (B, T, U+1), asr.losses.rnnt_loss (fused closed-form gradient)
+  full               joiner on (B, T, U+1), asr.losses.rnnt_loss (fused closed-form gradient written
+                     into the joiner output, which nothing else holds: gradient_in_logits=True)
+  autograd_log_softmax  the same lattice after an autograd log_softmax over V (the unfused peer)
   pruned             simple loss + pruned joiner on (B, T, s_range) (pruned_transducer_losses)
   samplewise         samplewise_rnnt_loss, one sample at a time (or groups within --memory-budget)
   samplewise_pruned  samplewise_rnnt_loss with Pruning
@@ -24,7 +26,7 @@ import time
 import torch
 from torch import nn
 
-from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
+from asr.losses import Pruning, lattice_loss, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
 from trainers.tensor_peak import TensorPeak
 
 SIMPLE_LOSS_SCALE = 0.5
@@ -46,7 +48,16 @@ class Joiner(nn.Module):
 def full(batch, modules, args):
     enc, dec, targets, logit_lengths, target_lengths = batch
     logits = modules["joiner"](enc[:, :, None], dec[:, None])
-    return rnnt_loss(logits, targets, logit_lengths, target_lengths)
+    return rnnt_loss(logits, targets, logit_lengths, target_lengths, gradient_in_logits=True)
+
+
+def autograd_log_softmax(batch, modules, args):
+    enc, dec, targets, logit_lengths, target_lengths = batch
+    log_probs = modules["joiner"](enc[:, :, None], dec[:, None]).float().log_softmax(-1)
+    padded = torch.cat([targets, targets[:, :1]], dim=1)
+    label = log_probs.gather(-1, padded[:, None, :, None].expand(-1, log_probs.shape[1], -1, -1))[..., 0]
+    losses, _ = lattice_loss(log_probs[..., 0], label, logit_lengths, target_lengths)
+    return losses.mean()
 
 
 def torchaudio_full(batch, modules, args):
@@ -80,7 +91,7 @@ def samplewise_pruned(batch, modules, args):
     return loss
 
 
-METHODS = {"full": full, "pruned": pruned, "samplewise": samplewise, "samplewise_pruned": samplewise_pruned,
+METHODS = {"full": full, "autograd_log_softmax": autograd_log_softmax, "pruned": pruned, "samplewise": samplewise, "samplewise_pruned": samplewise_pruned,
            "torchaudio": torchaudio_full}
 
 
@@ -129,7 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8x100x50x500", "8x100x50x5000", "4x200x100x500"],
                         help="BxTxUxV")
-    parser.add_argument("--methods", default="full,pruned,samplewise,samplewise_pruned,torchaudio")
+    parser.add_argument("--methods",
+                        default="full,autograd_log_softmax,pruned,samplewise,samplewise_pruned,torchaudio")
     parser.add_argument("--hidden", type=int, default=256, help="encoder/decoder output width H")
     parser.add_argument("--joiner-dim", type=int, default=256)
     parser.add_argument("--s-range", type=int, default=5)

@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from zoo.nn.backend import resolve_backend
+
 Topology = Literal["regular", "modified"]
 TOPOLOGIES = ("regular", "modified")
 NEG_INF = float("-inf")
@@ -72,8 +74,6 @@ def occupancies(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.T
     blank, label: (B, T, U+1) float log-weights; logit_lengths, target_lengths: (B,) int64 on the
     same device. The recursion runs in float64 for float64 input and in float32 otherwise.
     """
-    from zoo.nn.backend import resolve_backend
-
     dtype = torch.promote_types(blank.dtype, torch.float32)
     blank_mask, label_mask = lattice_mask(blank.shape, logit_lengths, target_lengths)
     blank = blank.to(dtype).masked_fill(~blank_mask, NEG_INF)
