@@ -1,1 +1,1 @@
-"""Vision models on the fused layers (ViT arrives with the vision issue)."""
+"""Vision models on the fused zoo.nn layers: ViT (`vision.vit`)."""

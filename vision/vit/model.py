@@ -1,0 +1,112 @@
+"""ViT on the fused `zoo.nn` layers.
+
+    pixel_values (B, C, H, W) -> patches (B, N, W) by a stride-P convolution -> [class token; patches]
+    + learned positions (interpolated bicubically for other image sizes) -> dropout -> pre-LN
+    TransformerBlocks (exact GELU) -> final LayerNorm -> head:
+    "none":           {"last_hidden_state" (B, 1+N, W), "pooler_output" (B, W) = tanh(pooler(h[:, 0]))}
+    "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels)
+
+State-dict names: patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W),
+blocks.N.{norm1,attn.qkv,attn.out,norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vision.vit.config import ViTConfig
+from zoo.nn import Norm, TransformerBlock, TransformerBlockConfig, block_plan, dropout
+from zoo.nn.init import init_transformer_
+from zoo.plan import ModelPlan
+from zoo.registry import register
+
+
+def block_config(config: ViTConfig) -> TransformerBlockConfig:
+    """The `TransformerBlock` shape of a ViT's blocks."""
+    return TransformerBlockConfig(
+        width=config.hidden_size, heads=config.num_attention_heads,
+        mlp_ratio=config.intermediate_size / config.hidden_size, activation="gelu", prenorm=True, causal=False,
+        dropout=config.hidden_dropout_prob, attention_dropout=config.attention_probs_dropout_prob, bias=True,
+        eps=config.layer_norm_eps, recompute_attention=config.recompute_attention)
+
+
+def interpolate_positions(positions: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(1, 1+G*G, W) learned positions of a G x G grid -> (1, 1+h*w, W) for an h x w grid (bicubic,
+    the class token's position unchanged)."""
+    side = int(round((positions.shape[1] - 1) ** 0.5))
+    if (side, side) == grid:
+        return positions
+    width = positions.shape[-1]
+    patches = positions[:, 1:].reshape(1, side, side, width).permute(0, 3, 1, 2)
+    patches = F.interpolate(patches.float(), size=grid, mode="bicubic", align_corners=False).to(positions.dtype)
+    return torch.cat([positions[:, :1], patches.permute(0, 2, 3, 1).reshape(1, -1, width)], dim=1)
+
+
+@register("vit", ViTConfig)
+class ViT(nn.Module):
+    """forward(pixel_values (B, C, H, W), labels (B,) class ids) -> dict (see the module docstring).
+    H and W must be multiples of patch_size; sizes other than image_size interpolate the positions."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        width = config.hidden_size
+        self.patch = nn.Conv2d(config.num_channels, width, config.patch_size, stride=config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
+        self.positions = nn.Parameter(torch.zeros(1, 1 + config.grid ** 2, width))
+        self.blocks = nn.ModuleList(TransformerBlock(block_config(config)) for _ in range(config.num_hidden_layers))
+        self.norm = Norm(width, "layer", config.layer_norm_eps)
+        self.classifier = nn.Linear(width, config.num_labels) if config.head == "classification" else None
+        self.pooler = nn.Linear(width, width) if config.head == "none" else None
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    def parallel_plan(self) -> ModelPlan:
+        """Each block is one shard and recompute unit; qkv/fc1 column-, out/fc2 row-parallel."""
+        return block_plan("blocks.*")
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Truncated-normal-free ViT initialisation: N(0, 0.02) linears, class token and positions,
+        the patch convolution like a linear over the flattened patch, zero biases, unit norms."""
+        init_transformer_(self)
+        for tensor in (self.cls_token, self.positions, self.patch.weight):
+            nn.init.normal_(tensor, std=0.02)
+        nn.init.zeros_(self.patch.bias)
+
+    def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 1+N, W) tokens with positions."""
+        c, p = self.config.num_channels, self.config.patch_size
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != c:
+            raise ValueError(f"pixel_values must have shape (B, {c}, H, W); got {tuple(pixel_values.shape)}")
+        if pixel_values.shape[2] % p or pixel_values.shape[3] % p:
+            raise ValueError(f"pixel_values height and width must be multiples of patch_size={p}; "
+                             f"got {tuple(pixel_values.shape[2:])}")
+        patches = self.patch(pixel_values.to(self.patch.weight.dtype))
+        grid = tuple(patches.shape[2:])
+        tokens = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches.flatten(2).transpose(1, 2)], 1)
+        tokens = tokens + interpolate_positions(self.positions, grid)
+        return dropout(tokens, self.config.hidden_dropout_prob, self.training)
+
+    def encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The final-normed hidden states (B, 1+N, W); index 0 is the class token."""
+        x = self.embed(pixel_values)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        hidden = self.encode(pixel_values)
+        if self.classifier is None:
+            if labels is not None:
+                raise ValueError("labels need a head; this ViT has head='none'")
+            return {"last_hidden_state": hidden, "pooler_output": torch.tanh(self.pooler(hidden[:, 0]))}
+        logits = self.classifier(hidden[:, 0])
+        output = {"logits": logits}
+        if labels is not None:
+            if labels.shape != logits.shape[:1]:
+                raise ValueError(f"labels must have shape (B,) = ({logits.shape[0]},); got {tuple(labels.shape)}")
+            output["loss"] = F.cross_entropy(logits.float(), labels)
+        return output
