@@ -55,12 +55,13 @@ def vit_state_from_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict
                 [reader.take(f"{prefix}.attention.attention.{part}.{kind}") for part in ("query", "key", "value")])
             for theirs, ours in _LAYER.items():
                 out[f"blocks.{layer}.{ours}.{kind}"] = reader.take(f"{prefix}.{theirs}.{kind}")
-    head = "classifier" if config.head == "classification" else "pooler.dense"
-    if config.head == "none" and not reader.has("pooler.dense.weight"):
+    if config.head == "classification":
+        out["classifier.weight"], out["classifier.bias"] = reader.take("classifier.weight"), reader.take("classifier.bias")
+    elif reader.has("pooler.dense.weight"):
+        out["pooler.weight"], out["pooler.bias"] = reader.take("pooler.dense.weight"), reader.take("pooler.dense.bias")
+    else:
         raise ValueError("this ViTModel folder has no pooler (add_pooling_layer=False); memzoo's ViT with "
                          "head='none' has one")
-    for kind in ("weight", "bias"):
-        out[f"{head.split('.')[0]}.{kind}"] = reader.take(f"{head}.{kind}")
     reader.finish()
     return out
 

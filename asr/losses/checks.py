@@ -24,12 +24,18 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 def check_transducer_inputs(reference: torch.Tensor, frames: int, width: int, vocab: int, targets: torch.Tensor,
                             logit_lengths: torch.Tensor, target_lengths: torch.Tensor, blank: int,
-                            reduction: str = "mean", topology: str = "regular") -> None:
-    """Check targets (B, U), logit_lengths (B,), target_lengths (B,) against a float tensor whose first
-    dimension is B, whose lattice has `frames` frames and `width` = U+1 columns, and whose device all
-    must share; the used targets must be symbol ids in [0, vocab) other than `blank` (already in [0, V))."""
-    if not reference.is_floating_point():
-        raise TypeError(f"logits must be a floating-point tensor; got {reference.dtype}")
+                            reduction: str = "mean", topology: str = "regular", reference_name: str = "logits",
+                            companion: tuple[str, torch.Tensor] | None = None) -> None:
+    """Check targets (B, U), logit_lengths (B,), target_lengths (B,) against the float tensor
+    `reference_name` whose first dimension is B, whose lattice has `frames` frames and `width` = U+1
+    columns, and whose device all (and the `companion` float tensor, such as lm beside am) must share;
+    the used targets must be symbol ids in [0, vocab) other than `blank` (already in [0, V))."""
+    for name, tensor in ((reference_name, reference),) + ((companion,) if companion else ()):
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor; got {tensor.dtype}")
+    if companion and companion[1].device != reference.device:
+        raise ValueError(f"{companion[0]} must be on {reference_name}'s device {reference.device}; "
+                         f"got {companion[1].device}")
     check_choice("reduction", reduction, REDUCTIONS)
     check_choice("topology", topology, TOPOLOGIES)
     batch = reference.shape[0]
@@ -38,7 +44,7 @@ def check_transducer_inputs(reference: torch.Tensor, frames: int, width: int, vo
         if tensor.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32 or int64; got {tensor.dtype}")
         if tensor.device != reference.device:
-            raise ValueError(f"{name} must be on the logits' device {reference.device}; got {tensor.device}")
+            raise ValueError(f"{name} must be on {reference_name}'s device {reference.device}; got {tensor.device}")
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}; got {tuple(tensor.shape)}")
     for name, lengths, low, high in (("logit_lengths", logit_lengths, 1, frames),

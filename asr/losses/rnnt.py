@@ -118,7 +118,8 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: 
                     target_lengths: torch.Tensor, starts: torch.Tensor | None, width: int, options: LossOptions,
                     reduction: str) -> torch.Tensor:
     """The loss of `rnnt_loss` on logits (B, T, S, V) covering lattice columns starts[b, t] + s
-    (all U+1 columns when starts is None). Inputs are checked by the caller."""
+    (all U+1 columns when starts is None). Inputs are checked by the caller; non-contiguous logits
+    are copied once (the row passes read them as (rows, V))."""
     if options.gradient_in_logits and not logits.is_contiguous():
         raise ValueError("gradient_in_logits=True needs contiguous logits (their storage receives the gradient)")
     losses = _TransducerLoss.apply(logits.contiguous(), targets, starts, logit_lengths.long(),

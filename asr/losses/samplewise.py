@@ -194,7 +194,7 @@ def samplewise_rnnt_loss(encoder_out: torch.Tensor, decoder_out: torch.Tensor, j
     blank = resolve_blank(blank, vocab)
     batch, frames, _ = encoder_out.shape
     check_transducer_inputs(encoder_out, frames, decoder_out.shape[1], vocab, targets, logit_lengths, target_lengths,
-                            blank, reduction, topology)
+                            blank, reduction, topology, "encoder_out", ("decoder_out", decoder_out))
     modules = [joiner] if pruning is None else [joiner, pruning.simple_am, pruning.simple_lm]
     if pruning is not None:
         check_s_range(pruning.s_range, logit_lengths, target_lengths, topology)

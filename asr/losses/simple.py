@@ -91,7 +91,7 @@ def simple_rnnt_loss(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, 
     batch, frames, vocab = am.shape
     blank = resolve_blank(blank, vocab)
     check_transducer_inputs(am, frames, lm.shape[1], vocab, targets, logit_lengths, target_lengths, blank, reduction,
-                            topology)
+                            topology, "am", ("lm", lm))
     blank_log_probs, label_log_probs = additive_log_probs(am, lm, targets, blank)
     label_log_probs = add_delay_penalty(label_log_probs, logit_lengths, delay_penalty)
     losses, posterior = lattice_loss(blank_log_probs, label_log_probs, logit_lengths, target_lengths, topology,

@@ -105,3 +105,11 @@ def test_pruned_bad_inputs():
     logits = am[:, :, None] + prune_decoder(lm, starts, 3)
     with pytest.raises(ValueError, match="starts must be int64 of shape \\(1, 3\\)"):
         pruned_rnnt_loss(logits, targets, starts[:, :2], torch.tensor([3]), torch.tensor([5]))
+
+
+def test_simple_loss_names_its_inputs():
+    am, lm, targets = additive(5, 3, 2, 1)
+    with pytest.raises(TypeError, match="lm must be a floating-point tensor"):
+        simple_rnnt_loss(am, lm.long(), targets, torch.tensor([3]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="lm must be on am's device"):
+        simple_rnnt_loss(am, lm.to("meta"), targets, torch.tensor([3]), torch.tensor([2]))

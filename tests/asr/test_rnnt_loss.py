@@ -169,7 +169,7 @@ def test_bad_inputs_are_named():
         (dict(targets=targets.masked_fill(targets == targets[1, 1], 0)), "must not contain the blank id 0"),
         (dict(targets=targets.float()), "targets must be int32 or int64"),
         (dict(targets=targets[:, :2]), "targets must have shape \\(2, 3\\)"),
-        (dict(logit_lengths=logit_lengths.to("meta")), "logit_lengths must be on the logits' device"),
+        (dict(logit_lengths=logit_lengths.to("meta")), "logit_lengths must be on logits's device"),
         (dict(logits=logits[0]), "logits must have shape \\(B, T, U\\+1, V\\)"),
         (dict(logits=logits.long()), "logits must be a floating-point tensor"),
         (dict(blank=6), "blank must lie in \\[-V, V\\)"),
