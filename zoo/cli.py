@@ -1,4 +1,4 @@
-"""The `zoo` command line: list, info, train, generate, export."""
+"""The `zoo` command line: list, info, train, generate, classify, export."""
 
 from __future__ import annotations
 
@@ -63,6 +63,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
                         top_k=args.top_k, top_p=args.top_p, seed=args.seed))
 
 
+def cmd_classify(args: argparse.Namespace) -> None:
+    from vision.classify import classify_files  # the CLI sits on top of the domains
+
+    for prediction in classify_files(args.name, args.images, top_k=args.top):
+        ranked = "  ".join(f"{label} {p:.4f}" for label, p in zip(prediction.labels, prediction.probabilities))
+        print(f"{prediction.path}: {ranked}")
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     from zoo.hf import export_hf
     from zoo.store import load
@@ -87,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=None)
     generate.add_argument("--top-p", type=float, default=None)
     generate.add_argument("--seed", type=int, default=0)
+    classify = commands.add_parser("classify", help="label images with an image classifier")
+    classify.add_argument("name")
+    classify.add_argument("images", nargs="+", metavar="IMAGE")
+    classify.add_argument("--top", type=int, default=3, help="classes to show per image, most probable first")
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")
@@ -102,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        {"list": cmd_list, "info": cmd_info, "generate": cmd_generate, "export": cmd_export}[args.command](args)
+        {"list": cmd_list, "info": cmd_info, "generate": cmd_generate, "classify": cmd_classify,
+         "export": cmd_export}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"zoo: error: {error}\n")
 

@@ -1,7 +1,8 @@
-"""Training-step time and peak memory of our GPT-2-small and BERT-base against Hugging Face
-transformers (`GPT2LMHeadModel`, `BertForMaskedLM`), same weights, same inputs, same precision.
+"""Training-step time and peak memory of our GPT-2-small, BERT-base and ViTs against Hugging Face
+transformers (`GPT2LMHeadModel`, `BertForMaskedLM`, `ViTForImageClassification`), same weights,
+same inputs, same precision.
 
-    python benchmarks/nlp_models.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 3]
+    python benchmarks/hf_models.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 3] [--models ...]
 
 Each (model, implementation) runs in a fresh process, so that peak memory is its own: on CPU the
 peak resident set (VmHWM, reset through /proc/self/clear_refs) above the resident set once the
@@ -11,7 +12,9 @@ model and AdamW's state exist, with glibc returning freed buffers (fixed mmap th
 median of `--steps` steps after one warm-up. Saved-activation bytes of one forward
 (`SavedActivations`, parameters excluded) are listed as well. HF runs with SDPA attention.
 GPT-2: causal LM on (batch, 512) tokens, loss over all next tokens; BERT: MLM on (batch, 128)
-tokens with 15% of positions labelled.
+tokens with 15% of positions labelled; ViT: classification of (batch, channels, size, size) images,
+"vit-base" the ViT-B/16 of ImageNet (224 pixels, 1000 classes), "vit-digits" the shape of the
+`vit-digits` model (6 ViT-S blocks, grey 56-pixel digits, 10 classes).
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ import torch
 
 warnings.filterwarnings("ignore")
 
-SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128)}
+SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128), "vit-base": (8, 3, 224, 224), "vit-digits": (64, 1, 56, 56)}
+VIT_CONFIGS = {"vit-base": {"num_labels": 1000},
+               "vit-digits": {"image_size": 56, "patch_size": 14, "num_channels": 1, "hidden_size": 384,
+                              "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
+                              "layer_norm_eps": 1e-6, "num_labels": 10}}
 
 
 def build(model_name: str, implementation: str):
@@ -41,6 +48,18 @@ def build(model_name: str, implementation: str):
     from nlp.hf import bert_config_from_hf, bert_state_from_hf, gpt_config_from_hf, gpt_state_from_hf
 
     torch.manual_seed(0)
+    if model_name in VIT_CONFIGS:
+        import tempfile
+
+        from vision.hf import vit_from_hf
+
+        config = transformers.ViTConfig(**VIT_CONFIGS[model_name])
+        hf = transformers.ViTForImageClassification._from_config(config, attn_implementation="sdpa")
+        if implementation == "hf":
+            return hf
+        with tempfile.TemporaryDirectory() as folder:  # our import reads the names a folder stores
+            hf.save_pretrained(folder)
+            return vit_from_hf(folder)
     if model_name == "gpt2-small":
         config = transformers.GPT2Config(n_positions=1024)
         hf = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
@@ -62,6 +81,10 @@ def build(model_name: str, implementation: str):
 
 def batch(model_name: str, device: torch.device) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
+    if model_name in VIT_CONFIGS:
+        shape = SHAPES[model_name]
+        labels = torch.randint(0, VIT_CONFIGS[model_name]["num_labels"], shape[:1], generator=generator)
+        return {"pixel_values": torch.randn(shape, generator=generator).to(device), "labels": labels.to(device)}
     size, length = SHAPES[model_name]
     if model_name == "gpt2-small":
         ids = torch.randint(0, 50257, (size, length + 1), generator=generator)
@@ -72,6 +95,10 @@ def batch(model_name: str, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def loss_of(model, model_name: str, implementation: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if model_name in VIT_CONFIGS:
+        pixel_values = inputs["pixel_values"].to(next(model.parameters()).dtype)
+        output = model(pixel_values=pixel_values, labels=inputs["labels"])
+        return output.loss if implementation == "hf" else output["loss"]
     if model_name == "gpt2-small":
         ids = inputs["input_ids"]
         if implementation == "hf":  # transformers shifts the labels itself
@@ -139,7 +166,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--models", default="gpt2-small,bert-base")
+    parser.add_argument("--models", default="gpt2-small,bert-base,vit-base,vit-digits")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "IMPL"))
     args = parser.parse_args()
     if args.worker:

