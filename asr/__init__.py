@@ -1,2 +1,4 @@
-"""Transducer speech recognition: the RNN-T losses (`asr.losses`); models, features and decoding
-arrive with the end-to-end ASR issue."""
+"""Transducer speech recognition: log-mel features and SpecAugment (`asr.features`), the Conformer
+encoder (`asr.conformer`), stateless decoder and joiner (`asr.decoder`), the model with its
+selectable objective (`asr.model`), the RNN-T losses (`asr.losses`), greedy and modified beam
+search (`asr.decoding`) and error rates (`asr.wer`)."""

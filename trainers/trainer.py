@@ -200,6 +200,9 @@ class Trainer:
     def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         config, env = self.config, self.env
         torch.manual_seed(step_seed(config.seed, self.step, env.rank))
+        follow_step = getattr(self.model, "set_training_step", None)
+        if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
+            follow_step(self.step)
         probe = None
         last = self.step == config.max_steps - 1
         if self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last):

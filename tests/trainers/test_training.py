@@ -155,3 +155,28 @@ def test_plain_module_without_a_plan_trains_as_one_unit(tmp_path):
     assert history[-1]["loss"] < 0.3 * history[0]["loss"]
     with pytest.raises(ValueError, match="recompute='blocks' needs blocks to recompute, but Regression declares none"):
         Trainer(Regression(), config(tmp_path), Strategy(recompute="blocks"))
+
+
+class ScheduledRegression(Regression):
+    """Records the optimizer steps the trainer announces, and the step each forward ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced, self.forward_steps, self.step = [], [], None
+
+    def set_training_step(self, step: int) -> None:
+        self.announced.append(step)
+        self.step = step
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.forward_steps.append(self.step)
+        return super().forward(x, y)
+
+
+@pytest.mark.timeout(60)
+def test_a_model_with_set_training_step_follows_the_optimizer_step(tmp_path):
+    data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(32)]
+    model = ScheduledRegression()
+    Trainer(model, config(tmp_path, max_steps=3, global_batch_size=8, micro_batch_size=2), Strategy(zero=0)).fit(data)
+    assert model.announced == [0, 1, 2]
+    assert model.forward_steps == [0] * 4 + [1] * 4 + [2] * 4  # four micro batches per step

@@ -1,0 +1,170 @@
+"""Conformer encoder (Gulati et al., 2020) on the zoo.nn layers.
+
+    features (B, T, F) -> 4x convolutional subsampling -> (B, T', W), T' = ((T - 1) // 2 - 1) // 2
+    -> blocks: x + FF/2, x + MHSA (rotary positions), x + Conv, x + FF/2, LayerNorm -> (B, T', W)
+
+Padded frames (past each utterance's length) are never attended to and are zeroed before the
+depthwise convolution, so an utterance encodes the same alone or padded in a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo.nn import FusedMLP, Norm, SelfAttention, attention, dropout_add
+from zoo.nn.rotary import apply_rotary, rotary_tables
+
+
+@dataclass(frozen=True)
+class ConformerConfig:
+    """Shape of a Conformer encoder."""
+
+    input_dim: int = 80
+    """Feature bins F."""
+    width: int = 144
+    """Model width W; divisible by heads, head dimension even (rotary)."""
+    layers: int = 6
+    """Conformer blocks."""
+    heads: int = 4
+    """Attention heads."""
+    ff_mult: int = 4
+    """Feed-forward width as a multiple of W."""
+    conv_kernel: int = 15
+    """Depthwise convolution kernel (odd)."""
+    subsampling_channels: int = 64
+    """Channels of the two stride-2 subsampling convolutions."""
+    dropout: float = 0.1
+    """Dropout on every sublayer's output, the feed-forward hidden layer and the attention probabilities."""
+    rotary_base: float = 10000.0
+    """Base of the rotary position angles."""
+
+    def __post_init__(self) -> None:
+        for name in ("input_dim", "width", "layers", "heads", "ff_mult", "subsampling_channels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ConformerConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise ValueError(f"ConformerConfig.width must split into {self.heads} heads of even size; got {self.width}")
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            raise ValueError(f"ConformerConfig.conv_kernel must be odd; got {self.conv_kernel}")
+        if self.input_dim < 7:
+            raise ValueError(f"ConformerConfig.input_dim must be >= 7 (two stride-2 3x3 convolutions); got {self.input_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ConformerConfig.dropout must be in [0, 1); got {self.dropout}")
+
+
+CONFORMER_SIZES = {
+    "tiny": ConformerConfig(width=144, layers=6, heads=4, conv_kernel=15),
+    "small": ConformerConfig(width=256, layers=12, heads=4, conv_kernel=31, subsampling_channels=128),
+}
+"""Preset encoder shapes (80 input bins)."""
+
+
+def subsampled_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """Frames left of `lengths` frames after two 3x3 stride-2 convolutions without padding."""
+    return ((lengths - 1) // 2 - 1) // 2
+
+
+class Subsampling(nn.Module):
+    """(B, T, F) -> (B, T', W): Conv2d(3x3, stride 2) + ReLU twice, then a linear over channels x bins."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        channels = config.subsampling_channels
+        self.conv1 = nn.Conv2d(1, channels, 3, stride=2)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride=2)
+        self.out = nn.Linear(channels * subsampled_lengths(torch.tensor(config.input_dim)).item(), config.width)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv2(F.relu(self.conv1(features.unsqueeze(1)))))  # (B, C, T', F')
+        return self.out(x.permute(0, 2, 1, 3).flatten(2))
+
+
+class FeedForward(nn.Module):
+    """LayerNorm -> Linear -> SiLU -> dropout -> Linear (the half-step macaron branch)."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        self.norm = Norm(config.width)
+        self.mlp = FusedMLP(config.width, config.ff_mult * config.width, "silu", dropout=config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.norm(x))
+
+
+class RotaryAttention(nn.Module):
+    """LayerNorm -> multi-head self-attention with rotary positions and a key padding mask."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        self.norm = Norm(config.width)
+        self.attn = SelfAttention(config.width, config.heads, dropout=config.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        q, k, v = self.attn.project(self.norm(x))
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        y = attention(q, k, v, key_padding_mask=mask, dropout_p=self.attn.dropout, training=self.training)
+        return self.attn.out(y.transpose(1, 2).flatten(2))
+
+
+class ConvModule(nn.Module):
+    """LayerNorm -> pointwise (W -> 2W) -> GLU -> depthwise conv -> LayerNorm -> SiLU -> pointwise."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        self.norm = Norm(config.width)
+        self.pointwise_in = nn.Linear(config.width, 2 * config.width)
+        self.depthwise = nn.Conv1d(config.width, config.width, config.conv_kernel, padding=config.conv_kernel // 2,
+                                   groups=config.width)
+        self.depthwise_norm = Norm(config.width)
+        self.pointwise_out = nn.Linear(config.width, config.width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = F.glu(self.pointwise_in(self.norm(x)), dim=-1).masked_fill(~mask[..., None], 0.0)
+        x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        return self.pointwise_out(F.silu(self.depthwise_norm(x)))
+
+
+class ConformerBlock(nn.Module):
+    """One macaron Conformer block; forward(x (B, T, W), mask (B, T) bool True = frame, rotary tables)."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        self.dropout = config.dropout
+        self.ff1, self.attn, self.conv, self.ff2 = (FeedForward(config), RotaryAttention(config), ConvModule(config),
+                                                    FeedForward(config))
+        self.norm = Norm(config.width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        p, training = self.dropout, self.training
+        x = dropout_add(0.5 * self.ff1(x), x, p=p, training=training)
+        x = dropout_add(self.attn(x, mask, rotary), x, p=p, training=training)
+        x = dropout_add(self.conv(x, mask), x, p=p, training=training)
+        x = dropout_add(0.5 * self.ff2(x), x, p=p, training=training)
+        return self.norm(x)
+
+
+class ConformerEncoder(nn.Module):
+    """forward(features (B, T, F), lengths (B,)) -> (encoded (B, T', W), lengths (B,) of T')."""
+
+    def __init__(self, config: ConformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.subsampling = Subsampling(config)
+        self.blocks = nn.ModuleList(ConformerBlock(config) for _ in range(config.layers))
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if features.ndim != 3 or features.shape[-1] != self.config.input_dim:
+            raise ValueError(f"features must be (B, T, {self.config.input_dim}); got {tuple(features.shape)}")
+        if features.shape[1] < 7:
+            raise ValueError(f"features need at least 7 frames (4x subsampling); got {features.shape[1]}")
+        x = self.subsampling(features)
+        lengths = subsampled_lengths(lengths.to(x.device))
+        mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
+        rotary = rotary_tables(x.shape[1], self.config.width // self.config.heads, self.config.rotary_base, x.device)
+        for block in self.blocks:
+            x = block(x, mask, rotary)
+        return x, lengths

@@ -1,0 +1,186 @@
+"""The transducer speech recogniser: Conformer encoder, stateless decoder, joiner, and its loss.
+
+    input_features (B, T, F) raw log-mel, attention_mask (B, T) 1 = frame, labels (B, U) token ids
+    padded with -100
+    -> normalised with the stored feature mean/std, SpecAugment in training
+    -> encoder (B, T', E); decoder on [blank, labels] (B, U+1, D); joiner; loss
+    -> {"loss", "simple_loss", "transducer_loss"} (without labels: {"encoder_out", "encoder_lengths"})
+
+Losses (asr.losses) run in float32 lattices with autocast off: "full" (the fused RNN-T loss on the
+(B, T', U+1, V) joiner output), "pruned" (simple loss + pruned loss with icefall's warm-up:
+over warm_steps the simple loss's weight falls from 1 to simple_loss_scale and the pruned loss's
+rises from 0.1 to 1), "samplewise" (the full loss one group of samples at a time, within
+samplewise_memory_budget bytes) and "samplewise_pruned" (both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+from torch import nn
+
+from asr.conformer import CONFORMER_SIZES, ConformerConfig, ConformerEncoder
+from asr.decoder import Joiner, StatelessDecoder
+from asr.features import SpecAugment
+from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
+from zoo.plan import ModelPlan
+from zoo.registry import register
+
+LossKind = Literal["full", "pruned", "samplewise", "samplewise_pruned"]
+LOSS_KINDS = ("full", "pruned", "samplewise", "samplewise_pruned")
+IGNORE_INDEX = -100
+"""Label padding (Hugging Face's convention)."""
+
+
+@dataclass
+class TransducerConfig:
+    """Shape and training objective of a transducer."""
+
+    vocab_size: int = 500
+    """Output tokens, the blank included."""
+    blank_id: int = 0
+    """Id of the blank token."""
+    encoder: ConformerConfig = field(default_factory=lambda: CONFORMER_SIZES["tiny"])
+    """Conformer encoder shape (its input_dim is the number of feature bins)."""
+    decoder_dim: int = 256
+    """Stateless decoder width (divisible by 4)."""
+    joiner_dim: int = 256
+    """Joiner width."""
+    context_size: int = 2
+    """Tokens the decoder sees."""
+    loss: LossKind = "pruned"
+    """Training objective: "full", "pruned", "samplewise" or "samplewise_pruned"."""
+    prune_range: int = 5
+    """Window width S of the pruned losses."""
+    simple_loss_scale: float = 0.5
+    """Weight of the simple loss after warm-up (pruned losses)."""
+    warm_steps: int = 2000
+    """Optimizer steps of the pruned losses' warm-up."""
+    samplewise_memory_budget: int = 256 * 2**20
+    """Bytes one group of the sample-wise losses may use for its joiner activations and lattice."""
+    spec_augment: SpecAugment | None = field(default_factory=SpecAugment)
+    """Masks applied to the normalised features in training (None: none)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):  # as read back from config.json
+            self.encoder = ConformerConfig(**self.encoder)
+        if isinstance(self.spec_augment, dict):
+            self.spec_augment = SpecAugment(**self.spec_augment)
+        if self.vocab_size < 2 or not 0 <= self.blank_id < self.vocab_size:
+            raise ValueError(f"TransducerConfig needs vocab_size >= 2 and 0 <= blank_id < vocab_size; "
+                             f"got {self.vocab_size} and {self.blank_id}")
+        if self.loss not in LOSS_KINDS:
+            raise ValueError(f"TransducerConfig.loss must be one of {list(LOSS_KINDS)}; got {self.loss!r}")
+        if self.prune_range < 2 or self.warm_steps < 0 or not 0 < self.simple_loss_scale <= 1:
+            raise ValueError(f"TransducerConfig needs prune_range >= 2, warm_steps >= 0, simple_loss_scale in (0, 1]; "
+                             f"got {self.prune_range}, {self.warm_steps}, {self.simple_loss_scale}")
+
+    @classmethod
+    def sized(cls, size: str, **fields) -> TransducerConfig:
+        """A config with the preset encoder `size` ("tiny", "small"); `fields` set the rest
+        (an `encoder_*` field such as encoder_dropout=0.0 sets that encoder field)."""
+        if size not in CONFORMER_SIZES:
+            raise ValueError(f"size must be one of {sorted(CONFORMER_SIZES)}; got {size!r}")
+        encoder = replace(CONFORMER_SIZES[size], **{k[8:]: fields.pop(k) for k in list(fields) if k.startswith("encoder_")})
+        return cls(encoder=encoder, **fields)
+
+
+@register("transducer", TransducerConfig)
+class Transducer(nn.Module):
+    """forward(input_features, attention_mask=None, labels=None) -> dict (see the module docstring)."""
+
+    def __init__(self, config: TransducerConfig) -> None:
+        super().__init__()
+        self.config = config
+        width, vocab = config.encoder.width, config.vocab_size
+        self.encoder = ConformerEncoder(config.encoder)
+        self.decoder = StatelessDecoder(vocab, config.decoder_dim, config.context_size, config.blank_id)
+        self.joiner = Joiner(width, config.decoder_dim, config.joiner_dim, vocab)
+        self.simple_am = nn.Linear(width, vocab)
+        self.simple_lm = nn.Linear(config.decoder_dim, vocab)
+        self.register_buffer("feature_mean", torch.zeros(config.encoder.input_dim))
+        self.register_buffer("feature_std", torch.ones(config.encoder.input_dim))
+        self.training_step = 0
+
+    def parallel_plan(self) -> ModelPlan:
+        """Each Conformer block is one shard and recompute unit; its feed-forward and attention
+        linears column-/row-parallel."""
+        blocks = "encoder.blocks.*"
+        return ModelPlan(blocks=(blocks,), colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{blocks}.attn.attn.qkv"),
+                         rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{blocks}.attn.attn.out"))
+
+    def set_training_step(self, step: int) -> None:
+        """Called by the trainer before each optimizer step: drives the pruned losses' warm-up."""
+        self.training_step = step
+
+    @torch.no_grad()
+    def set_feature_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """Store the global per-bin mean and std (F,) of the training features."""
+        if mean.shape != self.feature_mean.shape or std.shape != self.feature_std.shape or (std <= 0).any():
+            raise ValueError(f"mean and std must be {tuple(self.feature_mean.shape)} with std > 0; "
+                             f"got {tuple(mean.shape)} and {tuple(std.shape)}")
+        self.feature_mean.copy_(mean)
+        self.feature_std.copy_(std)
+
+    def encode(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, F) raw log-mel and (B, T) frame mask -> encoder output (B, T', E), lengths (B,)."""
+        if input_features.ndim != 3 or input_features.shape[-1] != self.feature_mean.numel():
+            raise ValueError(f"input_features must be (B, T, {self.feature_mean.numel()}); got {tuple(input_features.shape)}")
+        lengths = (attention_mask.sum(1) if attention_mask is not None
+                   else torch.full(input_features.shape[:1], input_features.shape[1], device=input_features.device))
+        x = (input_features - self.feature_mean) / self.feature_std
+        if self.training and self.config.spec_augment is not None:
+            x = self.config.spec_augment(x, lengths)
+        return self.encoder(x.to(self.encoder.subsampling.out.weight.dtype), lengths)
+
+    def decode_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, S) token ids -> decoder output (B, S, D)."""
+        return self.decoder(tokens)
+
+    def loss_scales(self) -> tuple[float, float]:
+        """(simple, pruned) loss weights at the current training step (pruned losses)."""
+        c = self.config
+        if self.training_step >= c.warm_steps:
+            return c.simple_loss_scale, 1.0
+        progress = self.training_step / c.warm_steps
+        return 1.0 - progress * (1.0 - c.simple_loss_scale), 0.1 + 0.9 * progress
+
+    def forward(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        encoder_out, lengths = self.encode(input_features, attention_mask)
+        if labels is None:
+            return {"encoder_out": encoder_out, "encoder_lengths": lengths}
+        if labels.ndim != 2 or labels.shape[0] != encoder_out.shape[0]:
+            raise ValueError(f"labels must be (B, U) = ({encoder_out.shape[0]}, U); got {tuple(labels.shape)}")
+        target_lengths = (labels != IGNORE_INDEX).sum(1)
+        targets = labels.masked_fill(labels == IGNORE_INDEX, self.config.blank_id)
+        blank = torch.full_like(targets[:, :1], self.config.blank_id)
+        decoder_out = self.decoder(torch.cat([blank, targets], dim=1))
+        with torch.autocast(encoder_out.device.type, enabled=False):
+            return self._loss(encoder_out, decoder_out, targets, lengths, target_lengths)
+
+    def _loss(self, encoder_out, decoder_out, targets, lengths, target_lengths) -> dict[str, torch.Tensor]:
+        c, joiner, blank = self.config, self.joiner, self.config.blank_id
+        if c.loss == "full":
+            logits = joiner(encoder_out[:, :, None], decoder_out[:, None])
+            loss = rnnt_loss(logits, targets, lengths, target_lengths, blank, gradient_in_logits=True)
+            return {"loss": loss, "transducer_loss": loss.detach()}
+        if c.loss == "samplewise":
+            loss = samplewise_rnnt_loss(encoder_out, decoder_out, joiner, targets, lengths, target_lengths, blank,
+                                        memory_budget=c.samplewise_memory_budget)
+            return {"loss": loss, "transducer_loss": loss.detach()}
+        simple_scale, pruned_scale = self.loss_scales()
+        if c.loss == "pruned":
+            simple, pruned = pruned_transducer_losses(
+                self.simple_am(encoder_out), self.simple_lm(decoder_out), joiner.encoder_proj(encoder_out),
+                joiner.decoder_proj(decoder_out), joiner.combine, targets, lengths, target_lengths, c.prune_range, blank)
+            return {"loss": simple_scale * simple + pruned_scale * pruned, "simple_loss": simple.detach(),
+                    "transducer_loss": pruned.detach()}
+        # One weighted loss per group: pruned_scale * (simple_scale / pruned_scale * simple + pruned).
+        pruning = Pruning(c.prune_range, self.simple_am, self.simple_lm, simple_scale / pruned_scale)
+        loss, simple, pruned = samplewise_rnnt_loss(encoder_out, decoder_out, joiner, targets, lengths, target_lengths,
+                                                    blank, memory_budget=c.samplewise_memory_budget, pruning=pruning)
+        return {"loss": pruned_scale * loss, "simple_loss": simple, "transducer_loss": pruned}

@@ -1,0 +1,129 @@
+"""The transducer model: padding-invariant Conformer encoding, the four training objectives against
+each other, the pruned warm-up, saving and loading, and greedy / beam decoding of a trained model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zoo
+from asr.conformer import subsampled_lengths
+from asr.decoding import greedy_search, modified_beam_search
+from asr.model import Transducer, TransducerConfig
+from helpers import relative_error
+
+BINS = 20
+
+
+def tiny(seed: int = 0, **fields) -> Transducer:
+    torch.manual_seed(seed)
+    defaults = dict(vocab_size=8, spec_augment=None, encoder_layers=2, encoder_input_dim=BINS, encoder_width=64,
+                    encoder_dropout=0.0, decoder_dim=32, joiner_dim=32)
+    return Transducer(TransducerConfig.sized("tiny", **{**defaults, **fields}))
+
+
+def token_utterances(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features in which token t (1..7) is 12 frames lighting bins 2t and 2t+1, separated by 4
+    silent frames, plus noise: input_features (B, T, 20), attention_mask (B, T), labels (B, U)
+    padded with -100."""
+    g = torch.Generator().manual_seed(seed)
+    features, labels = [], []
+    for _ in range(count):
+        tokens = torch.randint(1, 8, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
+        frames = [torch.zeros(6, BINS)]
+        for token in tokens.tolist():
+            lit = torch.zeros(12, BINS)
+            lit[:, 2 * token : 2 * token + 2] = 3.0
+            frames += [lit, torch.zeros(4, BINS)]
+        x = torch.cat(frames)
+        features.append(x + 0.3 * torch.randn(x.shape, generator=g))
+        labels.append(tokens)
+    input_features = torch.zeros(count, max(f.shape[0] for f in features), BINS)
+    attention_mask = torch.zeros(input_features.shape[:2], dtype=torch.long)
+    padded = torch.full((count, max(t.numel() for t in labels)), -100)
+    for row, (x, tokens) in enumerate(zip(features, labels)):
+        input_features[row, : x.shape[0]], attention_mask[row, : x.shape[0]], padded[row, : tokens.numel()] = x, 1, tokens
+    return input_features, attention_mask, padded
+
+
+def test_an_utterance_encodes_the_same_alone_and_padded_in_a_batch():
+    model = tiny().eval()
+    features, mask, _ = token_utterances(3, seed=1)
+    encoded, lengths = model.encode(features, mask)
+    assert lengths.tolist() == subsampled_lengths(mask.sum(1)).tolist()
+    for row in range(3):
+        frames = int(mask[row].sum())
+        alone, _ = model.encode(features[row : row + 1, :frames])
+        assert relative_error(encoded[row, : lengths[row]], alone[0]) < 1e-5
+
+
+def test_the_four_objectives_agree():
+    features, mask, labels = token_utterances(4, seed=2)
+    losses, gradients = {}, {}
+    for kind in ("full", "samplewise", "pruned", "samplewise_pruned"):
+        model = tiny(loss=kind, prune_range=7, samplewise_memory_budget=1)  # budget 1: one sample per group
+        model.set_training_step(10_000)
+        output = model(features, mask, labels)
+        output["loss"].backward()
+        losses[kind] = {name: value.item() for name, value in output.items()}
+        gradients[kind] = torch.cat([p.grad.flatten() for p in model.encoder.parameters()])
+    # prune_range 7 covers every label sequence (U <= 5): the pruned loss is the full loss.
+    assert losses["full"]["loss"] == pytest.approx(losses["samplewise"]["loss"], rel=1e-5)
+    assert losses["pruned"]["transducer_loss"] == pytest.approx(losses["full"]["loss"], rel=1e-5)
+    for name in ("loss", "simple_loss", "transducer_loss"):
+        assert losses["samplewise_pruned"][name] == pytest.approx(losses["pruned"][name], rel=1e-5)
+    assert losses["pruned"]["loss"] == pytest.approx(0.5 * losses["pruned"]["simple_loss"] + losses["full"]["loss"], rel=1e-5)
+    assert relative_error(gradients["samplewise"], gradients["full"]) < 1e-4
+    assert relative_error(gradients["samplewise_pruned"], gradients["pruned"]) < 1e-4
+
+
+def test_pruned_warm_up_moves_weight_from_the_simple_to_the_pruned_loss():
+    model = tiny(warm_steps=100, simple_loss_scale=0.5)
+    scales = []
+    for step in (0, 50, 100, 500):
+        model.set_training_step(step)
+        scales.append(model.loss_scales())
+    assert scales == [(1.0, 0.1), (0.75, 0.55), (0.5, 1.0), (0.5, 1.0)]
+    with pytest.raises(ValueError, match="loss must be one of"):
+        TransducerConfig(loss="ctc")
+
+
+def test_saved_and_loaded_with_its_feature_statistics(tmp_path):
+    model = tiny(spec_augment=None)
+    model.set_feature_stats(torch.linspace(-1, 1, BINS), torch.linspace(0.5, 2, BINS))
+    zoo.save(model, tmp_path / "asr", card="# test")
+    loaded = zoo.load(tmp_path / "asr")
+    assert loaded.config == model.config and loaded.feature_std.equal(model.feature_std)
+    features, mask, labels = token_utterances(2, seed=3)
+    model.eval()
+    assert torch.equal(loaded(features, mask)["encoder_out"], model(features, mask)["encoder_out"])
+    with pytest.raises(ValueError, match="std > 0"):
+        model.set_feature_stats(torch.zeros(BINS), torch.zeros(BINS))
+
+
+def test_decoders_recover_the_tokens_a_trained_model_learned():
+    model = tiny(loss="pruned", warm_steps=20, prune_range=3)
+    features, mask, labels = token_utterances(16, seed=0)
+    optimizer = torch.optim.Adam(model.parameters(), 3e-3)
+    for step in range(120):
+        model.set_training_step(step)
+        loss = model(features, mask, labels)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    encoded, lengths = model.encode(features, mask)
+    references = [[t for t in row.tolist() if t != -100] for row in labels]
+    greedy = greedy_search(model, encoded, lengths)
+    beam = modified_beam_search(model, encoded, lengths, beam=4)
+    assert sum(h == r for h, r in zip(greedy, references)) >= 14
+    assert sum(h == r for h, r in zip(beam, references)) >= 14
+
+
+def test_beam_one_is_greedy_with_one_symbol_per_frame():
+    model = tiny(seed=5, vocab_size=6).eval()
+    features, mask, _ = token_utterances(4, seed=4)
+    encoded, lengths = model.encode(features, mask)
+    assert modified_beam_search(model, encoded, lengths, beam=1) == greedy_search(model, encoded, lengths, 1)
+    with pytest.raises(ValueError, match="beam must be >= 1"):
+        modified_beam_search(model, encoded, lengths, beam=0)
