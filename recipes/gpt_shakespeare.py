@@ -20,11 +20,12 @@ from typing import Any, Literal
 import torch
 
 import zoo
-from nlp.data import TokenBlocks, shakespeare_text
+from nlp.data import TokenBlocks
 from nlp.gpt import GPT, GPTConfig
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, TextTokenizer
 from recipes.report import format_memory_report
 from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+from zoo.corpora import shakespeare_text
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 

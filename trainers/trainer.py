@@ -22,7 +22,7 @@ from trainers.config import TrainConfig
 from trainers.data import StepSampler, check_batch_sizes
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
-from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
+from trainers.memory import StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
 from trainers.optim import TrainOptimizer, local_tensor
 from trainers.parallelize import parallelize

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nlp.data import TokenBlocks, shakespeare_text, strip_gutenberg
+from nlp.data import TokenBlocks
+from zoo.corpora import shakespeare_text, strip_gutenberg
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, tokenizer_from_spec
 
 
