@@ -1,0 +1,292 @@
+"""Speech data: a corpus synthesised with espeak-ng from public-domain sentences, the recorded
+clips of Debian `pocketsphinx-testdata`, checked loading, duration buckets and batching.
+
+`build_corpus` speaks sentences of the Shakespeare corpus (`asr.text.corpus_sentences`) with
+espeak-ng voices (an accent with a voice variant, a speed and a pitch), resamples to 16 kHz and
+caches WAV files with JSON-lines manifests in the data directory. Splits:
+    train, validation      sentences of their own, training voices
+    test_sentences         unseen sentences, training voices
+    test_voices            the same unseen sentences, held-out voices (accent and variants never trained on)
+Manifests load with `datasets` (`load_manifest`); `SpeechExamples` checks every clip once when it
+is built: unreadable, empty, too short or too low-rate audio and empty transcripts are skipped
+with a count in the log, so training never meets them mid-epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import subprocess
+import tempfile
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr.features import FeatureConfig, log_mel, resample
+from asr.model import IGNORE_INDEX
+from asr.text import TranscriptTokenizer, corpus_sentences, normalize
+from zoo.corpora import shakespeare_text
+from zoo.downloads import data_dir, debian_package, write_atomically
+
+log = logging.getLogger(__name__)
+
+ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-029", "en-gb-x-gbcwmd")
+VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5")
+HELD_OUT_ACCENT = "en-gb-x-gbcwmd"
+"""Accent (West Midlands) never trained on."""
+HELD_OUT_VARIANTS = ("m6", "f4")
+"""Voice variants never trained on."""
+SPLITS = ("train", "validation", "test_sentences", "test_voices")
+RECORDED_PACKAGE = "pocketsphinx-testdata"
+RECORDED_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
+MIN_SAMPLE_RATE = 8000
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One espeak-ng speaker."""
+
+    accent: str
+    variant: str
+    speed: int
+    """Words per minute (espeak -s)."""
+    pitch: int
+    """0-99 (espeak -p)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.accent}+{self.variant}"
+
+
+def voices(held_out: bool, count: int, rng: random.Random) -> list[Voice]:
+    """`count` random voices: training ones (neither the held-out accent nor a held-out variant)
+    or held-out ones (the held-out accent, or a held-out variant)."""
+    pairs = [(a, v) for a in ACCENTS for v in VARIANTS
+             if (a == HELD_OUT_ACCENT or v in HELD_OUT_VARIANTS) == held_out]
+    return [Voice(*rng.choice(pairs), speed=rng.randint(140, 200), pitch=rng.randint(30, 70)) for _ in range(count)]
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """What `build_corpus` synthesises."""
+
+    train_sentences: int = 8000
+    """Training utterances (one sentence, one voice each)."""
+    validation_sentences: int = 200
+    """Validation utterances."""
+    test_sentences: int = 200
+    """Unseen sentences, each spoken once by a training voice and once by a held-out voice."""
+    vocabulary_size: int = 2000
+    """Sentences use only the corpus's this many most frequent words."""
+    max_words: int = 10
+    """Longest sentence in words (the shortest has 3)."""
+    seed: int = 0
+    """Seed of the sentence split and the voice draws."""
+
+    def __post_init__(self) -> None:
+        if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
+            raise ValueError(f"CorpusConfig needs at least one sentence per split and max_words >= 3; got {self}")
+
+    @property
+    def key(self) -> str:
+        """Short hash naming the corpus folder."""
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def speak(text: str, voice: Voice, path: Path, sample_rate: int = 16000) -> float:
+    """Synthesise `text` with espeak-ng into a 16-bit WAV at `sample_rate`; returns its seconds."""
+    from scipy.io import wavfile
+
+    with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
+        done = subprocess.run(["espeak-ng", "-v", voice.name, "-s", str(voice.speed), "-p", str(voice.pitch),
+                               "-w", raw.name, text], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"espeak-ng failed on {text!r} with {voice}: {done.stderr.strip()}"
+                               " (install it with `apt-get install espeak-ng`)")
+        rate, samples = wavfile.read(raw.name)
+    waveform = resample(torch.from_numpy(samples).double() / 32768, rate, sample_rate)
+    pcm = (waveform.clamp(-1, 32767 / 32768) * 32768).round().to(torch.int16).numpy()
+    partial = path.with_name(path.name + ".partial.wav")
+    wavfile.write(partial, sample_rate, pcm)
+    partial.replace(path)
+    return len(pcm) / sample_rate
+
+
+def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4) -> Path:
+    """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
+    one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
+    folder = (data_dir() if root is None else root) / f"espeak_corpus_{config.key}"
+    if all((folder / f"{split}.jsonl").exists() for split in SPLITS):
+        return folder
+    (folder / "wav").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    sentences = corpus_sentences(shakespeare_text(), max_words=config.max_words, vocabulary_size=config.vocabulary_size)
+    rng.shuffle(sentences)
+    wanted = config.test_sentences + config.validation_sentences + config.train_sentences
+    if len(sentences) < wanted:
+        raise ValueError(f"the corpus has {len(sentences)} sentences of at most {config.max_words} words; "
+                         f"the splits want {wanted}")
+    test = sentences[: config.test_sentences]
+    validation = sentences[config.test_sentences : config.test_sentences + config.validation_sentences]
+    train = sentences[config.test_sentences + config.validation_sentences : wanted]
+    plan = {"train": list(zip(train, voices(False, len(train), rng))),
+            "validation": list(zip(validation, voices(False, len(validation), rng))),
+            "test_sentences": list(zip(test, voices(False, len(test), rng))),
+            "test_voices": list(zip(test, voices(True, len(test), rng)))}
+
+    def render(job: tuple[str, int, str, Voice]) -> dict[str, Any]:
+        split, index, text, voice = job
+        path = folder / "wav" / f"{split}_{index:06d}.wav"
+        seconds = speak(text, voice, path) if not path.exists() else None
+        if seconds is None:
+            from scipy.io import wavfile
+
+            rate, samples = wavfile.read(path)
+            seconds = len(samples) / rate
+        return {"audio": str(path), "text": text, "voice": voice.name, "speed": voice.speed, "pitch": voice.pitch,
+                "seconds": round(seconds, 3)}
+
+    with ThreadPoolExecutor(workers) as pool:
+        for split, items in plan.items():
+            rows = list(pool.map(render, [(split, i, text, voice) for i, (text, voice) in enumerate(items)]))
+            write_atomically(folder / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def recorded_speech(root: Path | None = None) -> list[dict[str, Any]]:
+    """The transcribed recordings of Debian `pocketsphinx-testdata`: 5 LibriVox sentences (Sense
+    and Sensibility) and 5 spoken card names, 16 kHz: [{"audio", "text", "set"}]."""
+    root = data_dir() if root is None else root
+    folder = root / "pocketsphinx"
+    base = folder / "usr/share/pocketsphinx/test/data"
+    if not all((base / name / listing).exists() for name, listing in RECORDED_SETS.items()):
+        subprocess.run(["dpkg-deb", "-x", str(debian_package(RECORDED_PACKAGE, root)), str(folder)], check=True)
+    rows = []
+    for name, listing in RECORDED_SETS.items():
+        for line in (base / name / listing).read_text().splitlines():
+            if not line.strip():
+                continue
+            text, utterance = line.rsplit("(", 1)
+            stem = utterance.strip(") ")
+            rows.append({"audio": str(base / name / f"{stem}.wav"), "text": normalize(text.replace("<s>", " ").replace("</s>", " ")),
+                         "set": name})
+    return rows
+
+
+def load_manifest(path: str | Path):
+    """A JSON-lines manifest as a `datasets.Dataset` (read from the local file)."""
+    from datasets import load_dataset
+
+    return load_dataset("json", data_files=str(path), split="train")
+
+
+class AudioError(ValueError):
+    """An audio file that cannot serve; `reason` names the kind of fault."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_audio(path: str | Path, sample_rate: int) -> torch.Tensor:
+    """A WAV file -> (N,) float32 in [-1, 1) at `sample_rate` (mono: channels averaged; other
+    rates of at least 8 kHz resampled). AudioError naming the file for anything unusable."""
+    from scipy.io import wavfile
+
+    try:
+        rate, samples = wavfile.read(path)
+    except (OSError, ValueError) as error:
+        raise AudioError("unreadable audio", f"unreadable audio {str(path)!r}: {error}") from error
+    waveform = torch.from_numpy(samples.astype("float64"))
+    if samples.dtype.kind == "i":
+        waveform = waveform / float(2 ** (8 * samples.dtype.itemsize - 1))
+    elif samples.dtype.kind == "u":
+        waveform = waveform / 128.0 - 1.0
+    if waveform.ndim == 2:
+        waveform = waveform.mean(1)
+    if waveform.numel() == 0:
+        raise AudioError("empty audio", f"empty audio {str(path)!r}")
+    if rate < MIN_SAMPLE_RATE:
+        raise AudioError(f"sample rate below {MIN_SAMPLE_RATE} Hz",
+                         f"audio {str(path)!r} has sample rate {rate} Hz; expected at least {MIN_SAMPLE_RATE} Hz")
+    return resample(waveform, rate, sample_rate).float()
+
+
+class SpeechExamples(torch.utils.data.Dataset):
+    """Checked utterances as examples {"input_features" (T, F) log-mel, "labels" (U,) token ids}.
+
+    Built from rows {"audio", "text"}; every clip is read once here, and one that cannot serve
+    (unreadable, empty, shorter than min_seconds, below 8 kHz, or an empty transcript) is
+    skipped and counted (`skipped`, and a log warning)."""
+
+    def __init__(self, rows, tokenizer: TranscriptTokenizer, features: FeatureConfig = FeatureConfig(),
+                 min_seconds: float = 0.3) -> None:
+        self.tokenizer, self.features = tokenizer, features
+        self.rows, self.seconds, self.skipped = [], [], Counter()
+        for row in rows:
+            text = normalize(row["text"])
+            if not text:
+                self.skipped["empty transcript"] += 1
+                continue
+            try:
+                waveform = read_audio(row["audio"], features.sample_rate)
+            except AudioError as error:
+                self.skipped[error.reason] += 1
+                continue
+            if waveform.numel() < min_seconds * features.sample_rate:
+                self.skipped[f"shorter than {min_seconds} s"] += 1
+                continue
+            self.rows.append({"audio": row["audio"], "text": text})
+            self.seconds.append(waveform.numel() / features.sample_rate)
+        if self.skipped:
+            log.warning("skipped %d of %d utterances: %s", sum(self.skipped.values()),
+                        len(self.rows) + sum(self.skipped.values()), dict(self.skipped))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        row = self.rows[index]
+        features, _ = log_mel(read_audio(row["audio"], self.features.sample_rate), self.features)
+        return {"input_features": features[0], "labels": torch.tensor(self.tokenizer.encode(row["text"]))}
+
+
+class DurationBuckets(torch.utils.data.Dataset):
+    """Groups of `size` utterances of similar duration, each group one example (a list), so that a
+    batch pads little: utterances sorted by duration (ties broken by a seeded shuffle), cut into
+    consecutive groups; the last, partial group is dropped."""
+
+    def __init__(self, examples: SpeechExamples, size: int, seed: int = 0) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1; got {size}")
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+        order.sort(key=lambda i: examples.seconds[i])
+        self.examples, self.groups = examples, [order[i : i + size] for i in range(0, len(order) - size + 1, size)]
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, index: int) -> list[dict[str, torch.Tensor]]:
+        return [self.examples[i] for i in self.groups[index]]
+
+
+def collate_speech(examples: list) -> dict[str, torch.Tensor]:
+    """Examples (or lists of them, from DurationBuckets) -> {"input_features" (B, T, F) zero-padded,
+    "attention_mask" (B, T) 1 = frame, "labels" (B, U) padded with -100}."""
+    flat = [e for item in examples for e in (item if isinstance(item, list) else [item])]
+    frames = max(e["input_features"].shape[0] for e in flat)
+    symbols = max(e["labels"].numel() for e in flat)
+    features = torch.zeros(len(flat), frames, flat[0]["input_features"].shape[1])
+    mask = torch.zeros(len(flat), frames, dtype=torch.long)
+    labels = torch.full((len(flat), symbols), IGNORE_INDEX, dtype=torch.long)
+    for row, example in enumerate(flat):
+        length = example["input_features"].shape[0]
+        features[row, :length], mask[row, :length] = example["input_features"], 1
+        labels[row, : example["labels"].numel()] = example["labels"]
+    return {"input_features": features, "attention_mask": mask, "labels": labels}

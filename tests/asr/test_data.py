@@ -1,0 +1,118 @@
+"""Speech data: sentences and tokens, espeak-ng synthesis into manifests read with `datasets`,
+the recorded pocketsphinx clips, checked loading that skips bad clips with counts, buckets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+import torch
+from scipy.io import wavfile
+
+from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples, Voice,
+                      build_corpus, collate_speech, load_manifest, read_audio, recorded_speech, speak, voices)
+from asr.features import FeatureConfig
+from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
+
+
+def test_sentences_are_normalised_and_within_the_vocabulary():
+    assert normalize("  O Romeo, ROMEO! wherefore art thou\u2019s 'Romeo'?") == "o romeo romeo wherefore art thou's romeo"
+    text = "ROMEO. But soft! What light through yonder window breaks? [Enter JULIET.] It is the east. 1 2 3 four."
+    sentences = corpus_sentences(text, min_words=2, max_words=6, vocabulary_size=100)
+    assert sentences == ["but soft", "what light through yonder window breaks", "it is the east"]
+    assert corpus_sentences(text + " but soft!", min_words=2, max_words=6, vocabulary_size=3) == ["but soft"]
+
+
+def test_character_and_bpe_tokens_round_trip():
+    chars = TranscriptTokenizer("char")
+    assert chars.vocab_size == len(CHARACTERS) + 1 and chars.encode("ab c") == [2, 3, 1, 4]
+    assert chars.decode([0, 2, 3, 0, 1, 4]) == "ab c"
+    with pytest.raises(ValueError, match="characters outside"):
+        chars.encode("Hello!")
+    lines = ["the cat sat on the mat", "the dog sat on the log", "a cat and a dog"] * 20
+    bpe = TranscriptTokenizer.train_bpe(lines, vocab_size=60)
+    assert bpe.vocab_size <= 60 and all(bpe.decode(bpe.encode(line)) == line for line in lines)
+    assert len(bpe.encode(lines[0])) < len(lines[0])  # pieces longer than characters
+    again = TranscriptTokenizer.from_spec(json.loads(json.dumps(bpe.spec())))
+    assert again.encode("the cat and the log") == bpe.encode("the cat and the log")
+
+
+def test_held_out_voices_never_meet_training_voices():
+    rng = random.Random(0)
+    training, held_out = voices(False, 200, rng), voices(True, 200, rng)
+    assert all(v.accent != HELD_OUT_ACCENT and v.variant not in HELD_OUT_VARIANTS for v in training)
+    assert all(v.accent == HELD_OUT_ACCENT or v.variant in HELD_OUT_VARIANTS for v in held_out)
+    assert not {v.name for v in training} & {v.name for v in held_out}
+    assert all(140 <= v.speed <= 200 and 30 <= v.pitch <= 70 for v in training + held_out)
+
+
+def test_a_small_corpus_is_synthesised_once_and_loads_with_datasets(tmp_path):
+    config = CorpusConfig(train_sentences=6, validation_sentences=2, test_sentences=3, max_words=6)
+    folder = build_corpus(config, tmp_path)
+    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in
+                 ("train", "validation", "test_sentences", "test_voices")}
+    assert {split: len(rows) for split, rows in manifests.items()} == {
+        "train": 6, "validation": 2, "test_sentences": 3, "test_voices": 3}
+    assert manifests["test_voices"]["text"] == manifests["test_sentences"]["text"]
+    assert not set(manifests["test_sentences"]["text"]) & set(manifests["train"]["text"])
+    assert not set(manifests["test_voices"]["voice"]) & set(manifests["train"]["voice"])
+    rate, samples = wavfile.read(manifests["train"][0]["audio"])
+    assert rate == 16000 and samples.dtype.name == "int16"
+    assert abs(len(samples) / rate - manifests["train"][0]["seconds"]) < 1e-3 and len(samples) > 0.5 * rate
+    stamp = (folder / "train.jsonl").stat().st_mtime_ns
+    assert build_corpus(config, tmp_path) == folder and (folder / "train.jsonl").stat().st_mtime_ns == stamp
+    examples = SpeechExamples(manifests["train"], TranscriptTokenizer("char"))
+    example = examples[0]
+    assert example["input_features"].shape == (len(samples) // 160 + 1, 80)
+    assert TranscriptTokenizer("char").decode(example["labels"].tolist()) == manifests["train"][0]["text"]
+
+
+def test_bad_clips_are_skipped_with_counts(tmp_path, caplog):
+    good = tmp_path / "good.wav"
+    speak("to be or not to be", Voice("en-us", "m1", 170, 50), good)
+    wavfile.write(tmp_path / "empty.wav", 16000, torch.zeros(0, dtype=torch.int16).numpy())
+    wavfile.write(tmp_path / "short.wav", 16000, torch.zeros(800, dtype=torch.int16).numpy())
+    wavfile.write(tmp_path / "low.wav", 4000, torch.zeros(8000, dtype=torch.int16).numpy())
+    rate_22k = tmp_path / "rate22k.wav"
+    wavfile.write(rate_22k, 22050, (torch.randn(22050) * 1000).to(torch.int16).numpy())
+    (tmp_path / "corrupt.wav").write_bytes(b"RIFF\x00\x00not a wave file")
+    rows = [{"audio": str(good), "text": "To be, or not to be"}, {"audio": str(good), "text": " !? "},
+            {"audio": str(tmp_path / "empty.wav"), "text": "a"}, {"audio": str(tmp_path / "short.wav"), "text": "a"},
+            {"audio": str(tmp_path / "low.wav"), "text": "a"}, {"audio": str(tmp_path / "corrupt.wav"), "text": "a"},
+            {"audio": str(tmp_path / "missing.wav"), "text": "a"}, {"audio": str(rate_22k), "text": "noise"}]
+    with caplog.at_level(logging.WARNING, logger="asr.data"):
+        examples = SpeechExamples(rows, TranscriptTokenizer("char"))
+    assert [row["text"] for row in examples.rows] == ["to be or not to be", "noise"]
+    assert examples.skipped == {"empty transcript": 1, "empty audio": 1, "shorter than 0.3 s": 1,
+                                "sample rate below 8000 Hz": 1, "unreadable audio": 2}
+    assert "skipped 6 of 8 utterances" in caplog.text
+    assert read_audio(rate_22k, 16000).shape == (16000,)  # other rates are resampled
+    with pytest.raises(ValueError, match="has sample rate 4000 Hz; expected at least 8000 Hz"):
+        read_audio(tmp_path / "low.wav", 16000)
+
+
+def test_buckets_group_similar_durations_and_collate_pads(tmp_path):
+    rows = []
+    for index, words in enumerate(["a b", "a b c d e f g h", "a b c", "a b c d e f g h i j", "a b c d"]):
+        path = tmp_path / f"{index}.wav"
+        speak(words, Voice("en-gb", "f1", 170, 50), path)
+        rows.append({"audio": str(path), "text": words})
+    examples = SpeechExamples(rows, TranscriptTokenizer("char"))
+    buckets = DurationBuckets(examples, size=2)
+    assert len(buckets) == 2  # 5 utterances: two pairs, the longest left out
+    assert [sorted(examples.seconds[i] for i in group) for group in buckets.groups] == [
+        sorted(examples.seconds)[0:2], sorted(examples.seconds)[2:4]]
+    batch = collate_speech([buckets[0], buckets[1]])
+    assert batch["input_features"].shape[0] == 4 and batch["attention_mask"].sum(1).tolist() == [
+        examples[i]["input_features"].shape[0] for group in buckets.groups for i in group]
+    assert (batch["labels"] == -100).any() and batch["labels"].max() < len(CHARACTERS) + 1
+
+
+def test_recorded_clips_of_pocketsphinx_testdata():
+    rows = recorded_speech()
+    assert len(rows) == 10 and {row["set"] for row in rows} == {"librivox", "cards"}
+    assert rows[1]["text"] == "he was not an ill disposed young man"
+    waveform = read_audio(rows[1]["audio"], FeatureConfig().sample_rate)
+    assert 2.5 < waveform.numel() / 16000 < 3.5 and waveform.abs().max() > 0.05
