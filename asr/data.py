@@ -15,6 +15,7 @@ with a count in the log, so training never meets them mid-epoch.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import random
@@ -112,9 +113,9 @@ def speak(text: str, voice: Voice, path: Path, sample_rate: int = 16000) -> floa
         rate, samples = wavfile.read(raw.name)
     waveform = resample(torch.from_numpy(samples).double() / 32768, rate, sample_rate)
     pcm = (waveform.clamp(-1, 32767 / 32768) * 32768).round().to(torch.int16).numpy()
-    partial = path.with_name(path.name + ".partial.wav")
-    wavfile.write(partial, sample_rate, pcm)
-    partial.replace(path)
+    buffer = io.BytesIO()
+    wavfile.write(buffer, sample_rate, pcm)
+    write_atomically(path, buffer.getvalue())
     return len(pcm) / sample_rate
 
 

@@ -1,4 +1,4 @@
-"""The `zoo` command line: list, info, train, generate, classify, export."""
+"""The `zoo` command line: list, info, train, generate, classify, transcribe, export."""
 
 from __future__ import annotations
 
@@ -71,6 +71,13 @@ def cmd_classify(args: argparse.Namespace) -> None:
         print(f"{prediction.path}: {ranked}")
 
 
+def cmd_transcribe(args: argparse.Namespace) -> None:
+    from asr.transcribe import transcribe_files  # the CLI sits on top of the domains
+
+    for path, text in zip(args.files, transcribe_files(args.name, args.files, method=args.method, beam=args.beam)):
+        print(f"{path}: {text}")
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     from zoo.hf import export_hf
     from zoo.store import load
@@ -99,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("name")
     classify.add_argument("images", nargs="+", metavar="IMAGE")
     classify.add_argument("--top", type=int, default=3, help="classes to show per image, most probable first")
+    transcribe = commands.add_parser("transcribe", help="transcribe WAV files with a speech recogniser")
+    transcribe.add_argument("name")
+    transcribe.add_argument("files", nargs="+", metavar="FILE.wav")
+    transcribe.add_argument("--method", choices=["beam", "greedy"], default="beam")
+    transcribe.add_argument("--beam", type=int, default=4)
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")
@@ -115,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         {"list": cmd_list, "info": cmd_info, "generate": cmd_generate, "classify": cmd_classify,
-         "export": cmd_export}[args.command](args)
+         "transcribe": cmd_transcribe, "export": cmd_export}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"zoo: error: {error}\n")
 

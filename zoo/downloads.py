@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -16,12 +17,12 @@ def data_dir() -> Path:
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` through a temporary sibling, so a reader never sees half a file."""
-    partial = path.with_name(path.name + ".partial")
-    if isinstance(data, str):
-        partial.write_text(data, encoding="utf-8")
-    else:
-        partial.write_bytes(data)
+    """Write `data` to `path` through a temporary sibling of its own (so that processes writing
+    the same file at once do not collide), so a reader never sees half a file."""
+    handle, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(handle, "wb") as file:
+        file.write(data.encode("utf-8") if isinstance(data, str) else data)
+    os.chmod(partial, 0o644)
     os.replace(partial, path)
 
 

@@ -14,11 +14,13 @@ runs the joiner on the (G, T_g, S) windows only: sample-wise + pruned.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
+from torch.nn.modules import module as module_hooks
 
 from asr.losses.checks import check_choice, check_transducer_inputs, resolve_blank
 from asr.losses.pruned import check_s_range, prune_decoder, prune_ranges
@@ -83,6 +85,24 @@ def plan_groups(cells: torch.Tensor, frames: torch.Tensor, columns: torch.Tensor
     return groups
 
 
+@contextmanager
+def _global_module_hooks_suspended():
+    """Run without the global module forward hooks. Trackers that follow the module hierarchy
+    through backward (torch's ModTracker, hence MemTracker and the trainer's memory probe) assume
+    that backward comes after forward; a group's backward inside the forward pass breaks their
+    bookkeeping. Its tensors are still seen by tensor-level trackers."""
+    hooks = (module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
+             module_hooks._global_forward_hooks_always_called, module_hooks._global_forward_hooks_with_kwargs)
+    saved = [dict(table) for table in hooks]
+    for table in hooks:
+        table.clear()
+    try:
+        yield
+    finally:
+        for table, entries in zip(hooks, saved):
+            table.update(entries)
+
+
 class _SamplewiseLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, encoder_out, decoder_out, run, *parameters):
@@ -124,7 +144,7 @@ class _SamplewiseRun:
             frames, symbols = int(self.logit_lengths[group].max()), int(self.target_lengths[group].max())
             enc = encoder_out[group, :frames].detach().requires_grad_()
             dec = decoder_out[group, :symbols + 1].detach().requires_grad_()
-            with torch.enable_grad():
+            with torch.enable_grad(), _global_module_hooks_suspended():
                 losses = self._group_losses(enc, dec, group, frames, symbols)
             grads = torch.autograd.grad(losses[0], [enc, dec, *parameters], losses[0].new_tensor(self.scale),
                                         allow_unused=True)

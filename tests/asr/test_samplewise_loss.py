@@ -100,3 +100,22 @@ def test_bad_arguments():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward runs once"):
         loss.backward()
+
+
+def test_runs_under_a_module_tracking_memory_tracker():
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.nn.modules import module
+
+    torch.manual_seed(0)
+    joiner = TanhJoiner(8, 8, 16, 7).double()
+    encoder_out, decoder_out, targets, logit_lengths, target_lengths = transducer_batch(3, [5, 4, 3], [2, 3, 1], 5, 3)
+    hooks_before = len(module._global_forward_pre_hooks)
+    tracker = MemTracker()
+    tracker.track_external(joiner)
+    with tracker:  # its module hooks would see the groups' backward inside the forward pass
+        loss = samplewise_rnnt_loss(encoder_out, decoder_out, joiner, targets, logit_lengths, target_lengths,
+                                    group_size=1)
+        loss.backward()
+        assert len(module._global_forward_pre_hooks) == hooks_before + 1  # the tracker's, restored
+    expected = rnnt_loss(joiner(encoder_out[:, :, None], decoder_out[:, None]), targets, logit_lengths, target_lengths)
+    assert relative_error(loss, expected) < 1e-12 and tracker.get_tracker_snapshot("peak")

@@ -1,0 +1,62 @@
+"""The asr_transducer recipe on two ranks through `zoo train` (a small synthesised corpus, a few
+steps), and `zoo transcribe` with the model it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zoo
+from asr.model import Transducer
+from asr.transcribe import transcribe_files
+from recipes.asr_transducer import ASRTransducerConfig
+
+ZOO = str(Path(sys.executable).parent / "zoo")
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
+    command = [ZOO, "train", "asr_transducer", "--nproc", "2", "--strategy.zero", "2", "--model.loss", "samplewise_pruned",
+               "--model.encoder.layers", "2", "--corpus.train_sentences", "48", "--corpus.validation_sentences", "4",
+               "--corpus.test_sentences", "4", "--bucket_size", "4", "--train.max_steps", "3",
+               "--train.global_batch_size", "2", "--train.eval_every", "3", "--train.eval_batches", "1",
+               "--train.progress", "false", "--evaluation_utterances", "2", "--tokens", "bpe", "--bpe_vocab_size", "64",
+               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=580,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_DATA": str(tmp_path / "data"),
+                                 "MEMZOO_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "word error rate (greedy / beam)" in result.stdout and "test_voices" in result.stdout
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["arch"] == "transducer" and config["config"]["encoder"]["layers"] == 2
+    assert config["tokenizer"]["kind"] == "bpe" and config["config"]["vocab_size"] <= 64
+    assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "librivox": 5,
+                                          "cards": 5, "train": 48}
+    assert all(config["metrics"][name]["utterances"] == 2 for name in ("validation", "librivox", "cards"))
+    model = zoo.load(tmp_path / "model")
+    assert isinstance(model, Transducer) and model.feature_std.min() > 0 and not torch.equal(
+        model.feature_mean, torch.zeros_like(model.feature_mean))
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--model.loss samplewise_pruned"))
+
+    manifest = tmp_path / "data" / next(p.name for p in (tmp_path / "data").glob("espeak_corpus_*")) / "test_voices.jsonl"
+    wavs = [json.loads(line)["audio"] for line in manifest.read_text().splitlines()[:2]]
+    done = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs, "--method", "greedy"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"{wav}: ") for line, wav in zip(lines, wavs))
+    assert [line.split(": ", 1)[1] for line in lines] == transcribe_files(tmp_path / "model", wavs, method="greedy")
+
+
+def test_transcribe_refuses_a_model_that_is_no_recogniser():
+    with pytest.raises(ValueError, match="'gpt-shakespeare-char' is not a speech recogniser"):
+        transcribe_files("gpt-shakespeare-char", ["x.wav"])
+    with pytest.raises(ValueError, match="bucket_size, stats_utterances and beam must be >= 1"):
+        ASRTransducerConfig(bucket_size=0)
