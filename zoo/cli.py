@@ -72,9 +72,9 @@ def cmd_classify(args: argparse.Namespace) -> None:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> None:
-    from asr.transcribe import transcribe_files  # the CLI sits on top of the domains
+    from asr import transcribe  # the CLI sits on top of the domains
 
-    for path, text in zip(args.files, transcribe_files(args.name, args.files, method=args.method, beam=args.beam)):
+    for path, text in zip(args.files, transcribe(args.name, args.files, method=args.method, beam=args.beam)):
         print(f"{path}: {text}")
 
 

@@ -14,7 +14,7 @@ import torch
 
 import zoo
 from asr.model import Transducer
-from asr.transcribe import transcribe_files
+from asr import transcribe
 from recipes.asr_transducer import ASRTransducerConfig
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -52,11 +52,11 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith(f"{wav}: ") for line, wav in zip(lines, wavs))
-    assert [line.split(": ", 1)[1] for line in lines] == transcribe_files(tmp_path / "model", wavs, method="greedy")
+    assert [line.split(": ", 1)[1] for line in lines] == transcribe(tmp_path / "model", wavs, method="greedy")
 
 
 def test_transcribe_refuses_a_model_that_is_no_recogniser():
     with pytest.raises(ValueError, match="'gpt-shakespeare-char' is not a speech recogniser"):
-        transcribe_files("gpt-shakespeare-char", ["x.wav"])
+        transcribe("gpt-shakespeare-char", ["x.wav"])
     with pytest.raises(ValueError, match="bucket_size, stats_utterances and beam must be >= 1"):
         ASRTransducerConfig(bucket_size=0)

@@ -1,0 +1,64 @@
+"""Transcription with a trained transducer: waveforms or WAV files in, text out.
+
+    asr.transcribe("asr-transducer-tiny", ["a.wav", "b.wav"])     a zoo model: its tokenizer and front end come along
+    asr.transcribe(model, waveforms, tokenizer)                    a Transducer, (N,) tensors at 16 kHz
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from asr.data import read_audio
+from asr.decoding import greedy_search, modified_beam_search
+from asr.features import FeatureConfig, log_mel
+from asr.model import Transducer
+from asr.text import TranscriptTokenizer
+from zoo.store import load, read_config
+
+
+def recogniser(name: str | os.PathLike) -> tuple[Transducer, TranscriptTokenizer, FeatureConfig]:
+    """The zoo model `name` (a name or folder) with the tokenizer and front end its config.json holds."""
+    config = read_config(name)
+    if config.get("arch") != "transducer" or "tokenizer" not in config or "features" not in config:
+        raise ValueError(f"model {str(name)!r} is not a speech recogniser: expected a transducer with "
+                         f"'tokenizer' and 'features' in its config.json")
+    return load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"])
+
+
+@torch.no_grad()
+def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
+               tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
+               method: Literal["greedy", "beam"] = "beam", beam: int = 4, batch_size: int = 16) -> list[str]:
+    """One transcript per waveform, decoded by modified beam search (or greedy search),
+    `batch_size` at a time.
+
+    model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
+    a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files."""
+    if method not in ("greedy", "beam"):
+        raise ValueError(f"method must be 'greedy' or 'beam'; got {method!r}")
+    if not isinstance(model, Transducer):
+        model, tokenizer, features = recogniser(model)
+    elif tokenizer is None:
+        raise ValueError("a Transducer needs its tokenizer (or pass a zoo model name, which brings its own)")
+    features = FeatureConfig() if features is None else features
+    waveforms = [w if isinstance(w, torch.Tensor) else read_audio(w, features.sample_rate) for w in waveforms]
+    model.eval()
+    texts = []
+    for start in range(0, len(waveforms), batch_size):
+        chunk = waveforms[start : start + batch_size]
+        lengths = torch.tensor([w.numel() for w in chunk])
+        padded = torch.zeros(len(chunk), int(lengths.max()))
+        for row, waveform in enumerate(chunk):
+            padded[row, : waveform.numel()] = waveform
+        log_mels, frames = log_mel(padded, features, lengths)
+        mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
+        device = model.feature_mean.device
+        encoded, encoded_lengths = model.encode(log_mels.to(device), mask.to(device))
+        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam) if method == "beam"
+                  else greedy_search(model, encoded, encoded_lengths))
+        texts += [tokenizer.decode(ids) for ids in tokens]
+    return texts
