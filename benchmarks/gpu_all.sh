@@ -25,7 +25,7 @@ python3 benchmarks/fused_cross_entropy.py --dtype bfloat16 | tee -a "$out/fused_
 # PyTorch path and torch.compile; the Triton tests ran compiled for the GPU in the suite above.
 python3 benchmarks/fused_layers.py --device cuda | tee "$out/fused_layers.md"
 python3 benchmarks/fused_layers.py --device cuda --dtype bfloat16 | tee -a "$out/fused_layers.md"
-# GPT-2-small and BERT-base training steps, ours against transformers, fp32 and bf16.
+# GPT-2-small, BERT-base and ViT training steps, ours against transformers, fp32 and bf16.
 python3 benchmarks/hf_models.py --device cuda --steps 10 | tee "$out/hf_models.md"
 python3 benchmarks/hf_models.py --device cuda --dtype bfloat16 --steps 10 | tee -a "$out/hf_models.md"
 # Transducer losses: full vs pruned vs sample-wise (+ pruned), torchaudio beside them where it loads;
@@ -35,3 +35,7 @@ python3 benchmarks/rnnt_losses.py --dtype bfloat16 --shapes 32x400x100x500 | tee
 python3 benchmarks/rnnt_losses.py --shapes 8x32x8x500 64x32x8x500 256x32x8x500 --methods full,samplewise,samplewise_pruned | tee -a "$out/rnnt_losses.md"
 python3 benchmarks/rnnt_losses.py --shapes 1024x1000x200x1024 --hidden 512 --joiner-dim 512 \
     --methods samplewise_pruned,samplewise --memory-budget $((1 << 30)) | tee -a "$out/rnnt_losses.md"
+# A transducer training step (tiny and small Conformer) with each loss: peak, time, largest batch in 8 GiB.
+python3 benchmarks/asr_train.py --batch 32 --budget-mib 8192 --max-batch 1024 | tee "$out/asr_train.md"
+python3 benchmarks/asr_train.py --size small --batch 32 --frames 1000 --symbols 100 --vocab 1024 --budget-mib 8192 \
+    --max-batch 1024 | tee -a "$out/asr_train.md"
