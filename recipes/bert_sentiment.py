@@ -23,8 +23,8 @@ import zoo
 from nlp.bert import Bert
 from nlp.data import VADER_SOURCES, pad_collate, vader_snippets
 from nlp.tokenizers import tokenizer_from_spec
-from recipes.report import format_memory_report
-from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+from recipes.report import trainer_memory_report
+from trainers import Strategy, TrainConfig, Trainer
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
 
@@ -115,8 +115,7 @@ def run(config: BertSentimentConfig) -> dict[str, Any]:
     if not trainer.env.is_main:
         return {}
 
-    memory = format_memory_report(trainer.memory_report(),
-                                  estimate_memory(trainer.model, config.strategy, trainer.env.world_size))
+    memory = trainer_memory_report(trainer)
     model = Bert(model.config)
     model.load_state_dict(state)
     limit = config.accuracy_examples or None

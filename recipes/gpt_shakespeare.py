@@ -23,8 +23,8 @@ import zoo
 from nlp.data import TokenBlocks
 from nlp.gpt import GPT, GPTConfig
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, TextTokenizer
-from recipes.report import format_memory_report
-from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+from recipes.report import trainer_memory_report
+from trainers import Strategy, TrainConfig, Trainer
 from zoo.corpora import shakespeare_text
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
@@ -91,8 +91,7 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
         "steps": trainer.step,
         "tokens_seen": trainer.step * config.train.global_batch_size * block,
     }
-    memory = format_memory_report(trainer.memory_report(),
-                                  estimate_memory(trainer.model, config.strategy, trainer.env.world_size))
+    memory = trainer_memory_report(trainer)
     model = GPT(model_config)
     model.load_state_dict(state)
     model.eval()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainers import Trainer, estimate_memory
+
 _COLUMNS = ("parameters", "gradients", "optimizer", "other", "activation_peak", "peak")
 
 
@@ -17,3 +19,10 @@ def format_memory_report(reports: list[dict[str, Any]], estimate: dict[str, floa
     rows.append("| ZeRO paper | " + " | ".join(
         f"{int(estimate[c]):,}" if c in estimate else "" for c in _COLUMNS) + " |")
     return "\n".join(rows)
+
+
+def trainer_memory_report(trainer: Trainer) -> str:
+    """`format_memory_report` of what `trainer` measured, beside the ZeRO-paper estimate for its
+    strategy and world size."""
+    return format_memory_report(trainer.memory_report(),
+                                estimate_memory(trainer.model, trainer.strategy, trainer.env.world_size))

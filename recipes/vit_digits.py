@@ -23,8 +23,8 @@ from typing import Any, Literal
 import torch
 
 import zoo
-from recipes.report import format_memory_report
-from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+from recipes.report import trainer_memory_report
+from trainers import Strategy, TrainConfig, Trainer
 from vision.augment import Augmentation
 from vision.classify import accuracy
 from vision.digits import frame_like_mnist, mnist_digits, opencv_digits, stratified_split
@@ -114,8 +114,7 @@ def run(config: ViTDigitsConfig) -> dict[str, Any]:
     if not trainer.env.is_main:
         return {}
 
-    memory = format_memory_report(trainer.memory_report(),
-                                  estimate_memory(trainer.model, config.strategy, trainer.env.world_size))
+    memory = trainer_memory_report(trainer)
     dtype = getattr(torch, config.save_dtype)
     state = {name: tensor.to(dtype) for name, tensor in state.items()}
     model = ViT(model.config)
