@@ -47,6 +47,8 @@ SPLITS = ("train", "validation", "test_sentences", "test_voices")
 RECORDED_PACKAGE = "pocketsphinx-testdata"
 RECORDED_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
 MIN_SAMPLE_RATE = 8000
+SAMPLE_RATE = 16000
+"""Rate the corpus clips are stored at."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class CorpusConfig:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
 
 
-def speak(text: str, voice: Voice, path: Path, sample_rate: int = 16000) -> float:
+def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE) -> float:
     """Synthesise `text` with espeak-ng into a 16-bit WAV at `sample_rate`; returns its seconds."""
     from scipy.io import wavfile
 
@@ -144,12 +146,8 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
     def render(job: tuple[str, int, str, Voice]) -> dict[str, Any]:
         split, index, text, voice = job
         path = folder / "wav" / f"{split}_{index:06d}.wav"
-        seconds = speak(text, voice, path) if not path.exists() else None
-        if seconds is None:
-            from scipy.io import wavfile
-
-            rate, samples = wavfile.read(path)
-            seconds = len(samples) / rate
+        # A clip left by an interrupted build is kept; its length is read back.
+        seconds = read_audio(path, SAMPLE_RATE).numel() / SAMPLE_RATE if path.exists() else speak(text, voice, path)
         return {"audio": str(path), "text": text, "voice": voice.name, "speed": voice.speed, "pitch": voice.pitch,
                 "seconds": round(seconds, 3)}
 

@@ -136,10 +136,6 @@ class Transducer(nn.Module):
             x = self.config.spec_augment(x, lengths)
         return self.encoder(x.to(self.encoder.subsampling.out.weight.dtype), lengths)
 
-    def decode_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, S) token ids -> decoder output (B, S, D)."""
-        return self.decoder(tokens)
-
     def loss_scales(self) -> tuple[float, float]:
         """(simple, pruned) loss weights at the current training step (pruned losses)."""
         c = self.config

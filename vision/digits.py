@@ -54,10 +54,6 @@ class Digits:
     def __len__(self) -> int:
         return self.labels.numel()
 
-    def subset(self, indices: torch.Tensor) -> Digits:
-        """The digits at `indices` (M,), in that order."""
-        return Digits(self.images[indices], self.labels[indices])
-
 
 def _cached(name: str, root: Path | None, build) -> Digits:
     root = data_dir() if root is None else root
