@@ -79,7 +79,7 @@ def voices(held_out: bool, count: int, rng: random.Random) -> list[Voice]:
 class CorpusConfig:
     """What `build_corpus` synthesises."""
 
-    train_sentences: int = 8000
+    train_sentences: int = 16000
     """Training utterances (one sentence, one voice each)."""
     validation_sentences: int = 200
     """Validation utterances."""

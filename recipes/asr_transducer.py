@@ -56,7 +56,7 @@ class ASRTransducerConfig:
     beam: int = 4
     """Beam of the modified beam search."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        global_batch_size=2, micro_batch_size=1, max_steps=1500, lr=2e-3, warmup_steps=150, weight_decay=0.01,
+        global_batch_size=2, micro_batch_size=1, max_steps=1800, lr=2e-3, warmup_steps=150, weight_decay=0.01,
         betas=(0.9, 0.98), min_lr_ratio=0.02, log_every=50, eval_every=500, eval_batches=8,
         output_dir="runs/asr_transducer"))
     """Optimisation settings (batch sizes count buckets)."""

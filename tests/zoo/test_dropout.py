@@ -1,0 +1,38 @@
+"""The PyTorch path's counter-based dropout mask: right keep rate, no correlation between
+neighbouring elements (within and across 64-bit words) or neighbouring seeds."""
+
+import pytest
+import torch
+
+from zoo.nn.dropout import keep_mask, random_words
+
+N = 1_000_000
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_rate_is_one_minus_p(p):
+    kept = keep_mask((N,), p, seed=11, device=CPU).double().mean().item()
+    assert abs(kept - (1 - p)) < 5 * (p * (1 - p) / N) ** 0.5
+
+
+@pytest.mark.parametrize("lag", [1, 3, 4, 5, 64])
+def test_neighbouring_elements_are_uncorrelated(lag):
+    kept = keep_mask((N,), 0.5, seed=5, device=CPU).double() - 0.5
+    correlation = 4 * (kept[lag:] * kept[:-lag]).mean().item()
+    assert abs(correlation) < 5 / N**0.5
+
+
+def test_neighbouring_seeds_are_uncorrelated_and_words_cover_all_bits():
+    first = keep_mask((N,), 0.5, seed=7, device=CPU).double() - 0.5
+    second = keep_mask((N,), 0.5, seed=8, device=CPU).double() - 0.5
+    assert abs(4 * (first * second).mean().item()) < 5 / N**0.5
+    words = random_words(100_000, seed=0, device=CPU)
+    bits = torch.stack([(words >> k) & 1 for k in range(64)]).double().mean(1)  # each bit set half the time
+    assert (bits - 0.5).abs().max().item() < 5 * 0.5 / 100_000**0.5
+
+
+def test_mask_has_the_shape_and_is_a_prefix_of_a_longer_draw():
+    mask = keep_mask((3, 5, 7), 0.3, seed=2, device=CPU)
+    assert mask.shape == (3, 5, 7) and mask.dtype == torch.bool
+    assert torch.equal(mask.flatten(), keep_mask((200,), 0.3, seed=2, device=CPU)[:105])
