@@ -1,5 +1,6 @@
-"""Transducer decoding: batched greedy search and modified beam search (at most one symbol per
-frame per hypothesis, identical hypotheses merged by log-add; icefall's `modified_beam_search`).
+"""Transducer decoding: batched greedy search and modified beam search (identical hypotheses
+merged by log-add; with one symbol per frame, icefall's `modified_beam_search`; more symbols per
+frame let character models keep up with fast speech).
 
 Both take a `Transducer` and its encoder output (B, T, E) with lengths (B,), and return one token
 id list per utterance (blank never included).
@@ -44,32 +45,55 @@ def greedy_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.T
     return hypotheses
 
 
+Hypotheses = dict[tuple[int, ...], torch.Tensor]
+"""Token sequence -> its log probability (a 0-d tensor)."""
+
+
+def _log_add(hypotheses: Hypotheses, key: tuple[int, ...], score: torch.Tensor) -> None:
+    hypotheses[key] = torch.logaddexp(hypotheses[key], score) if key in hypotheses else score
+
+
+def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
+    return dict(sorted(hypotheses.items(), key=lambda item: -item[1].item())[:count])
+
+
 @torch.no_grad()
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
-                         beam: int = 4) -> list[list[int]]:
-    """Beam search with at most one symbol per frame: each frame extends every hypothesis by blank
-    or one token, keeps the `beam` best, and merges hypotheses with equal tokens (log-add of their
-    probabilities). Returns each utterance's best hypothesis."""
-    if beam < 1:
-        raise ValueError(f"beam must be >= 1; got {beam}")
+                         beam: int = 4, max_symbols_per_frame: int = 1) -> list[list[int]]:
+    """Beam search over frames. At each frame, up to `max_symbols_per_frame` rounds: every hypothesis
+    still expanding at this frame is extended by blank (it moves on to the next frame) or by one
+    token; the `beam` best extensions are kept, and a token extension keeps expanding at this frame
+    unless this was the last round (then it moves on, as in icefall's one-symbol search).
+    Hypotheses with equal tokens are merged (log-add of their probabilities); `beam` of them carry
+    over to the next frame. Returns each utterance's best hypothesis."""
+    if beam < 1 or max_symbols_per_frame < 1:
+        raise ValueError(f"beam and max_symbols_per_frame must be >= 1; got {beam} and {max_symbols_per_frame}")
     blank, context = model.config.blank_id, model.config.context_size
+    device = encoder_out.device
     results = []
     for row in range(encoder_out.shape[0]):
         encoder_proj = model.joiner.encoder_proj(encoder_out[row, : int(lengths[row])])
-        hypotheses: dict[tuple[int, ...], torch.Tensor] = {(): torch.zeros((), device=encoder_out.device)}
+        hypotheses: Hypotheses = {(): torch.zeros((), device=device)}
         for frame in encoder_proj:
-            keys = list(hypotheses)
-            contexts = torch.tensor([([blank] * context + list(k))[-context:] for k in keys], device=encoder_out.device)
-            scores = torch.stack([hypotheses[k] for k in keys])
-            log_probs = model.joiner.combine(frame, _decoder_proj(model, contexts)).float().log_softmax(-1)
-            candidates = (log_probs + scores[:, None]).flatten()
-            top = candidates.topk(min(beam, candidates.numel()))
-            merged: dict[tuple[int, ...], torch.Tensor] = {}
-            vocab = log_probs.shape[1]
-            for score, index in zip(top.values, top.indices.tolist()):
-                source, token = divmod(index, vocab)
-                key = keys[source] if token == blank else keys[source] + (token,)
-                merged[key] = torch.logaddexp(merged[key], score) if key in merged else score
-            hypotheses = merged
+            expanding, moved_on = hypotheses, {}
+            for round_ in range(max_symbols_per_frame):
+                keys = list(expanding)
+                contexts = torch.tensor([([blank] * context + list(k))[-context:] for k in keys], device=device)
+                log_probs = model.joiner.combine(frame, _decoder_proj(model, contexts)).float().log_softmax(-1)
+                candidates = (log_probs + torch.stack([expanding[k] for k in keys])[:, None]).flatten()
+                top = candidates.topk(min(beam, candidates.numel()))
+                last_round, expanding = round_ == max_symbols_per_frame - 1, {}
+                for score, index in zip(top.values, top.indices.tolist()):
+                    source, token = divmod(index, log_probs.shape[1])
+                    if token == blank:
+                        _log_add(moved_on, keys[source], score)
+                    else:
+                        _log_add(moved_on if last_round else expanding, keys[source] + (token,), score)
+                if len(moved_on) >= beam:  # expansions only lose probability: drop those already out of the beam
+                    floor = min(_best(moved_on, beam).values()).item()
+                    expanding = {k: v for k, v in expanding.items() if v.item() > floor}
+                if not expanding:
+                    break
+            hypotheses = _best(moved_on, beam)
         results.append(list(max(hypotheses, key=lambda k: hypotheses[k].item())))
     return results

@@ -116,14 +116,20 @@ def test_decoders_recover_the_tokens_a_trained_model_learned():
     references = [[t for t in row.tolist() if t != -100] for row in labels]
     greedy = greedy_search(model, encoded, lengths)
     beam = modified_beam_search(model, encoded, lengths, beam=4)
+    several = modified_beam_search(model, encoded, lengths, beam=4, max_symbols_per_frame=3)
     assert sum(h == r for h, r in zip(greedy, references)) >= 14
     assert sum(h == r for h, r in zip(beam, references)) >= 14
+    assert sum(h == r for h, r in zip(several, references)) >= 14
 
 
-def test_beam_one_is_greedy_with_one_symbol_per_frame():
+@pytest.mark.parametrize("symbols", [1, 3])
+def test_beam_one_is_greedy_with_as_many_symbols_per_frame(symbols):
     model = tiny(seed=5, vocab_size=6).eval()
     features, mask, _ = token_utterances(4, seed=4)
     encoded, lengths = model.encode(features, mask)
-    assert modified_beam_search(model, encoded, lengths, beam=1) == greedy_search(model, encoded, lengths, 1)
-    with pytest.raises(ValueError, match="beam must be >= 1"):
+    searched = modified_beam_search(model, encoded, lengths, beam=1, max_symbols_per_frame=symbols)
+    assert searched == greedy_search(model, encoded, lengths, symbols)
+    if symbols > 1:  # an untrained model emits several tokens in a frame: the case is exercised
+        assert max(len(h) - n for h, n in zip(searched, lengths.tolist())) > 0
+    with pytest.raises(ValueError, match="beam and max_symbols_per_frame must be >= 1"):
         modified_beam_search(model, encoded, lengths, beam=0)
