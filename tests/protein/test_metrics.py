@@ -11,17 +11,7 @@ from protein.metrics import gdt_ts, lddt, rmsd, tm_d0, tm_score
 from protein.pdb_io import read_chain
 from protein.superposition import kabsch, seed_fragments
 
-
-def random_rotation(seed: int) -> torch.Tensor:
-    q, r = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
-    q = q * torch.sign(torch.diagonal(r))
-    return q if torch.det(q) > 0 else -q
-
-
-def random_walk(length: int, seed: int) -> torch.Tensor:
-    """(length, 3) Cα-like chain: 3.8 Å steps in random directions."""
-    steps = torch.randn(length, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-    return (3.8 * steps / steps.norm(dim=-1, keepdim=True)).cumsum(0)
+from geometry import random_rotation, random_walk
 
 
 def nmr_pair(path, first: int, second: int) -> tuple[torch.Tensor, torch.Tensor, str]:

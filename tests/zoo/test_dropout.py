@@ -4,7 +4,7 @@ neighbouring elements (within and across 64-bit words) or neighbouring seeds."""
 import pytest
 import torch
 
-from zoo.nn.dropout import keep_mask, random_words
+from zoo.nn.dropout import dropout, keep_mask, random_words
 
 N = 1_000_000
 CPU = torch.device("cpu")
@@ -36,3 +36,16 @@ def test_mask_has_the_shape_and_is_a_prefix_of_a_longer_draw():
     mask = keep_mask((3, 5, 7), 0.3, seed=2, device=CPU)
     assert mask.shape == (3, 5, 7) and mask.dtype == torch.bool
     assert torch.equal(mask.flatten(), keep_mask((200,), 0.3, seed=2, device=CPU)[:105])
+
+
+def test_shared_dims_share_one_mask_value_and_backward_reuses_it():
+    x = torch.randn(6, 5, 40, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.5, shared_dims=(1,))
+    kept = y.detach() != 0
+    assert torch.equal(kept, kept[:, :1].expand_as(kept))  # the same along dimension 1
+    assert 0.3 < kept[:, 0].float().mean().item() < 0.7
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad != 0, kept) and torch.allclose(x.grad[kept], torch.full_like(x.grad[kept], 2.0))
+    with pytest.raises(ValueError, match="shared_dims must be dimensions"):
+        dropout(x, 0.5, shared_dims=(3,))

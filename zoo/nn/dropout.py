@@ -65,37 +65,51 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: 
     return (uniforms >= round(p * 2**16) - 2**15).view(shape)
 
 
-def apply_dropout(x: torch.Tensor, p: float, seed: int, *, inplace: bool = False) -> torch.Tensor:
-    """x * mask / (1 - p) with the mask of (seed, x.shape); x itself when p == 0. `inplace`
-    overwrites x (for buffers the caller owns, such as a gradient it just computed)."""
+def _mask_shape(shape: torch.Size, shared_dims: tuple[int, ...]) -> tuple[int, ...]:
+    """`shape` with the shared dimensions set to 1 (one mask value broadcast along each)."""
+    shared = {d % len(shape) for d in shared_dims}
+    return tuple(1 if d in shared else n for d, n in enumerate(shape))
+
+
+def apply_dropout(x: torch.Tensor, p: float, seed: int, *, inplace: bool = False,
+                  shared_dims: tuple[int, ...] = ()) -> torch.Tensor:
+    """x * mask / (1 - p) with the mask of (seed, mask shape); x itself when p == 0. The mask has
+    x's shape with `shared_dims` set to 1 (broadcast along them). `inplace` overwrites x (for
+    buffers the caller owns, such as a gradient it just computed)."""
     if p == 0:
         return x
     scaled = x.mul_(1.0 / (1.0 - p)) if inplace else x.mul(1.0 / (1.0 - p))
-    return scaled.mul_(keep_mask(x.shape, p, seed, x.device))
+    return scaled.mul_(keep_mask(_mask_shape(x.shape, shared_dims), p, seed, x.device))
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, p, backend):
-        ctx.p, ctx.seed, ctx.backend = p, draw_seed(p), backend
+    def forward(ctx, x, p, backend, shared_dims):
+        ctx.p, ctx.seed, ctx.backend, ctx.shared_dims = p, draw_seed(p), backend, shared_dims
         if backend == "triton":
             from zoo.nn.kernels.elementwise import dropout_forward
 
             return dropout_forward(x, p, ctx.seed)
-        return apply_dropout(x, p, ctx.seed)
+        return apply_dropout(x, p, ctx.seed, shared_dims=shared_dims)
 
     @staticmethod
     def backward(ctx, grad):
         if ctx.backend == "triton":
             from zoo.nn.kernels.elementwise import dropout_forward
 
-            return dropout_forward(grad.contiguous(), ctx.p, ctx.seed), None, None
-        return apply_dropout(grad, ctx.p, ctx.seed), None, None
+            return dropout_forward(grad.contiguous(), ctx.p, ctx.seed), None, None, None
+        return apply_dropout(grad, ctx.p, ctx.seed, shared_dims=ctx.shared_dims), None, None, None
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True, *, backend: Backend | None = None) -> torch.Tensor:
-    """Inverted dropout of x (any shape) that saves no mask for backward (only a seed)."""
+def dropout(x: torch.Tensor, p: float, training: bool = True, *, backend: Backend | None = None,
+            shared_dims: tuple[int, ...] = ()) -> torch.Tensor:
+    """Inverted dropout of x (any shape) that saves no mask for backward (only a seed).
+    `shared_dims`: dimensions along which one mask value is shared (AlphaFold's row- and
+    column-wise dropout); these take the PyTorch path on every device."""
     check_probability("p", p)
     if not training or p == 0:
         return x
-    return _Dropout.apply(x, p, resolve_backend(backend, x))
+    if any(not -x.ndim <= d < x.ndim for d in shared_dims):
+        raise ValueError(f"shared_dims must be dimensions of x {tuple(x.shape)}; got {shared_dims}")
+    backend = "torch" if shared_dims else resolve_backend(backend, x)
+    return _Dropout.apply(x, p, backend, tuple(shared_dims))

@@ -1,0 +1,230 @@
+"""The Evoformer (Jumper et al., 2021, Algorithms 6-15): MSA and pair representations updating each other.
+
+    msa (B, S, L, Cm), pair (B, L, L, Cz), msa_mask (B, S, L), pair_mask (B, L, L)
+    block: msa += RowAttention(msa, bias from pair)   (dropout shared along S)
+           msa += ColumnAttention(msa);  msa += Transition(msa)
+           pair += OuterProductMean(msa)
+           pair += TriangleMultiplication outgoing (shared along i), incoming (shared along j)
+           pair += TriangleAttention starting node (shared along i), ending node (shared along j)
+           pair += Transition(pair)
+
+Every sub-module runs through `protein.chunking.chunked` along a dimension its positions are
+independent in; `chunk_size` (None: whole) bounds the intermediate tensors. Residual updates are
+added out of place when a gradient is needed, and in place into msa and pair otherwise
+(inference, the no-grad recycles): under no_grad the inputs are consumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from protein.attention import GatedAttention, mask_bias
+from protein.chunking import chunked
+from protein.precision import LayerNorm, float32_einsum
+from zoo.nn import dropout
+
+
+@dataclass(frozen=True)
+class EvoformerConfig:
+    """Widths and regularisation of the Evoformer."""
+
+    msa_dim: int = 32
+    """Cm: width of the MSA representation."""
+    pair_dim: int = 32
+    """Cz: width of the pair representation."""
+    blocks: int = 4
+    """Evoformer blocks."""
+    msa_heads: int = 4
+    """Heads of MSA row and column attention."""
+    pair_heads: int = 4
+    """Heads of triangle attention."""
+    head_dim: int = 16
+    """Width of one attention head."""
+    outer_product_dim: int = 16
+    """Projection width c of the outer product mean (its output flattens c x c)."""
+    triangle_dim: int = 32
+    """Hidden width of the triangle multiplications."""
+    transition_factor: int = 4
+    """Hidden width of the transitions as a multiple of their input width."""
+    msa_dropout: float = 0.15
+    """Dropout on the MSA row attention update (shared along the MSA rows)."""
+    pair_dropout: float = 0.25
+    """Dropout on the triangle updates (shared along rows or columns)."""
+
+    def __post_init__(self) -> None:
+        for name in ("msa_dim", "pair_dim", "blocks", "msa_heads", "pair_heads", "head_dim", "outer_product_dim",
+                     "triangle_dim", "transition_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EvoformerConfig.{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("msa_dropout", "pair_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"EvoformerConfig.{name} must be in [0, 1); got {getattr(self, name)}")
+
+
+def residual_add(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+    """x + update; in place when no gradient is being recorded (saves one tensor of x's size)."""
+    if torch.is_grad_enabled():
+        return x + update
+    return x.add_(update.to(x.dtype))
+
+
+class Transition(nn.Module):
+    """LayerNorm -> Linear (n x) -> ReLU -> Linear, on (..., C); chunked along dim 1."""
+
+    def __init__(self, dim: int, factor: int) -> None:
+        super().__init__()
+        self.norm = LayerNorm(dim)
+        self.up, self.down = nn.Linear(dim, factor * dim), nn.Linear(factor * dim, dim)
+        nn.init.zeros_(self.down.weight)
+        nn.init.zeros_(self.down.bias)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+    def forward(self, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+        return chunked(self._run, (x,), 1, chunk_size)
+
+
+class MSARowAttention(nn.Module):
+    """Attention along residues within each MSA row, biased by the pair representation (Algorithm 7)."""
+
+    def __init__(self, config: EvoformerConfig) -> None:
+        super().__init__()
+        self.norm, self.pair_norm = LayerNorm(config.msa_dim), LayerNorm(config.pair_dim)
+        self.pair_bias = nn.Linear(config.pair_dim, config.msa_heads, bias=False)
+        self.attention = GatedAttention(config.msa_dim, config.msa_heads, config.head_dim)
+
+    def forward(self, msa, pair, msa_mask, chunk_size=None):
+        bias = self.pair_bias(self.pair_norm(pair)).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L)
+        return chunked(lambda m, mask: self.attention(self.norm(m), bias + mask_bias(mask)), (msa, msa_mask), 1, chunk_size)
+
+
+class MSAColumnAttention(nn.Module):
+    """Attention along the MSA rows within each residue column (Algorithm 8)."""
+
+    def __init__(self, config: EvoformerConfig) -> None:
+        super().__init__()
+        self.norm = LayerNorm(config.msa_dim)
+        self.attention = GatedAttention(config.msa_dim, config.msa_heads, config.head_dim)
+
+    def forward(self, msa, msa_mask, chunk_size=None):
+        columns, mask = msa.transpose(1, 2), msa_mask.transpose(1, 2)  # (B, L, S, Cm)
+        update = chunked(lambda m, k: self.attention(self.norm(m), mask_bias(k)), (columns, mask), 1, chunk_size)
+        return update.transpose(1, 2)
+
+
+class OuterProductMean(nn.Module):
+    """pair_ij += Linear(mean_s a_si ⊗ b_sj) over the present MSA rows (Algorithm 10); the sum over s
+    in float32; chunked along i."""
+
+    def __init__(self, config: EvoformerConfig) -> None:
+        super().__init__()
+        c = config.outer_product_dim
+        self.norm = LayerNorm(config.msa_dim)
+        self.a, self.b = nn.Linear(config.msa_dim, c), nn.Linear(config.msa_dim, c)
+        self.out = nn.Linear(c * c, config.pair_dim)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, msa, msa_mask, chunk_size=None):
+        m = self.norm(msa)
+        mask = msa_mask[..., None].to(m.dtype)
+        a, b = self.a(m) * mask, self.b(m) * mask  # (B, S, L, c)
+        count = float32_einsum("bsi,bsj->bij", msa_mask.float(), msa_mask.float())[..., None]  # (B, L, L, 1)
+
+        def product(a_rows: torch.Tensor) -> torch.Tensor:
+            outer = float32_einsum("bsic,bsjd->bijcd", a_rows, b).flatten(-2)  # (B, i, L, c*c)
+            return self.out(outer.to(a.dtype))
+
+        return chunked(product, (a,), 2, chunk_size, out_dim=1) / (count + 1e-3)
+
+
+class TriangleMultiplication(nn.Module):
+    """pair_ij += g_ij ⊙ Linear(LN(Σ_k a_ik ⊙ b_jk)) ("outgoing") or Σ_k a_ki ⊙ b_kj ("incoming")
+    (Algorithms 11, 12); the sum over k in float32, chunked over the hidden channels."""
+
+    def __init__(self, config: EvoformerConfig, outgoing: bool) -> None:
+        super().__init__()
+        dim, hidden = config.pair_dim, config.triangle_dim
+        self.outgoing = outgoing
+        self.norm, self.out_norm = LayerNorm(dim), LayerNorm(hidden)
+        self.projection, self.projection_gate = nn.Linear(dim, 2 * hidden), nn.Linear(dim, 2 * hidden)
+        self.gate, self.out = nn.Linear(dim, dim), nn.Linear(hidden, dim)
+        for layer in (self.gate, self.out):
+            nn.init.zeros_(layer.weight)
+        nn.init.ones_(self.gate.bias)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, pair, pair_mask, chunk_size=None):
+        z = self.norm(pair)
+        a, b = (self.projection(z) * torch.sigmoid(self.projection_gate(z)) * pair_mask[..., None]).chunk(2, dim=-1)
+        equation = "bikc,bjkc->bijc" if self.outgoing else "bkic,bkjc->bijc"
+        combined = chunked(lambda x, y: float32_einsum(equation, x, y), (a, b), 3, chunk_size)  # (B, L, L, hidden)
+        return torch.sigmoid(self.gate(z)) * self.out(self.out_norm(combined))
+
+
+class TriangleAttention(nn.Module):
+    """Starting node: pair_ij attends over pair_ik with bias b_jk (Algorithm 13); ending node: the
+    same on the transposed pair (Algorithm 14). Chunked along i."""
+
+    def __init__(self, config: EvoformerConfig, starting: bool) -> None:
+        super().__init__()
+        self.starting = starting
+        self.norm = LayerNorm(config.pair_dim)
+        self.bias = nn.Linear(config.pair_dim, config.pair_heads, bias=False)
+        self.attention = GatedAttention(config.pair_dim, config.pair_heads, config.head_dim)
+
+    def forward(self, pair, pair_mask, chunk_size=None):
+        if not self.starting:
+            pair, pair_mask = pair.transpose(1, 2), pair_mask.transpose(1, 2)
+        z = self.norm(pair)
+        triangle_bias = self.bias(z).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L): b_jk for every i
+        update = chunked(lambda rows, mask: self.attention(rows, triangle_bias + mask_bias(mask)), (z, pair_mask), 1,
+                         chunk_size)
+        return update if self.starting else update.transpose(1, 2)
+
+
+class EvoformerBlock(nn.Module):
+    """forward(msa, pair, msa_mask, pair_mask, chunk_size=None) -> (msa, pair): one block (Algorithm 6)."""
+
+    def __init__(self, config: EvoformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.row_attention = MSARowAttention(config)
+        self.column_attention = MSAColumnAttention(config)
+        self.msa_transition = Transition(config.msa_dim, config.transition_factor)
+        self.outer_product_mean = OuterProductMean(config)
+        self.triangle_out = TriangleMultiplication(config, outgoing=True)
+        self.triangle_in = TriangleMultiplication(config, outgoing=False)
+        self.triangle_start = TriangleAttention(config, starting=True)
+        self.triangle_end = TriangleAttention(config, starting=False)
+        self.pair_transition = Transition(config.pair_dim, config.transition_factor)
+
+    def forward(self, msa, pair, msa_mask, pair_mask, chunk_size: int | None = None):
+        p_msa, p_pair, training = self.config.msa_dropout, self.config.pair_dropout, self.training
+        msa = residual_add(msa, dropout(self.row_attention(msa, pair, msa_mask, chunk_size), p_msa, training,
+                                        shared_dims=(1,)))
+        msa = residual_add(msa, self.column_attention(msa, msa_mask, chunk_size))
+        msa = residual_add(msa, self.msa_transition(msa, chunk_size))
+        pair = residual_add(pair, self.outer_product_mean(msa, msa_mask, chunk_size))
+        for update, shared in ((self.triangle_out, 1), (self.triangle_in, 2), (self.triangle_start, 1),
+                               (self.triangle_end, 2)):
+            pair = residual_add(pair, dropout(update(pair, pair_mask, chunk_size), p_pair, training, shared_dims=(shared,)))
+        pair = residual_add(pair, self.pair_transition(pair, chunk_size))
+        return msa, pair
+
+
+class Evoformer(nn.Module):
+    """forward(msa, pair, msa_mask, pair_mask, chunk_size=None) -> (msa, pair) after all blocks."""
+
+    def __init__(self, config: EvoformerConfig) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(EvoformerBlock(config) for _ in range(config.blocks))
+
+    def forward(self, msa, pair, msa_mask, pair_mask, chunk_size: int | None = None):
+        for block in self.blocks:
+            msa, pair = block(msa, pair, msa_mask, pair_mask, chunk_size)
+        return msa, pair

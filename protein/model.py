@@ -1,0 +1,180 @@
+"""The folding model: input embedding, recycling, Evoformer, structure module, distogram and pLDDT heads.
+
+    input_ids (B, L) residue ids, attention_mask (B, L) 1 = residue, position_ids (B, L) residue
+    numbers, msa_features (B, S, L, MSA_FEATURES), msa_mask (B, S, L)
+    [labels: coordinates (B, L, 5, 3) Å of N, CA, C, O, CB and atom_mask (B, L, 5)]
+    -> {"backbone" (B, L, 3, 3) N/CA/C, "plddt" (B, L) in [0, 1], "distogram_logits" (B, L, L, bins),
+        with labels also "loss", "fape", "distogram_loss", "plddt_loss"}
+
+Recycling (Algorithm 2): the model runs 1 + `recycles` times, each pass seeing the previous pass's
+first MSA row, pair representation and Cα distances; only the last pass records gradients. In
+training the number of recycles is drawn uniformly from 0..max_recycles (torch's generator).
+The plan names each Evoformer block as a shard and recompute unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protein.chunking import chunk_size_for
+from protein.evoformer import Evoformer, EvoformerConfig
+from protein.features import MSA_FEATURES, relative_positions, target_features
+from protein.frames import Frames
+from protein.losses import distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
+from protein.precision import LayerNorm
+from protein.residues import ALPHABET_SIZE, AMINO_ACIDS
+from protein.structure_module import StructureConfig, StructureModule
+from zoo.plan import ModelPlan
+from zoo.registry import register
+
+GLYCINE = AMINO_ACIDS.index("G")
+
+
+@dataclass
+class FoldConfig:
+    """Shape, recycling, memory settings and loss weights of the folding model."""
+
+    evoformer: EvoformerConfig = field(default_factory=EvoformerConfig)
+    """Evoformer widths and depth."""
+    structure: StructureConfig = field(default_factory=StructureConfig)
+    """Structure module shape."""
+    relative_position_clip: int = 32
+    """Residue offsets beyond ± this share one relative-position class."""
+    max_recycles: int = 3
+    """Most recycling passes (training draws 0..max_recycles; inference runs all)."""
+    recycle_bins: int = 15
+    """Distance bins (3.375-21.375 Å) of the recycled Cα positions."""
+    distogram_bins: int = 64
+    """Distogram head bins (2.3125-21.6875 Å edges)."""
+    plddt_bins: int = 50
+    """pLDDT head bins over [0, 1]."""
+    chunk_size: int | None = None
+    """Slices per chunk of the Evoformer's chunked modules (None: whole, unless memory_budget)."""
+    memory_budget: int | None = None
+    """Bytes one chunk's largest intermediate (attention logits, outer products) may take; sets the
+    chunk size when chunk_size is None."""
+    fape_clamp: float = 10.0
+    """Å at which FAPE distances are clamped."""
+    distogram_weight: float = 0.3
+    """Weight of the distogram loss (FAPE has 1)."""
+    plddt_weight: float = 0.01
+    """Weight of the pLDDT loss."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.evoformer, dict):  # as read back from config.json
+            self.evoformer = EvoformerConfig(**self.evoformer)
+        if isinstance(self.structure, dict):
+            self.structure = StructureConfig(**self.structure)
+        if self.max_recycles < 0 or self.relative_position_clip < 1 or min(self.recycle_bins, self.distogram_bins,
+                                                                           self.plddt_bins) < 2:
+            raise ValueError(f"FoldConfig needs max_recycles >= 0, relative_position_clip >= 1 and >= 2 bins; got "
+                             f"{self.max_recycles}, {self.relative_position_clip}, {self.recycle_bins}, "
+                             f"{self.distogram_bins}, {self.plddt_bins}")
+        if self.chunk_size is not None and self.chunk_size < 1 or self.memory_budget is not None and self.memory_budget < 1:
+            raise ValueError(f"FoldConfig.chunk_size and memory_budget must be >= 1 or None; got {self.chunk_size}, "
+                             f"{self.memory_budget}")
+
+
+@register("fold", FoldConfig)
+class FoldingModel(nn.Module):
+    """forward(input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
+    atom_mask=None, recycles=None) -> dict (see the module docstring)."""
+
+    def __init__(self, config: FoldConfig) -> None:
+        super().__init__()
+        self.config = config
+        e = config.evoformer
+        self.msa_in = nn.Linear(MSA_FEATURES, e.msa_dim)
+        self.target_to_msa = nn.Linear(ALPHABET_SIZE, e.msa_dim)
+        self.target_to_pair_i, self.target_to_pair_j = nn.Linear(ALPHABET_SIZE, e.pair_dim), nn.Linear(ALPHABET_SIZE, e.pair_dim)
+        self.relative_position = nn.Embedding(2 * config.relative_position_clip + 1, e.pair_dim)
+        self.recycled_msa_norm, self.recycled_pair_norm = LayerNorm(e.msa_dim), LayerNorm(e.pair_dim)
+        self.recycled_distance = nn.Embedding(config.recycle_bins, e.pair_dim)
+        self.evoformer = Evoformer(e)
+        self.single = nn.Linear(e.msa_dim, config.structure.single_dim)
+        self.structure = StructureModule(config.structure, config.structure.single_dim, e.pair_dim)
+        self.distogram_head = nn.Linear(e.pair_dim, config.distogram_bins)
+        width = config.structure.single_dim
+        self.plddt_head = nn.Sequential(LayerNorm(width), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
+                                        nn.ReLU(), nn.Linear(width, config.plddt_bins))
+
+    def parallel_plan(self) -> ModelPlan:
+        """Each Evoformer block is one shard and recompute unit."""
+        return ModelPlan(blocks=("evoformer.blocks.*",))
+
+    def chunk_size(self, length: int, rows: int, batch: int) -> int | None:
+        """The Evoformer chunk size: config.chunk_size, or the slices whose largest intermediate
+        (float32 attention logits of one row or column, or one row of outer products) fit
+        config.memory_budget bytes."""
+        c, e = self.config, self.config.evoformer
+        if c.chunk_size is not None:
+            return c.chunk_size
+        per_slice = batch * 4 * max(e.pair_heads * length * length, e.msa_heads * max(length, rows) ** 2,
+                                    length * e.outer_product_dim**2)
+        return chunk_size_for(c.memory_budget, per_slice)
+
+    def _embed(self, input_ids, position_ids, msa_features):
+        target = target_features(input_ids)
+        msa = self.msa_in(msa_features) + self.target_to_msa(target)[:, None]
+        pair = (self.target_to_pair_i(target)[:, :, None] + self.target_to_pair_j(target)[:, None]
+                + self.relative_position(relative_positions(position_ids, self.config.relative_position_clip)))
+        return msa, pair
+
+    def _pass(self, batch: dict, previous: dict) -> dict:
+        msa, pair = self._embed(batch["input_ids"], batch["position_ids"], batch["msa_features"])
+        bins = distogram_targets(previous["ca"], self.config.recycle_bins, 3.375, 21.375)
+        msa = torch.cat([msa[:, :1] + self.recycled_msa_norm(previous["msa_row"]).to(msa.dtype)[:, None], msa[:, 1:]], 1)
+        pair = pair + self.recycled_pair_norm(previous["pair"]).to(pair.dtype) + self.recycled_distance(bins)
+        mask = batch["attention_mask"].float()
+        msa_mask = batch["msa_mask"].float() * mask[:, None]
+        pair_mask = mask[:, :, None] * mask[:, None, :]
+        chunk = self.chunk_size(mask.shape[1], msa.shape[1], mask.shape[0])
+        msa, pair = self.evoformer(msa, pair, msa_mask, pair_mask, chunk)
+        structure = self.structure(self.single(msa[:, 0]), pair, mask)
+        return {"msa_row": msa[:, 0], "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
+
+    def forward(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
+                atom_mask=None, recycles: int | None = None) -> dict[str, torch.Tensor]:
+        c, e = self.config, self.config.evoformer
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                 "msa_features": msa_features, "msa_mask": msa_mask}
+        b, length = input_ids.shape
+        if recycles is None:
+            recycles = int(torch.randint(c.max_recycles + 1, ())) if self.training else c.max_recycles
+        device = msa_features.device
+        previous = {"msa_row": torch.zeros(b, length, e.msa_dim, device=device),
+                    "pair": torch.zeros(b, length, length, e.pair_dim, device=device),
+                    "ca": torch.zeros(b, length, 3, device=device)}
+        with torch.no_grad():
+            for _ in range(recycles):
+                previous = {k: v.detach() for k, v in self._pass(batch, previous).items() if k != "structure"}
+        final = self._pass(batch, previous)
+        structure = final["structure"]
+        logits = self.distogram_head(final["pair"]).float()
+        plddt_logits = self.plddt_head(structure["single"]).float()
+        outputs = {"backbone": structure["backbone"], "plddt": plddt_from_logits(plddt_logits),
+                   "distogram_logits": logits + logits.transpose(1, 2)}
+        if coordinates is not None:
+            outputs.update(self._losses(outputs, structure, plddt_logits, coordinates, atom_mask, attention_mask))
+        return outputs
+
+    def _losses(self, outputs, structure, plddt_logits, coordinates, atom_mask, attention_mask) -> dict:
+        c = self.config
+        coordinates = coordinates.float()
+        backbone_mask = atom_mask[..., :3].all(-1).float() * attention_mask.float()  # N, CA, C present
+        true_frames = Frames.from_points(coordinates[..., 0, :], coordinates[..., 1, :], coordinates[..., 2, :])
+        fapes = [fape(frames, true_frames, frames.translation, coordinates[..., 1, :], backbone_mask, backbone_mask,
+                      c.fape_clamp) for frames in structure["frames"]]
+        fape_loss = torch.stack(fapes).mean()
+        has_cb = atom_mask[..., 4].bool()
+        beta = torch.where(has_cb[..., None], coordinates[..., 4, :], coordinates[..., 1, :])
+        beta_mask = (has_cb | atom_mask[..., 1].bool()).float() * attention_mask.float()
+        disto = distogram_loss(outputs["distogram_logits"], beta, beta_mask)
+        confidence = plddt_loss(plddt_logits, outputs["backbone"][:, :, 1], coordinates[..., 1, :], backbone_mask)
+        loss = fape_loss + c.distogram_weight * disto + c.plddt_weight * confidence
+        return {"loss": loss, "fape": fape_loss.detach(), "distogram_loss": disto.detach(),
+                "plddt_loss": confidence.detach()}

@@ -1,0 +1,127 @@
+"""The structure module (Jumper et al., 2021, Algorithms 20-23): invariant point attention and
+backbone frame updates, placing each residue's N, CA, C from its frame (no torsions).
+
+    single (B, L, Cs), pair (B, L, L, Cz), mask (B, L)
+    -> frames (B, L) per layer, backbone (B, L, 3, 3) N/CA/C in Å, final single (B, L, Cs)
+
+Runs in float32 with autocast off (protein.precision): frames and points need the precision.
+Weights are shared across layers; rotation gradients are stopped between layers (AlphaFold).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from protein.attention import MASK_LOGIT
+from protein.frames import Frames, quaternion_update
+from protein.precision import LayerNorm, float32_island
+
+
+@dataclass(frozen=True)
+class StructureConfig:
+    """Shape of the structure module."""
+
+    single_dim: int = 64
+    """Cs: width of the single representation."""
+    layers: int = 4
+    """Iterations of IPA + transition + backbone update (weights shared)."""
+    heads: int = 4
+    """IPA heads."""
+    head_dim: int = 16
+    """Scalar query/key/value width per head."""
+    query_points: int = 4
+    """3D query/key points per head."""
+    value_points: int = 8
+    """3D value points per head."""
+    dropout: float = 0.1
+    """Dropout on the IPA and transition updates."""
+    position_scale: float = 10.0
+    """Å per unit of the predicted translation updates."""
+
+    def __post_init__(self) -> None:
+        for name in ("single_dim", "layers", "heads", "head_dim", "query_points", "value_points"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"StructureConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0 or self.position_scale <= 0:
+            raise ValueError(f"StructureConfig needs dropout in [0, 1) and position_scale > 0; got {self.dropout}, "
+                             f"{self.position_scale}")
+
+
+class InvariantPointAttention(nn.Module):
+    """forward(single (B, L, Cs), pair (B, L, L, Cz), frames (B, L), mask (B, L)) -> (B, L, Cs):
+    attention whose logits add scalar q·k, a pair bias and minus the weighted squared distances of
+    query and key points in the global frame; its outputs (scalar, points brought back to the
+    local frame with their norms, pair) are invariant to global rotations and translations."""
+
+    def __init__(self, config: StructureConfig, pair_dim: int) -> None:
+        super().__init__()
+        h, c, pq, pv = config.heads, config.head_dim, config.query_points, config.value_points
+        self.config = config
+        self.scalars = nn.Linear(config.single_dim, 3 * h * c, bias=False)
+        self.points = nn.Linear(config.single_dim, h * (2 * pq + pv) * 3)
+        self.pair_bias = nn.Linear(pair_dim, h, bias=False)
+        self.head_weights = nn.Parameter(torch.full((h,), math.log(math.e - 1)))  # softplus -> 1
+        self.out = nn.Linear(h * (c + pv * 4 + pair_dim), config.single_dim)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, single, pair, frames: Frames, mask):
+        c = self.config
+        h, pq, pv = c.heads, c.query_points, c.value_points
+        q, k, v = self.scalars(single).unflatten(-1, (3, h, c.head_dim)).unbind(-3)  # (B, L, H, c)
+        local_points = self.points(single).unflatten(-1, (h, 2 * pq + pv, 3))  # (B, L, H, P, 3)
+        points = frames[:, :, None, None].apply(local_points)
+        q_pts, k_pts, v_pts = points.split([pq, pq, pv], dim=-2)  # (B, L, H, P, 3) global
+        point_weight = F.softplus(self.head_weights) * math.sqrt(2.0 / (9.0 * pq)) / 2
+        distances = ((q_pts[:, :, None] - k_pts[:, None]) ** 2).sum((-1, -2))  # (B, L, L, H)
+        logits = (torch.einsum("bihc,bjhc->bijh", q, k) / math.sqrt(c.head_dim) + self.pair_bias(pair)
+                  - point_weight * distances) * math.sqrt(1.0 / 3.0)
+        logits = logits + (1.0 - mask[:, None, :, None].float()) * MASK_LOGIT
+        weights = logits.softmax(dim=2)  # over keys j
+        scalar_out = torch.einsum("bijh,bjhc->bihc", weights, v)
+        point_out = frames[:, :, None, None].invert_apply(torch.einsum("bijh,bjhpx->bihpx", weights, v_pts))
+        pair_out = torch.einsum("bijh,bijz->bihz", weights, pair)
+        features = [scalar_out.flatten(-2), point_out.flatten(-3), point_out.norm(dim=-1).flatten(-2), pair_out.flatten(-2)]
+        return self.out(torch.cat(features, dim=-1))
+
+
+class StructureModule(nn.Module):
+    """forward(single, pair, mask) -> {"frames": [Frames (B, L)] one per layer, "backbone" (B, L, 3, 3)
+    N/CA/C of the last layer in Å, "single" (B, L, Cs)} (Algorithm 20, without torsions)."""
+
+    def __init__(self, config: StructureConfig, single_in: int, pair_dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.single_norm, self.pair_norm = LayerNorm(single_in), LayerNorm(pair_dim)
+        self.single_in = nn.Linear(single_in, config.single_dim)
+        self.ipa = InvariantPointAttention(config, pair_dim)
+        self.ipa_norm, self.transition_norm = LayerNorm(config.single_dim), LayerNorm(config.single_dim)
+        width = config.single_dim
+        self.transition = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                                        nn.Linear(width, width))
+        self.backbone_update = nn.Linear(width, 6)
+        for layer in (self.transition[-1], self.backbone_update):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    @float32_island
+    def forward(self, single: torch.Tensor, pair: torch.Tensor, mask: torch.Tensor) -> dict:
+        c = self.config
+        pair = self.pair_norm(pair)
+        s = self.single_in(self.single_norm(single))
+        frames = Frames.identity(s.shape[:2], device=s.device, dtype=s.dtype)
+        trajectory = []
+        for layer in range(c.layers):
+            s = self.ipa_norm(s + F.dropout(self.ipa(s, pair, frames, mask), c.dropout, self.training))
+            s = self.transition_norm(s + F.dropout(self.transition(s), c.dropout, self.training))
+            update = self.backbone_update(s)
+            frames = frames.compose(quaternion_update(torch.cat([update[..., :3], update[..., 3:] * c.position_scale], -1)))
+            trajectory.append(frames)
+            if layer < c.layers - 1:
+                frames = frames.detach_rotation()
+        return {"frames": trajectory, "backbone": frames.backbone(), "single": s}
