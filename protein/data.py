@@ -58,12 +58,14 @@ def load_chains(split: Split | None = None, path: Path = CHAINS_FILE) -> list[Pr
     """Chains of the shipped set (all, or one split)."""
     if split is not None and split not in SPLIT_PERCENT:
         raise ValueError(f"split must be one of {list(SPLIT_PERCENT)} or None; got {split!r}")
-    data = np.load(path)
+    with np.load(path) as archive:
+        data = {key: archive[key] for key in archive.files}  # each archive[key] decompresses anew
     ends = np.cumsum(data["lengths"])
+    letters = np.frombuffer((AMINO_ACIDS + UNKNOWN).encode(), dtype=np.uint8)[data["sequence"]].tobytes().decode()
     chains = []
     for name, end, length in zip(data["names"], ends, data["lengths"]):
         rows = slice(int(end - length), int(end))
-        sequence = "".join(AMINO_ACIDS[i] if i < len(AMINO_ACIDS) else UNKNOWN for i in data["sequence"][rows])
+        sequence = letters[rows]
         if split is not None and sequence_split(sequence) != split:
             continue
         chains.append(ProteinChain(

@@ -1,7 +1,7 @@
 """Export the shipped training chains from the ProMod3 structure database (run once, by a developer).
 
     apt-get install python3-promod3 promod3-data
-    /usr/bin/python3 protein/export_promod3.py [--chains 2500] [--out protein/assets/promod3_chains.npz]
+    /usr/bin/python3 protein/export_promod3.py [--chains 2000] [--out protein/assets/promod3_chains.npz]
 
 Runs under Debian's Python (ProMod3's bindings live there), with numpy only. Reads ProMod3's
 default structure database (21,119 non-redundant PDB chains, CC0), keeps chains of 30-256
@@ -36,7 +36,7 @@ def chain_arrays(db, index: int):
     if (bonds > 2.0).any():
         return None
     profile = db.GetSequenceProfile(fragment)
-    frequencies = np.array([[profile.GetColumn(k).GetFreq(a) for a in AMINO_ACIDS] for k in range(info.size)])
+    frequencies = np.array([[column.GetFreq(a) for a in AMINO_ACIDS] for column in profile.columns])
     ids = np.array([AMINO_ACIDS.index(c) if c in AMINO_ACIDS else len(AMINO_ACIDS) for c in sequence], dtype=np.uint8)
     atoms -= atoms[:, 1].mean(0)
     return f"{info.id}.{info.chain_name}", ids, atoms, frequencies, db.GetDSSPStates(fragment).encode()
@@ -44,7 +44,7 @@ def chain_arrays(db, index: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--chains", type=int, default=2500)
+    parser.add_argument("--chains", type=int, default=2000)
     parser.add_argument("--out", default="protein/assets/promod3_chains.npz")
     args = parser.parse_args()
     db = loop.LoadStructureDB()

@@ -135,7 +135,8 @@ class FoldingModel(nn.Module):
         chunk = self.chunk_size(mask.shape[1], msa.shape[1], mask.shape[0])
         msa, pair = self.evoformer(msa, pair, msa_mask, pair_mask, chunk)
         structure = self.structure(self.single(msa[:, 0]), pair, mask)
-        return {"msa_row": msa[:, 0], "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
+        # The first row copied out: a view would keep the whole MSA of this pass alive through the next.
+        return {"msa_row": msa[:, 0].clone(), "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
 
     def forward(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
                 atom_mask=None, recycles: int | None = None) -> dict[str, torch.Tensor]:

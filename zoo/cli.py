@@ -1,4 +1,4 @@
-"""The `zoo` command line: list, info, train, generate, classify, transcribe, export."""
+"""The `zoo` command line: list, info, train, generate, classify, transcribe, fold, export."""
 
 from __future__ import annotations
 
@@ -78,6 +78,14 @@ def cmd_transcribe(args: argparse.Namespace) -> None:
         print(f"{path}: {text}")
 
 
+def cmd_fold(args: argparse.Namespace) -> None:
+    from protein import fold  # the CLI sits on top of the domains
+
+    prediction = fold(args.name, args.sequence, recycles=args.recycles)
+    prediction.write_pdb(args.output)
+    print(f"{args.output}: {len(prediction.sequence)} residues, mean pLDDT {prediction.plddt.mean().item() * 100:.1f}")
+
+
 def cmd_export(args: argparse.Namespace) -> None:
     from zoo.hf import export_hf
     from zoo.store import load
@@ -111,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("files", nargs="+", metavar="FILE.wav")
     transcribe.add_argument("--method", choices=["beam", "greedy"], default="beam")
     transcribe.add_argument("--beam", type=int, default=4)
+    fold = commands.add_parser("fold", help="predict a protein backbone and write it as PDB")
+    fold.add_argument("name")
+    fold.add_argument("sequence", help="one-letter amino-acid sequence")
+    fold.add_argument("-o", "--output", required=True, help="PDB file to write")
+    fold.add_argument("--recycles", type=int, default=None, help="recycling passes (default: the model's)")
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         {"list": cmd_list, "info": cmd_info, "generate": cmd_generate, "classify": cmd_classify,
-         "transcribe": cmd_transcribe, "export": cmd_export}[args.command](args)
+         "transcribe": cmd_transcribe, "fold": cmd_fold, "export": cmd_export}[args.command](args)
     except ValueError as error:
         parser.exit(2, f"zoo: error: {error}\n")
 

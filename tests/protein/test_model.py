@@ -1,0 +1,96 @@
+"""The folding model: it learns a real chain, keeps activations of the last recycle only,
+recompute is bit-exact, chunking and a memory budget change nothing, bf16 stays close, and it
+saves and loads through the zoo."""
+
+import copy
+
+import pytest
+import torch
+
+import zoo
+from protein.data import CropConfig, FoldingExamples, collate_folding, load_chains
+from protein.evoformer import EvoformerConfig
+from protein.model import FoldConfig, FoldingModel
+from protein.structure_module import StructureConfig
+from trainers.parallelize import apply_recompute
+from trainers.saved_activations import SavedActivations
+
+TINY = FoldConfig(evoformer=EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
+                                            outer_product_dim=4, triangle_dim=16),
+                  structure=StructureConfig(single_dim=32, layers=2, heads=2, head_dim=8), max_recycles=1)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    chains = load_chains("validation")[:2]
+    torch.manual_seed(0)
+    examples = FoldingExamples(chains, CropConfig(crop_size=24, msa_rows=4, withhold_profile=0.0))
+    return collate_folding([examples[0], examples[1]])
+
+
+def model(seed: int = 0, **overrides) -> FoldingModel:
+    torch.manual_seed(seed)
+    return FoldingModel(FoldConfig(**{**TINY.__dict__, **overrides}))
+
+
+def test_learns_two_real_chains(batch):
+    folding = model()
+    optimizer = torch.optim.Adam(folding.parameters(), 3e-3)
+    losses = []
+    for step in range(40):
+        out = folding(**batch, recycles=0)
+        optimizer.zero_grad()
+        out["loss"].backward()
+        optimizer.step()
+        losses.append(out["fape"].item())
+    assert losses[-1] < 0.75 * losses[0]
+    assert out["backbone"].shape == (2, 24, 3, 3) and ((out["plddt"] >= 0) & (out["plddt"] <= 1)).all()
+
+
+def test_only_the_last_recycle_keeps_activations(batch):
+    folding = model().train()
+    saved = []
+    for recycles in (0, 2):
+        torch.manual_seed(1)
+        with SavedActivations(exclude=folding.parameters()) as activations:
+            folding(**batch, recycles=recycles)
+        saved.append(activations.bytes)
+    assert saved[0] == saved[1] > 0
+
+
+def test_recompute_is_bit_identical_in_float32(batch):
+    plain = model(seed=2).train()
+    recomputed = copy.deepcopy(plain)
+    apply_recompute(recomputed, recomputed.parallel_plan().block_names(recomputed), "blocks")
+    results = []
+    for folding in (plain, recomputed):
+        torch.manual_seed(3)
+        loss = folding(**batch, recycles=1)["loss"]
+        loss.backward()
+        results.append((loss.detach(), {n.replace("._checkpoint_wrapped_module", ""): p.grad
+                                        for n, p in folding.named_parameters()}))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(g, results[1][1][n]) for n, g in results[0][1].items())
+
+
+def test_chunking_and_memory_budget_change_nothing_and_bf16_is_close(batch):
+    whole = model(seed=4).eval()
+    with torch.no_grad():
+        reference = whole(**batch)
+        for overrides in ({"chunk_size": 5}, {"memory_budget": 20_000}):
+            chunked = model(seed=4, **overrides).eval()
+            assert chunked.chunk_size(24, 4, 2) == overrides.get("chunk_size", 20_000 // (2 * 4 * 2 * 24 * 24))
+            out = chunked(**batch)
+            assert torch.allclose(out["backbone"], reference["backbone"], atol=1e-4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = whole(**batch)
+    error = (half["backbone"] - reference["backbone"]).norm() / reference["backbone"].norm()
+    assert error < 2e-2
+
+
+def test_saves_and_loads_through_the_zoo(batch, tmp_path):
+    folding = model(seed=5).eval()
+    zoo.save(folding, tmp_path / "fold", card="# test")
+    loaded = zoo.load(tmp_path / "fold").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch)["backbone"], folding(**batch)["backbone"])
