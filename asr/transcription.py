@@ -32,9 +32,10 @@ def recogniser(name: str | os.PathLike) -> tuple[Transducer, TranscriptTokenizer
 @torch.no_grad()
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
-               method: Literal["greedy", "beam"] = "beam", beam: int = 4, batch_size: int = 16) -> list[str]:
-    """One transcript per waveform, decoded by modified beam search (or greedy search),
-    `batch_size` at a time.
+               method: Literal["greedy", "beam"] = "beam", beam: int = 4, max_symbols_per_frame: int = 3,
+               batch_size: int = 16) -> list[str]:
+    """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
+    `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
     a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files."""
@@ -58,7 +59,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
         device = model.feature_mean.device
         encoded, encoded_lengths = model.encode(log_mels.to(device), mask.to(device))
-        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam) if method == "beam"
-                  else greedy_search(model, encoded, encoded_lengths))
+        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam, max_symbols_per_frame) if method == "beam"
+                  else greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame))
         texts += [tokenizer.decode(ids) for ids in tokens]
     return texts

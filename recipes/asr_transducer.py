@@ -1,6 +1,6 @@
 """Recipe `asr_transducer`: a Conformer transducer trained on speech synthesised with espeak-ng.
 
-    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (33 min on 2 cores)
+    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (about 27 min on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each
@@ -47,8 +47,9 @@ class ASRTransducerConfig:
     """Output tokens: characters, or a BPE trained on the training transcripts."""
     bpe_vocab_size: int = 256
     """Pieces of the BPE (tokens="bpe")."""
-    model: TransducerConfig = field(default_factory=lambda: TransducerConfig.sized("tiny", warm_steps=300))
-    """Model shape and training objective (vocab_size is set from the tokens)."""
+    model: TransducerConfig = field(default_factory=lambda: TransducerConfig.sized("tiny", warm_steps=300, context_size=5))
+    """Model shape and training objective (vocab_size is set from the tokens). The decoder sees 5
+    characters: with 2 it is a bigram model of spelling (WER 61.6% vs 55.8% after 500 steps)."""
     bucket_size: int = 16
     """Utterances of similar duration per bucket; a micro batch of 1 is one bucket."""
     stats_utterances: int = 500
@@ -56,7 +57,7 @@ class ASRTransducerConfig:
     beam: int = 4
     """Beam of the modified beam search."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        global_batch_size=2, micro_batch_size=1, max_steps=1800, lr=2e-3, warmup_steps=150, weight_decay=0.01,
+        global_batch_size=2, micro_batch_size=1, max_steps=1600, lr=2e-3, warmup_steps=150, weight_decay=0.01,
         betas=(0.9, 0.98), min_lr_ratio=0.02, log_every=50, eval_every=500, eval_batches=8,
         output_dir="runs/asr_transducer"))
     """Optimisation settings (batch sizes count buckets)."""

@@ -5,7 +5,7 @@
 
 Trains on random crops of the training chains (MSA rows sampled from each chain's HHblits profile,
 the profile withheld from a quarter of the crops), then folds every validation and test chain
-whole, with and without its profile, and reports lDDT-Cα, TM-score and GDT-TS against the
+whole (the first 24 of each by default), with and without its profile, and reports lDDT-Cα, TM-score and GDT-TS against the
 baseline of an ideal extended chain (Cα 3.8 Å apart on a line). Writes the model into the user's
 zoo as `fold-tiny`.
 """
@@ -41,20 +41,21 @@ class FoldTinyConfig:
 
     model: FoldConfig = field(default_factory=lambda: FoldConfig(
         evoformer=EvoformerConfig(msa_dim=32, pair_dim=32, blocks=4), structure=StructureConfig(single_dim=64, layers=4),
-        max_recycles=2))
+        max_recycles=1))
     """Model shape."""
     crop: CropConfig = field(default_factory=CropConfig)
     """Crop size, MSA rows, how often the profile is withheld."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        global_batch_size=4, micro_batch_size=4, max_steps=600, lr=1e-3, warmup_steps=50, weight_decay=0.0,
-        min_lr_ratio=0.1, log_every=25, eval_every=200, eval_batches=4, output_dir="runs/fold_tiny"))
+        global_batch_size=4, micro_batch_size=4, max_steps=500, lr=1e-3, warmup_steps=50, weight_decay=0.0,
+        min_lr_ratio=0.1, log_every=25, eval_every=250, eval_batches=4, output_dir="runs/fold_tiny"))
     """Optimisation settings."""
     strategy: Strategy = field(default_factory=Strategy)
     """Memory strategy."""
     output: str = ""
     """Model folder to write; empty: the zoo entry `fold-tiny` in the user's zoo."""
-    evaluation_chains: int = 0
-    """Fold at most this many chains of each evaluated split (0: all; for quick runs)."""
+    evaluation_chains: int = 24
+    """Fold the first this many chains of each evaluated split (0: all; a 250-residue chain takes
+    about 10 s to fold on 2 CPU cores)."""
 
     def __post_init__(self) -> None:
         if self.evaluation_chains < 0:

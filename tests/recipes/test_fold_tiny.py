@@ -1,0 +1,50 @@
+"""The fold_tiny recipe on two ranks with ZeRO-2 and block recompute through `zoo train` (a few
+steps on small crops), then `zoo fold` with the model it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zoo
+from protein.model import FoldingModel
+from protein.pdb_io import read_chain
+
+ZOO = str(Path(sys.executable).parent / "zoo")
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path):
+    command = [ZOO, "train", "fold_tiny", "--nproc", "2", "--strategy.zero", "2", "--strategy.recompute", "blocks",
+               "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
+               "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
+               "--train.micro_batch_size", "1", "--train.eval_every", "2", "--train.eval_batches", "1",
+               "--train.progress", "false", "--evaluation_chains", "1",
+               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=580,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "mean scores of whole chains" in result.stdout and "extended_chain" in result.stdout
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["arch"] == "fold" and config["config"]["evoformer"]["blocks"] == 2
+    for split in ("validation", "test"):
+        scores = config["metrics"][split]
+        assert scores["chains"] == 1 and all(0.0 <= scores[k] <= 1.0 for k in scores if k != "chains")
+    assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
+
+    done = subprocess.run([ZOO, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'out.pdb'}: 22 residues")
+    chain = read_chain(tmp_path / "out.pdb")
+    assert chain.sequence == "MKTAYIAKQRQISFVKSHFSRQ" and chain.atom_mask[:, :3].all() and not chain.atom_mask[:, 3:].any()
+    refused = subprocess.run([ZOO, "fold", str(tmp_path / "model"), "MK*", "-o", str(tmp_path / "bad.pdb")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "sequence has '*' at position 2" in refused.stderr
