@@ -72,12 +72,12 @@ def measure(setting: str, length: int, chunk_budget: int, device: torch.device) 
 
 
 def longest_crop(setting: str, budget: int, chunk_budget: int, device: torch.device, start: int, most: int) -> int:
-    """The longest crop (a multiple of 8) whose step peak stays within `budget` bytes."""
+    """The longest crop (a multiple of 8, at most `most`) whose step peak stays within `budget`
+    bytes: doubling from `start`, then bisecting."""
     low, high = start, start
     while high <= most and measure(setting, high, chunk_budget, device)[1] <= budget:
         low, high = high, high * 2
-    if high > most:
-        return low
+    high = min(high, most + 8)
     while high - low > 8:
         middle = (low + high) // 2 // 8 * 8
         low, high = (middle, high) if measure(setting, middle, chunk_budget, device)[1] <= budget else (low, middle)

@@ -86,7 +86,8 @@ class InvariantPointAttention(nn.Module):
         scalar_out = torch.einsum("bijh,bjhc->bihc", weights, v)
         point_out = frames[:, :, None, None].invert_apply(torch.einsum("bijh,bjhpx->bihpx", weights, v_pts))
         pair_out = torch.einsum("bijh,bijz->bihz", weights, pair)
-        features = [scalar_out.flatten(-2), point_out.flatten(-3), point_out.norm(dim=-1).flatten(-2), pair_out.flatten(-2)]
+        point_norms = torch.sqrt((point_out**2).sum(-1) + 1e-8)  # eps: a finite gradient at the origin
+        features = [scalar_out.flatten(-2), point_out.flatten(-3), point_norms.flatten(-2), pair_out.flatten(-2)]
         return self.out(torch.cat(features, dim=-1))
 
 
