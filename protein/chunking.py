@@ -4,6 +4,11 @@ so the function's intermediate tensors exist for one slice at a time.
 
 The chunk size is given, or derived from a memory budget in bytes and the bytes one slice needs
 (each module states that estimate). None (no chunk size, no budget) runs the whole input at once.
+
+When autograd records, each chunk runs under `torch.utils.checkpoint`: backward recomputes the
+chunk's intermediates one chunk at a time instead of keeping every chunk's (the attention
+probabilities of all rows at once would be as large as without chunking). So chunking bounds
+training memory too, at the price of one more forward of the chunked function.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def chunk_size_for(budget_bytes: int | None, bytes_per_slice: int) -> int | None:
@@ -34,7 +40,8 @@ def chunked(function: Callable[..., torch.Tensor], sliced: tuple[torch.Tensor, .
     if chunk_size is None or chunk_size >= size:
         return function(*sliced)
     outputs = []
+    recording = torch.is_grad_enabled()
     for start in range(0, size, chunk_size):
         pieces = tuple(t if t.shape[dim] == 1 else t.narrow(dim, start, min(chunk_size, size - start)) for t in sliced)
-        outputs.append(function(*pieces))
+        outputs.append(checkpoint(function, *pieces, use_reentrant=False) if recording else function(*pieces))
     return torch.cat(outputs, dim=dim if out_dim is None else out_dim)
