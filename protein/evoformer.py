@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from protein.attention import GatedAttention, mask_bias
@@ -144,7 +145,8 @@ class OuterProductMean(nn.Module):
 
 class TriangleMultiplication(nn.Module):
     """pair_ij += g_ij ⊙ Linear(LN(Σ_k a_ik ⊙ b_jk)) ("outgoing") or Σ_k a_ki ⊙ b_kj ("incoming")
-    (Algorithms 11, 12); the sum over k in float32, chunked over the hidden channels."""
+    (Algorithms 11, 12); the sum over k in float32. Chunked over the hidden channels: a chunk
+    projects, gates and multiplies only its own channels of a and b."""
 
     def __init__(self, config: EvoformerConfig, outgoing: bool) -> None:
         super().__init__()
@@ -160,9 +162,18 @@ class TriangleMultiplication(nn.Module):
 
     def forward(self, pair, pair_mask, chunk_size=None):
         z = self.norm(pair)
-        a, b = (self.projection(z) * torch.sigmoid(self.projection_gate(z)) * pair_mask[..., None]).chunk(2, dim=-1)
+        mask = pair_mask[..., None].to(z.dtype)
         equation = "bikc,bjkc->bijc" if self.outgoing else "bkic,bkjc->bijc"
-        combined = chunked(lambda x, y: float32_einsum(equation, x, y), (a, b), 3, chunk_size)  # (B, L, L, hidden)
+
+        def edges(weight, bias, gate_weight, gate_bias):  # rows: the chunk's channels of a, then of b
+            a, b = (F.linear(z, weight, bias) * torch.sigmoid(F.linear(z, gate_weight, gate_bias)) * mask).chunk(2, dim=-1)
+            return float32_einsum(equation, a, b)
+
+        hidden = self.out_norm.normalized_shape[0]
+        by_channel = [t.unflatten(0, (2, hidden)).transpose(0, 1) for t in  # (hidden, 2, ...): channel c of a and of b
+                      (self.projection.weight, self.projection.bias, self.projection_gate.weight, self.projection_gate.bias)]
+        combined = chunked(lambda *parts: edges(*(t.transpose(0, 1).flatten(0, 1) for t in parts)), tuple(by_channel), 0,
+                           chunk_size, out_dim=3)  # (B, L, L, hidden)
         return torch.sigmoid(self.gate(z)) * self.out(self.out_norm(combined))
 
 

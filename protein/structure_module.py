@@ -78,7 +78,9 @@ class InvariantPointAttention(nn.Module):
         points = frames[:, :, None, None].apply(local_points)
         q_pts, k_pts, v_pts = points.split([pq, pq, pv], dim=-2)  # (B, L, H, P, 3) global
         point_weight = F.softplus(self.head_weights) * math.sqrt(2.0 / (9.0 * pq)) / 2
-        distances = ((q_pts[:, :, None] - k_pts[:, None]) ** 2).sum((-1, -2))  # (B, L, L, H)
+        # Σ_p |q_ip - k_jp|² expanded, so no (B, L, L, H, P, 3) difference tensor is formed
+        distances = ((q_pts**2).sum((-1, -2))[:, :, None] + (k_pts**2).sum((-1, -2))[:, None]
+                     - 2 * torch.einsum("bihpx,bjhpx->bijh", q_pts, k_pts))  # (B, L, L, H)
         logits = (torch.einsum("bihc,bjhc->bijh", q, k) / math.sqrt(c.head_dim) + self.pair_bias(pair)
                   - point_weight * distances) * math.sqrt(1.0 / 3.0)
         logits = logits + (1.0 - mask[:, None, :, None].float()) * MASK_LOGIT

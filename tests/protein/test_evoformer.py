@@ -204,5 +204,6 @@ def test_chunked_training_keeps_fewer_activations_and_the_same_gradients():
         results.append((saved.bytes, [p.grad.clone() for p in block.parameters()]))
     (whole, whole_grads), (chunked_bytes, chunked_grads) = results
     assert chunked_bytes < 0.6 * whole
-    # atol: the pair-norm bias of row attention has an exactly-zero gradient, rounding noise either way
-    assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-4) for a, b in zip(whole_grads, chunked_grads))
+    # Relative to the largest gradient: the pair-norm bias of row attention has an exactly-zero gradient.
+    scale = max(g.norm() for g in whole_grads)
+    assert all((a - b).norm() < 1e-5 * scale for a, b in zip(whole_grads, chunked_grads))
