@@ -8,7 +8,9 @@
 
 Recycling (Algorithm 2): the model runs 1 + `recycles` times, each pass seeing the previous pass's
 first MSA row, pair representation and Cα distances; only the last pass records gradients. In
-training the number of recycles is drawn uniformly from 0..max_recycles (torch's generator).
+training the number of recycles is drawn uniformly from 0..max_recycles by a generator seeded with
+the training step (the trainer calls `set_training_step`), so every rank runs the same passes and
+their collectives match.
 The plan names each Evoformer block as a shard and recompute unit.
 """
 
@@ -99,12 +101,17 @@ class FoldingModel(nn.Module):
         self.structure = StructureModule(config.structure, config.structure.single_dim, e.pair_dim)
         self.distogram_head = nn.Linear(e.pair_dim, config.distogram_bins)
         width = config.structure.single_dim
+        self.training_step = 0
         self.plddt_head = nn.Sequential(LayerNorm(width), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
 
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit."""
         return ModelPlan(blocks=("evoformer.blocks.*",))
+
+    def set_training_step(self, step: int) -> None:
+        """Called by the trainer before each optimizer step: seeds the draw of the recycles."""
+        self.training_step = step
 
     def chunk_size(self, length: int, rows: int, batch: int) -> int | None:
         """The Evoformer chunk size: config.chunk_size, or the slices whose largest intermediate
@@ -144,8 +151,11 @@ class FoldingModel(nn.Module):
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                  "msa_features": msa_features, "msa_mask": msa_mask}
         b, length = input_ids.shape
-        if recycles is None:
-            recycles = int(torch.randint(c.max_recycles + 1, ())) if self.training else c.max_recycles
+        if recycles is None and self.training:
+            draw = torch.Generator().manual_seed(self.training_step)
+            recycles = int(torch.randint(c.max_recycles + 1, (), generator=draw))
+        elif recycles is None:
+            recycles = c.max_recycles
         device = msa_features.device
         previous = {"msa_row": torch.zeros(b, length, e.msa_dim, device=device),
                     "pair": torch.zeros(b, length, length, e.pair_dim, device=device),

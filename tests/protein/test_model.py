@@ -94,3 +94,20 @@ def test_saves_and_loads_through_the_zoo(batch, tmp_path):
     loaded = zoo.load(tmp_path / "fold").eval()
     with torch.no_grad():
         assert torch.equal(loaded(**batch)["backbone"], folding(**batch)["backbone"])
+
+
+def test_training_recycles_are_drawn_from_the_step_so_ranks_agree(batch):
+    folding = model().train()
+    passes = []
+    folding.evoformer.register_forward_hook(lambda *_: passes.append(1))
+
+    def count(step: int) -> int:
+        folding.set_training_step(step)
+        passes.clear()
+        with torch.no_grad():
+            folding(**batch)
+        return len(passes)
+
+    counts = [count(step) for step in range(8)]
+    assert set(counts) == {1, 2}  # max_recycles = 1: one or two passes
+    assert [count(step) for step in range(8)] == counts
