@@ -6,7 +6,7 @@ recomputing) redraws the same seed: recompute and replay are exact. Backward reg
 from the saved seed instead of keeping a (N,) bool tensor alive.
 
 The PyTorch path hashes (seed, element offset) with SplitMix64 and cuts each 64-bit hash into four
-16-bit uniforms: a counter-based draw in a few integer tensor ops, 2.7x faster on CPU than
+16-bit uniforms: a counter-based draw in a few integer tensor ops, cheaper on CPU than
 `torch.rand` with a seeded generator (Mersenne Twister, one element at a time). Its p is rounded to
 a multiple of 2^-16. The Triton kernels use Philox `tl.rand(seed, offset)`. Each path is
 deterministic; the two draw different masks.
