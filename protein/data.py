@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from protein.features import msa_features
-from protein.residues import AMINO_ACIDS, UNKNOWN
+from protein.residues import AMINO_ACIDS, UNKNOWN, sequence_ids
 
 CHAINS_FILE = Path(__file__).parent / "assets" / "promod3_chains.npz"
 Split = Literal["train", "validation", "test"]
@@ -45,7 +45,7 @@ class ProteinChain:
     @property
     def residue_ids(self) -> torch.Tensor:
         """(L,) long ids (AMINO_ACIDS order, 20 = X)."""
-        return torch.tensor([AMINO_ACIDS.index(c) if c != UNKNOWN else len(AMINO_ACIDS) for c in self.sequence])
+        return sequence_ids(self.sequence)
 
 
 def sequence_split(sequence: str) -> Split:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from protein.chunking import chunk_size_for
@@ -28,12 +27,10 @@ from protein.features import MSA_FEATURES, relative_positions, target_features
 from protein.frames import Frames
 from protein.losses import distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
 from protein.precision import LayerNorm
-from protein.residues import ALPHABET_SIZE, AMINO_ACIDS
+from protein.residues import ALPHABET_SIZE
 from protein.structure_module import StructureConfig, StructureModule
 from zoo.plan import ModelPlan
 from zoo.registry import register
-
-GLYCINE = AMINO_ACIDS.index("G")
 
 
 @dataclass
