@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from asr.language_model import END, NgramLanguageModel
 from asr.model import Transducer
 
 
@@ -59,16 +60,25 @@ def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
 
 @torch.no_grad()
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
-                         beam: int = 4, max_symbols_per_frame: int = 1) -> list[list[int]]:
+                         beam: int = 4, max_symbols_per_frame: int = 1,
+                         language_model: NgramLanguageModel | None = None, lm_weight: float = 0.0) -> list[list[int]]:
     """Beam search over frames. At each frame, up to `max_symbols_per_frame` rounds: every hypothesis
     still expanding at this frame is extended by blank (it moves on to the next frame) or by one
     token; the `beam` best extensions are kept, and a token extension keeps expanding at this frame
     unless this was the last round (then it moves on, as in icefall's one-symbol search).
     Hypotheses with equal tokens are merged (log-add of their probabilities); `beam` of them carry
-    over to the next frame. Returns each utterance's best hypothesis."""
+    over to the next frame. Returns each utterance's best hypothesis.
+
+    Shallow fusion: with a `language_model`, each token adds `lm_weight` x its log probability
+    given the hypothesis's tokens, and the final choice adds `lm_weight` x that of the sentence end
+    (equal token sequences have equal language-model scores, so merging stays a log-add)."""
     if beam < 1 or max_symbols_per_frame < 1:
         raise ValueError(f"beam and max_symbols_per_frame must be >= 1; got {beam} and {max_symbols_per_frame}")
     blank, context = model.config.blank_id, model.config.context_size
+    if language_model is not None and (language_model.vocab_size != model.config.vocab_size or blank != END):
+        raise ValueError(f"language_model must share the model's {model.config.vocab_size} tokens with blank id {END}; "
+                         f"got vocab_size {language_model.vocab_size} (blank id {blank})")
+    fused = language_model is not None and lm_weight != 0
     device = encoder_out.device
     results = []
     for row in range(encoder_out.shape[0]):
@@ -80,6 +90,8 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                 keys = list(expanding)
                 contexts = torch.tensor([([blank] * context + list(k))[-context:] for k in keys], device=device)
                 log_probs = model.joiner.combine(frame, _decoder_proj(model, contexts)).float().log_softmax(-1)
+                if fused:
+                    log_probs = log_probs + lm_weight * _token_log_probs(language_model, keys, blank).to(device)
                 candidates = (log_probs + torch.stack([expanding[k] for k in keys])[:, None]).flatten()
                 top = candidates.topk(min(beam, candidates.numel()))
                 last_round, expanding = round_ == max_symbols_per_frame - 1, {}
@@ -95,5 +107,14 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                 if not expanding:
                     break
             hypotheses = _best(moved_on, beam)
+        if fused:
+            hypotheses = {k: v + lm_weight * float(language_model.log_probs(k)[END]) for k, v in hypotheses.items()}
         results.append(list(max(hypotheses, key=lambda k: hypotheses[k].item())))
     return results
+
+
+def _token_log_probs(language_model: NgramLanguageModel, keys: list[tuple[int, ...]], blank: int) -> torch.Tensor:
+    """(N, V) language-model log probabilities of each hypothesis's next token; 0 for the blank."""
+    scores = torch.stack([language_model.log_probs(k) for k in keys]).float()
+    scores[:, blank] = 0
+    return scores

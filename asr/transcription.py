@@ -1,12 +1,14 @@
 """Transcription with a trained transducer: waveforms or WAV files in, text out.
 
-    asr.transcribe("asr-transducer-tiny", ["a.wav", "b.wav"])     a zoo model: its tokenizer and front end come along
+    asr.transcribe("asr-transducer-tiny", ["a.wav", "b.wav"])     a zoo model: its tokenizer, front end and
+                                                                   language model come along
     asr.transcribe(model, waveforms, tokenizer)                    a Transducer, (N,) tensors at 16 kHz
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Literal
 
@@ -15,34 +17,64 @@ import torch
 from asr.data import read_audio
 from asr.decoding import greedy_search, modified_beam_search
 from asr.features import FeatureConfig, log_mel
+from asr.language_model import NgramLanguageModel
 from asr.model import Transducer
 from asr.text import TranscriptTokenizer
-from zoo.store import load, read_config
+from zoo.store import load, locate, read_config
 
 
-def recogniser(name: str | os.PathLike) -> tuple[Transducer, TranscriptTokenizer, FeatureConfig]:
-    """The zoo model `name` (a name or folder) with the tokenizer and front end its config.json holds."""
+LANGUAGE_MODEL_FILE = "language_model.safetensors"
+"""A speech recogniser's folder may hold an n-gram language model for shallow fusion; its
+config.json then gives {"decoding": {"lm_weight": ...}}."""
+
+
+@dataclass
+class Recogniser:
+    """A zoo speech recogniser: the transducer and what decoding needs beside it."""
+
+    model: Transducer
+    tokenizer: TranscriptTokenizer
+    features: FeatureConfig
+    language_model: NgramLanguageModel | None
+    """Fused into beam search (None: the folder has none)."""
+    lm_weight: float
+    """Its weight in the fusion."""
+
+
+def recogniser(name: str | os.PathLike) -> Recogniser:
+    """The zoo model `name` (a name or folder) with the tokenizer, front end and language model its folder holds."""
     config = read_config(name)
     if config.get("arch") != "transducer" or "tokenizer" not in config or "features" not in config:
         raise ValueError(f"model {str(name)!r} is not a speech recogniser: expected a transducer with "
                          f"'tokenizer' and 'features' in its config.json")
-    return load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"])
+    lm_file = locate(name) / LANGUAGE_MODEL_FILE
+    return Recogniser(load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"]),
+                      NgramLanguageModel.load(lm_file) if lm_file.exists() else None,
+                      float(config.get("decoding", {}).get("lm_weight", 0.0)))
 
 
 @torch.no_grad()
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
                method: Literal["greedy", "beam"] = "beam", beam: int = 4, max_symbols_per_frame: int = 3,
-               batch_size: int = 16) -> list[str]:
+               batch_size: int = 16, language_model: NgramLanguageModel | None = None,
+               lm_weight: float | None = None) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
     `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
-    a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files."""
+    a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files.
+    language_model, lm_weight: shallow fusion in beam search; a zoo model brings its own (lm_weight=0
+    turns it off)."""
     if method not in ("greedy", "beam"):
         raise ValueError(f"method must be 'greedy' or 'beam'; got {method!r}")
     if not isinstance(model, Transducer):
-        model, tokenizer, features = recogniser(model)
+        found = recogniser(model)
+        model, tokenizer, features = found.model, found.tokenizer, found.features
+        language_model = language_model or found.language_model
+        lm_weight = found.lm_weight if lm_weight is None else lm_weight
+    elif language_model is not None and lm_weight is None:
+        raise ValueError("a language_model needs its lm_weight")
     elif tokenizer is None:
         raise ValueError("a Transducer needs its tokenizer (or pass a zoo model name, which brings its own)")
     features = FeatureConfig() if features is None else features
@@ -59,7 +91,8 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
         device = model.feature_mean.device
         encoded, encoded_lengths = model.encode(log_mels.to(device), mask.to(device))
-        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam, max_symbols_per_frame) if method == "beam"
+        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam, max_symbols_per_frame, language_model,
+                                       lm_weight or 0.0) if method == "beam"
                   else greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame))
         texts += [tokenizer.decode(ids) for ids in tokens]
     return texts

@@ -86,21 +86,27 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
 
 
 def save(model: nn.Module, directory: str | os.PathLike, *, card: str, extra: dict[str, Any] | None = None,
-         state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+         state_dict: dict[str, torch.Tensor] | None = None, files: dict[str, bytes] | None = None) -> Path:
     """Write `model` as a model folder, atomically (a new folder replaces the old one whole).
 
     card: the README model card (markdown); extra: more config.json entries (tokenizer, metrics);
-    state_dict: the weights when they are not `model.state_dict()` (e.g. gathered from shards)."""
+    state_dict: the weights when they are not `model.state_dict()` (e.g. gathered from shards);
+    files: more files of the folder, name -> content (e.g. a decoding language model)."""
     architecture = arch_of(model)
     config = {"arch": architecture.name, "config": dataclasses.asdict(model.config), **(extra or {})}
     tensors = state_dict if state_dict is not None else model.state_dict()
-    return write_model_folder(directory, tensors, config, card)
+    return write_model_folder(directory, tensors, config, card, files)
 
 
 def write_model_folder(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict[str, Any],
-                       card: str | None = None) -> Path:
-    """Write model.safetensors, config.json (and README.md) into `directory` atomically: they are
-    written to a hidden sibling folder that then replaces `directory` whole."""
+                       card: str | None = None, files: dict[str, bytes] | None = None) -> Path:
+    """Write model.safetensors, config.json (and README.md, and `files`, name -> content) into
+    `directory` atomically: they are written to a hidden sibling folder that then replaces
+    `directory` whole."""
+    reserved = {WEIGHTS_FILE, CONFIG_FILE, CARD_FILE} & set(files or {})
+    if reserved or any(Path(name).name != name for name in files or {}):
+        raise ValueError(f"files must be plain file names other than {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}; "
+                         f"got {sorted(files or {})}")
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +118,8 @@ def write_model_folder(directory: str | os.PathLike, tensors: dict[str, torch.Te
     (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1))
     if card is not None:
         (staging / CARD_FILE).write_text(card)
+    for name, content in (files or {}).items():
+        (staging / name).write_bytes(content)
     if target.exists():
         retired = staging.with_name(staging.name + ".old")
         os.replace(target, retired)

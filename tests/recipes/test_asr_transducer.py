@@ -15,6 +15,7 @@ import torch
 import zoo
 from asr.model import Transducer
 from asr import transcribe
+from asr.transcription import LANGUAGE_MODEL_FILE
 from recipes.asr_transducer import ASRTransducerConfig
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -32,10 +33,12 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_DATA": str(tmp_path / "data"),
                                  "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "word error rate (greedy / beam)" in result.stdout and "test_voices" in result.stdout
+    assert "word error rate (greedy / beam / beam + language model)" in result.stdout and "test_voices" in result.stdout
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["arch"] == "transducer" and config["config"]["encoder"]["layers"] == 2
     assert config["tokenizer"]["kind"] == "bpe" and config["config"]["vocab_size"] <= 64
+    defaults = ASRTransducerConfig()
+    assert config["decoding"] == {"lm_weight": defaults.lm_weight, "lm_order": defaults.lm_order} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
     assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "librivox": 5,
                                           "cards": 5, "train": 48}
     assert all(config["metrics"][name]["utterances"] == 2 for name in ("validation", "librivox", "cards"))
@@ -50,9 +53,13 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     done = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs, "--method", "greedy"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.strip().splitlines()
+    lines = done.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith(f"{wav}: ") for line, wav in zip(lines, wavs))
-    assert [line.split(": ", 1)[1] for line in lines] == transcribe(tmp_path / "model", wavs, method="greedy")
+    assert [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs, method="greedy")
+    fused = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs], capture_output=True, text=True, timeout=120)
+    assert fused.returncode == 0, fused.stderr
+    lines = fused.stdout.splitlines()  # beam search with the model's language model, from the CLI and from Python
+    assert len(lines) == 2 and [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs)
 
 
 def test_transcribe_refuses_a_model_that_is_no_recogniser():

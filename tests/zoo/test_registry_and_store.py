@@ -38,6 +38,16 @@ def test_save_then_load_round_trips_weights_and_card(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
 
+def test_extra_files_are_written_with_the_folder_and_reserved_names_refused(tmp_path):
+    folder = zoo.save(tiny_gpt(), tmp_path / "m", card="", files={"lm.bin": b"\x00\x01"})
+    assert (folder / "lm.bin").read_bytes() == b"\x00\x01"
+    zoo.save(tiny_gpt(), folder, card="")  # a new save replaces the folder whole: its old files go
+    assert not (folder / "lm.bin").exists()
+    for name in ("config.json", "../escape.bin"):
+        with pytest.raises(ValueError, match="files must be plain file names other than model.safetensors"):
+            zoo.save(tiny_gpt(), folder, card="", files={name: b""})
+
+
 def test_load_refuses_weights_of_another_shape(tmp_path):
     folder = zoo.save(tiny_gpt(), tmp_path / "m", card="")
     config = json.loads((folder / "config.json").read_text())
