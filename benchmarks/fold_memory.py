@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 
 import torch
 
@@ -63,24 +64,35 @@ def step(model: FoldingModel, batch: dict[str, torch.Tensor], bf16: bool) -> flo
     return loss.item()
 
 
-def measure(setting: str, length: int, chunk_budget: int, device: torch.device) -> tuple[float, int]:
-    """(seconds, peak bytes) of one training step (after a warm-up step at a small crop)."""
+def measure(setting: str, length: int, chunk_budget: int, device: torch.device, timed: bool = True
+            ) -> tuple[float | None, int]:
+    """(seconds, peak bytes) of one training step (after a warm-up step at a small crop). The time
+    is of a second, untracked step (None unless `timed`): on CPU, TensorPeak's per-op bookkeeping
+    would weigh on the many small ops of small chunks."""
     model, bf16 = build(setting, chunk_budget, device), setting.endswith("bf16")
     step(model, inputs(16, 8, device), bf16)
-    _, seconds, peak = timed_peak(lambda: step(model, inputs(length, 8, device), bf16), device)
-    return seconds, peak
+    batch = inputs(length, 8, device)
+    _, _, peak = timed_peak(lambda: step(model, batch, bf16), device)
+    if not timed:
+        return None, peak
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    synchronize()
+    started = time.perf_counter()
+    step(model, batch, bf16)
+    synchronize()
+    return time.perf_counter() - started, peak
 
 
 def longest_crop(setting: str, budget: int, chunk_budget: int, device: torch.device, start: int, most: int) -> int:
     """The longest crop (a multiple of 8, at most `most`) whose step peak stays within `budget`
     bytes: doubling from `start`, then bisecting."""
     low, high = start, start
-    while high <= most and measure(setting, high, chunk_budget, device)[1] <= budget:
+    while high <= most and measure(setting, high, chunk_budget, device, timed=False)[1] <= budget:
         low, high = high, high * 2
     high = min(high, most + 8)
     while high - low > 8:
         middle = (low + high) // 2 // 8 * 8
-        low, high = (middle, high) if measure(setting, middle, chunk_budget, device)[1] <= budget else (low, middle)
+        low, high = (middle, high) if measure(setting, middle, chunk_budget, device, timed=False)[1] <= budget else (low, middle)
     return low
 
 
@@ -99,7 +111,7 @@ def main() -> None:
     for setting in SETTINGS:
         cells = [measure(setting, n, chunk_budget, device) for n in args.crops]
         print(f"| {setting} | " + " | ".join(f"{peak / 2**20:.0f} / {seconds:.2f}" for seconds, peak in cells) + " |")
-    budget = measure("plain", args.budget_crop, chunk_budget, device)[1]
+    budget = measure("plain", args.budget_crop, chunk_budget, device, timed=False)[1]
     print(f"\nlongest crop within the plain model's peak at crop {args.budget_crop} ({budget / 2**20:.0f} MiB):\n")
     print("| setting | longest crop | vs plain |\n|---|---|---|")
     plain = None

@@ -9,9 +9,10 @@
            pair += Transition(pair)
 
 Every sub-module runs through `protein.chunking.chunked` along a dimension its positions are
-independent in; `chunk_size` (None: whole) bounds the intermediate tensors. Residual updates are
-added out of place when a gradient is needed, and in place into msa and pair otherwise
-(inference, the no-grad recycles): under no_grad the inputs are consumed.
+independent in; `chunk_size` (None: whole) bounds the intermediate tensors, and with a chunk size
+the LayerNorms run inside the chunks (`per_chunk`), so no normalised pair is kept for backward.
+Residual updates are added out of place when a gradient is needed, and in place into msa and
+pair otherwise (inference, the no-grad recycles): under no_grad the inputs are consumed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protein.attention import GatedAttention, mask_bias
-from protein.chunking import chunked
+from protein.chunking import chunked, per_chunk
 from protein.precision import LayerNorm, float32_einsum
 from zoo.nn import dropout
 
@@ -99,8 +100,11 @@ class MSARowAttention(nn.Module):
         self.attention = GatedAttention(config.msa_dim, config.msa_heads, config.head_dim)
 
     def forward(self, msa, pair, msa_mask, chunk_size=None):
-        bias = self.pair_bias(self.pair_norm(pair)).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L)
-        return chunked(lambda m, mask: self.attention(self.norm(m), bias + mask_bias(mask)), (msa, msa_mask), 1, chunk_size)
+        source, norm = per_chunk(self.pair_norm, pair, chunk_size)
+        bias = chunked(lambda rows: self.pair_bias(norm(rows)), (source,), 1, chunk_size)
+        bias = bias.permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L)
+        return chunked(lambda m, mask, pair_bias: self.attention(self.norm(m), pair_bias + mask_bias(mask)),
+                       (msa, msa_mask), 1, chunk_size, whole=(bias,))
 
 
 class MSAColumnAttention(nn.Module):
@@ -136,17 +140,18 @@ class OuterProductMean(nn.Module):
         a, b = self.a(m) * mask, self.b(m) * mask  # (B, S, L, c)
         count = float32_einsum("bsi,bsj->bij", msa_mask.float(), msa_mask.float())[..., None]  # (B, L, L, 1)
 
-        def product(a_rows: torch.Tensor) -> torch.Tensor:
+        def product(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             outer = float32_einsum("bsic,bsjd->bijcd", a_rows, b).flatten(-2)  # (B, i, L, c*c)
-            return self.out(outer.to(a.dtype))
+            return self.out(outer.to(b.dtype))
 
-        return chunked(product, (a,), 2, chunk_size, out_dim=1) / (count + 1e-3)
+        return chunked(product, (a,), 2, chunk_size, out_dim=1, whole=(b,)) / (count + 1e-3)
 
 
 class TriangleMultiplication(nn.Module):
     """pair_ij += g_ij ⊙ Linear(LN(Σ_k a_ik ⊙ b_jk)) ("outgoing") or Σ_k a_ki ⊙ b_kj ("incoming")
-    (Algorithms 11, 12); the sum over k in float32. Chunked over the hidden channels: a chunk
-    projects, gates and multiplies only its own channels of a and b."""
+    (Algorithms 11, 12); the sum over k in float32. Chunked over the hidden channels (a chunk
+    normalises the pair, projects, gates and multiplies only its own channels of a and b), then
+    the gated output along i."""
 
     def __init__(self, config: EvoformerConfig, outgoing: bool) -> None:
         super().__init__()
@@ -161,20 +166,23 @@ class TriangleMultiplication(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, pair, pair_mask, chunk_size=None):
-        z = self.norm(pair)
-        mask = pair_mask[..., None].to(z.dtype)
+        source, norm = per_chunk(self.norm, pair, chunk_size)
         equation = "bikc,bjkc->bijc" if self.outgoing else "bkic,bkjc->bijc"
 
-        def edges(weight, bias, gate_weight, gate_bias):  # rows: the chunk's channels of a, then of b
-            a, b = (F.linear(z, weight, bias) * torch.sigmoid(F.linear(z, gate_weight, gate_bias)) * mask).chunk(2, dim=-1)
+        def edges(*parts):  # the chunk's channels (c, 2, ...) of the projections and gates, then source, pair_mask
+            *weights, source, pair_mask = parts
+            weight, bias, gate_weight, gate_bias = (t.transpose(0, 1).flatten(0, 1) for t in weights)  # a's, then b's
+            z = norm(source)
+            gated = F.linear(z, weight, bias) * torch.sigmoid(F.linear(z, gate_weight, gate_bias))
+            a, b = (gated * pair_mask[..., None].to(gated.dtype)).chunk(2, dim=-1)
             return float32_einsum(equation, a, b)
 
         hidden = self.out_norm.normalized_shape[0]
         by_channel = [t.unflatten(0, (2, hidden)).transpose(0, 1) for t in  # (hidden, 2, ...): channel c of a and of b
                       (self.projection.weight, self.projection.bias, self.projection_gate.weight, self.projection_gate.bias)]
-        combined = chunked(lambda *parts: edges(*(t.transpose(0, 1).flatten(0, 1) for t in parts)), tuple(by_channel), 0,
-                           chunk_size, out_dim=3)  # (B, L, L, hidden)
-        return torch.sigmoid(self.gate(z)) * self.out(self.out_norm(combined))
+        combined = chunked(edges, tuple(by_channel), 0, chunk_size, out_dim=3, whole=(source, pair_mask))  # (B, L, L, c)
+        return chunked(lambda rows, products: torch.sigmoid(self.gate(norm(rows))) * self.out(self.out_norm(products)),
+                       (source, combined), 1, chunk_size)
 
 
 class TriangleAttention(nn.Module):
@@ -191,10 +199,11 @@ class TriangleAttention(nn.Module):
     def forward(self, pair, pair_mask, chunk_size=None):
         if not self.starting:
             pair, pair_mask = pair.transpose(1, 2), pair_mask.transpose(1, 2)
-        z = self.norm(pair)
-        triangle_bias = self.bias(z).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L): b_jk for every i
-        update = chunked(lambda rows, mask: self.attention(rows, triangle_bias + mask_bias(mask)), (z, pair_mask), 1,
-                         chunk_size)
+        source, norm = per_chunk(self.norm, pair, chunk_size)
+        triangle_bias = chunked(lambda rows: self.bias(norm(rows)), (source,), 1, chunk_size)
+        triangle_bias = triangle_bias.permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L): b_jk for every i
+        update = chunked(lambda rows, mask, bias: self.attention(norm(rows), bias + mask_bias(mask)),
+                         (source, pair_mask), 1, chunk_size, whole=(triangle_bias,))
         return update if self.starting else update.transpose(1, 2)
 
 

@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from protein.chunking import chunked
 from protein.frames import Frames
 from protein.metrics import lddt
 
 
 def fape(pred_frames: Frames, true_frames: Frames, pred_points: torch.Tensor, true_points: torch.Tensor,
          frame_mask: torch.Tensor, point_mask: torch.Tensor, clamp: float | None = 10.0, scale: float = 10.0,
-         eps: float = 1e-4) -> torch.Tensor:
+         eps: float = 1e-4, chunk_size: int | None = None) -> torch.Tensor:
     """Frame aligned point error (Algorithm 28): every point (B, L, 3) expressed in every frame (B, L),
     predicted against true; the distances sqrt(d² + eps), clamped at `clamp` Å (None: not clamped)
     and divided by `scale`, averaged over the present (frame, point) pairs. Invariant to global
-    rotations and translations of either structure."""
-    local_pred = pred_frames[:, :, None].invert_apply(pred_points[:, None])  # (B, frames, points, 3)
-    local_true = true_frames[:, :, None].invert_apply(true_points[:, None])
-    distance = torch.sqrt(((local_pred - local_true) ** 2).sum(-1) + eps)
-    if clamp is not None:
-        distance = distance.clamp(max=clamp)
+    rotations and translations of either structure. Computed `chunk_size` frames at a time."""
+
+    def distances(pred_rotation, pred_translation, true_rotation, true_translation, pred_points, true_points):
+        local_pred = Frames(pred_rotation, pred_translation)[:, :, None].invert_apply(pred_points[:, None])
+        local_true = Frames(true_rotation, true_translation)[:, :, None].invert_apply(true_points[:, None])
+        distance = torch.sqrt(((local_pred - local_true) ** 2).sum(-1) + eps)
+        return distance if clamp is None else distance.clamp(max=clamp)  # (B, frames, points)
+
+    distance = chunked(distances, (pred_frames.rotation, pred_frames.translation, true_frames.rotation,
+                                   true_frames.translation), 1, chunk_size, whole=(pred_points, true_points))
     weights = frame_mask[:, :, None].float() * point_mask[:, None, :].float()
     return (distance / scale * weights).sum() / weights.sum().clamp_min(1.0)
 
@@ -37,12 +43,23 @@ def distogram_targets(positions: torch.Tensor, bins: int, first_edge: float = 2.
     return torch.bucketize(torch.cdist(positions.float(), positions.float()), edges)
 
 
-def distogram_loss(logits: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of distogram logits (B, L, L, bins) against the binned distances of positions
-    (B, L, 3) (Cβ, Cα for glycine), over the pairs of present residues."""
-    targets = distogram_targets(positions, logits.shape[-1])
+def distogram_logits(head: nn.Linear, pair: torch.Tensor) -> torch.Tensor:
+    """Symmetric distogram logits head(pair_ij + pair_ji) (B, L, L, bins) in float32 of a pair (B, L, L, Cz)."""
+    return head(pair + pair.transpose(1, 2)).float()
+
+
+def distogram_loss(head: nn.Linear, pair: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Cross-entropy of the `distogram_logits` of pair (B, L, L, Cz) against the binned distances of
+    positions (B, L, 3) (Cβ, Cα for glycine), over the pairs of present residues (mask (B, L)).
+    Computed `chunk_size` rows at a time: the (B, L, L, bins) logits need not exist whole."""
+
+    def row_losses(rows, columns, targets):  # pair_ij, pair_ji (B, i, L, Cz), targets (B, i, L) -> (B, i, L)
+        return F.cross_entropy(head(rows + columns).float().movedim(-1, 1), targets, reduction="none")
+
+    targets = distogram_targets(positions, head.out_features)
+    losses = chunked(row_losses, (pair, pair.transpose(1, 2), targets), 1, chunk_size)
     pair_mask = (mask[:, :, None] * mask[:, None, :]).float()
-    losses = F.cross_entropy(logits.float().flatten(0, 2), targets.flatten(), reduction="none").view_as(pair_mask)
     return (losses * pair_mask).sum() / pair_mask.sum().clamp_min(1.0)
 
 

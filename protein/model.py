@@ -3,8 +3,9 @@
     input_ids (B, L) residue ids, attention_mask (B, L) 1 = residue, position_ids (B, L) residue
     numbers, msa_features (B, S, L, MSA_FEATURES), msa_mask (B, S, L)
     [labels: coordinates (B, L, 5, 3) Å of N, CA, C, O, CB and atom_mask (B, L, 5)]
-    -> {"backbone" (B, L, 3, 3) N/CA/C, "plddt" (B, L) in [0, 1], "distogram_logits" (B, L, L, bins),
-        with labels also "loss", "fape", "distogram_loss", "plddt_loss"}
+    -> {"backbone" (B, L, 3, 3) N/CA/C, "plddt" (B, L) in [0, 1], and without labels
+        "distogram_logits" (B, L, L, bins), with labels "loss", "fape", "distogram_loss", "plddt_loss"
+        instead (the loss is chunked like the Evoformer, so the logits never exist whole)}
 
 Recycling (Algorithm 2): the model runs 1 + `recycles` times, each pass seeing the previous pass's
 first MSA row, pair representation and Cα distances; only the last pass records gradients. In
@@ -25,7 +26,7 @@ from protein.chunking import chunk_size_for
 from protein.evoformer import Evoformer, EvoformerConfig
 from protein.features import MSA_FEATURES, relative_positions, target_features
 from protein.frames import Frames
-from protein.losses import distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
+from protein.losses import distogram_logits, distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
 from protein.precision import LayerNorm
 from protein.residues import ALPHABET_SIZE
 from protein.structure_module import StructureConfig, StructureModule
@@ -52,10 +53,11 @@ class FoldConfig:
     plddt_bins: int = 50
     """pLDDT head bins over [0, 1]."""
     chunk_size: int | None = None
-    """Slices per chunk of the Evoformer's chunked modules (None: whole, unless memory_budget)."""
+    """Slices per chunk of every chunked module: the Evoformer's, IPA, the distogram and FAPE losses
+    (None: whole, unless memory_budget)."""
     memory_budget: int | None = None
-    """Bytes one chunk's largest intermediate (attention logits, outer products) may take; sets the
-    chunk size when chunk_size is None."""
+    """Bytes one chunk's largest intermediate (attention logits, outer products, distogram logits)
+    may take; sets each module's chunk size when chunk_size is None."""
     fape_clamp: float = 10.0
     """Å at which FAPE distances are clamped."""
     distogram_weight: float = 0.3
@@ -121,6 +123,16 @@ class FoldingModel(nn.Module):
                                     length * e.outer_product_dim**2)
         return chunk_size_for(c.memory_budget, per_slice)
 
+    def row_chunk_size(self, length: int, batch: int) -> int | None:
+        """The chunk size along residues of IPA, the distogram loss and FAPE: config.chunk_size, or
+        the rows whose largest intermediate (float32 distogram logits with their log-softmax, or
+        IPA's per-head terms and pair rows) fit config.memory_budget bytes."""
+        c, s = self.config, self.config.structure
+        if c.chunk_size is not None:
+            return c.chunk_size
+        per_row = batch * 4 * length * max(2 * c.distogram_bins, 4 * s.heads + c.evoformer.pair_dim)
+        return chunk_size_for(c.memory_budget, per_row)
+
     def _embed(self, input_ids, position_ids, msa_features):
         target = target_features(input_ids)
         msa = self.msa_in(msa_features) + self.target_to_msa(target)[:, None]
@@ -128,7 +140,7 @@ class FoldingModel(nn.Module):
                 + self.relative_position(relative_positions(position_ids, self.config.relative_position_clip)))
         return msa, pair
 
-    def _pass(self, batch: dict, previous: dict) -> dict:
+    def _pass(self, batch: dict, previous: dict, chunk: int | None, row_chunk: int | None) -> dict:
         msa, pair = self._embed(batch["input_ids"], batch["position_ids"], batch["msa_features"])
         bins = distogram_targets(previous["ca"], self.config.recycle_bins, 3.375, 21.375)
         msa = torch.cat([msa[:, :1] + self.recycled_msa_norm(previous["msa_row"]).to(msa.dtype)[:, None], msa[:, 1:]], 1)
@@ -136,9 +148,8 @@ class FoldingModel(nn.Module):
         mask = batch["attention_mask"].float()
         msa_mask = batch["msa_mask"].float() * mask[:, None]
         pair_mask = mask[:, :, None] * mask[:, None, :]
-        chunk = self.chunk_size(mask.shape[1], msa.shape[1], mask.shape[0])
         msa, pair = self.evoformer(msa, pair, msa_mask, pair_mask, chunk)
-        structure = self.structure(self.single(msa[:, 0]), pair, mask)
+        structure = self.structure(self.single(msa[:, 0]), pair, mask, row_chunk)
         # The first row copied out: a view would keep the whole MSA of this pass alive through the next.
         return {"msa_row": msa[:, 0].clone(), "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
 
@@ -153,36 +164,39 @@ class FoldingModel(nn.Module):
             recycles = int(torch.randint(c.max_recycles + 1, (), generator=draw))
         elif recycles is None:
             recycles = c.max_recycles
-        device = msa_features.device
+        device, chunk = msa_features.device, self.chunk_size(length, msa_features.shape[1], b)
+        row_chunk = self.row_chunk_size(length, b)
         previous = {"msa_row": torch.zeros(b, length, e.msa_dim, device=device),
                     "pair": torch.zeros(b, length, length, e.pair_dim, device=device),
                     "ca": torch.zeros(b, length, 3, device=device)}
         with torch.no_grad():
             for _ in range(recycles):
-                previous = {k: v.detach() for k, v in self._pass(batch, previous).items() if k != "structure"}
-        final = self._pass(batch, previous)
+                passed = self._pass(batch, previous, chunk, row_chunk)
+                previous = {k: v.detach() for k, v in passed.items() if k in previous}
+        final = self._pass(batch, previous, chunk, row_chunk)
         structure = final["structure"]
-        logits = self.distogram_head(final["pair"]).float()
         plddt_logits = self.plddt_head(structure["single"]).float()
-        outputs = {"backbone": structure["backbone"], "plddt": plddt_from_logits(plddt_logits),
-                   "distogram_logits": logits + logits.transpose(1, 2)}
-        if coordinates is not None:
-            outputs.update(self._losses(outputs, structure, plddt_logits, coordinates, atom_mask, attention_mask))
+        outputs = {"backbone": structure["backbone"], "plddt": plddt_from_logits(plddt_logits)}
+        if coordinates is None:
+            outputs["distogram_logits"] = distogram_logits(self.distogram_head, final["pair"])
+        else:
+            outputs.update(self._losses(final["pair"], structure, plddt_logits, coordinates, atom_mask, attention_mask,
+                                        row_chunk))
         return outputs
 
-    def _losses(self, outputs, structure, plddt_logits, coordinates, atom_mask, attention_mask) -> dict:
+    def _losses(self, pair, structure, plddt_logits, coordinates, atom_mask, attention_mask, chunk) -> dict:
         c = self.config
         coordinates = coordinates.float()
         backbone_mask = atom_mask[..., :3].all(-1).float() * attention_mask.float()  # N, CA, C present
         true_frames = Frames.from_points(coordinates[..., 0, :], coordinates[..., 1, :], coordinates[..., 2, :])
         fapes = [fape(frames, true_frames, frames.translation, coordinates[..., 1, :], backbone_mask, backbone_mask,
-                      c.fape_clamp) for frames in structure["frames"]]
+                      c.fape_clamp, chunk_size=chunk) for frames in structure["frames"]]
         fape_loss = torch.stack(fapes).mean()
         has_cb = atom_mask[..., 4].bool()
         beta = torch.where(has_cb[..., None], coordinates[..., 4, :], coordinates[..., 1, :])
         beta_mask = (has_cb | atom_mask[..., 1].bool()).float() * attention_mask.float()
-        disto = distogram_loss(outputs["distogram_logits"], beta, beta_mask)
-        confidence = plddt_loss(plddt_logits, outputs["backbone"][:, :, 1], coordinates[..., 1, :], backbone_mask)
+        disto = distogram_loss(self.distogram_head, pair, beta, beta_mask, chunk)
+        confidence = plddt_loss(plddt_logits, structure["backbone"][:, :, 1], coordinates[..., 1, :], backbone_mask)
         loss = fape_loss + c.distogram_weight * disto + c.plddt_weight * confidence
         return {"loss": loss, "fape": fape_loss.detach(), "distogram_loss": disto.detach(),
                 "plddt_loss": confidence.detach()}

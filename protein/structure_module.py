@@ -11,6 +11,7 @@ Weights are shared across layers; rotation gradients are stopped between layers 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protein.attention import MASK_LOGIT
+from protein.chunking import chunked, per_chunk
 from protein.frames import Frames, quaternion_update
 from protein.precision import LayerNorm, float32_island
 
@@ -53,10 +55,12 @@ class StructureConfig:
 
 
 class InvariantPointAttention(nn.Module):
-    """forward(single (B, L, Cs), pair (B, L, L, Cz), frames (B, L), mask (B, L)) -> (B, L, Cs):
-    attention whose logits add scalar q·k, a pair bias and minus the weighted squared distances of
-    query and key points in the global frame; its outputs (scalar, points brought back to the
-    local frame with their norms, pair) are invariant to global rotations and translations."""
+    """forward(single (B, L, Cs), pair (B, L, L, Cz), frames (B, L), mask (B, L), chunk_size=None,
+    pair_norm=None) -> (B, L, Cs): attention whose logits add scalar q·k, a pair bias and minus the
+    weighted squared distances of query and key points in the global frame; its outputs (scalar,
+    points brought back to the local frame with their norms, pair) are invariant to global
+    rotations and translations. Chunked along the queries i; `pair_norm` (position-wise) is
+    applied to each chunk's rows of pair (None: pair is used as given)."""
 
     def __init__(self, config: StructureConfig, pair_dim: int) -> None:
         super().__init__()
@@ -70,31 +74,40 @@ class InvariantPointAttention(nn.Module):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
 
-    def forward(self, single, pair, frames: Frames, mask):
+    def forward(self, single, pair, frames: Frames, mask, chunk_size: int | None = None,
+                pair_norm: Callable[[torch.Tensor], torch.Tensor] | None = None):
         c = self.config
         h, pq, pv = c.heads, c.query_points, c.value_points
         q, k, v = self.scalars(single).unflatten(-1, (3, h, c.head_dim)).unbind(-3)  # (B, L, H, c)
         local_points = self.points(single).unflatten(-1, (h, 2 * pq + pv, 3))  # (B, L, H, P, 3)
         points = frames[:, :, None, None].apply(local_points)
         q_pts, k_pts, v_pts = points.split([pq, pq, pv], dim=-2)  # (B, L, H, P, 3) global
-        point_weight = F.softplus(self.head_weights) * math.sqrt(2.0 / (9.0 * pq)) / 2
-        # Σ_p |q_ip - k_jp|² expanded, so no (B, L, L, H, P, 3) difference tensor is formed
-        distances = ((q_pts**2).sum((-1, -2))[:, :, None] + (k_pts**2).sum((-1, -2))[:, None]
-                     - 2 * torch.einsum("bihpx,bjhpx->bijh", q_pts, k_pts))  # (B, L, L, H)
-        logits = (torch.einsum("bihc,bjhc->bijh", q, k) / math.sqrt(c.head_dim) + self.pair_bias(pair)
-                  - point_weight * distances) * math.sqrt(1.0 / 3.0)
-        logits = logits + (1.0 - mask[:, None, :, None].float()) * MASK_LOGIT
-        weights = logits.softmax(dim=2)  # over keys j
-        scalar_out = torch.einsum("bijh,bjhc->bihc", weights, v)
-        point_out = frames[:, :, None, None].invert_apply(torch.einsum("bijh,bjhpx->bihpx", weights, v_pts))
-        pair_out = torch.einsum("bijh,bijz->bihz", weights, pair)
-        point_norms = torch.sqrt((point_out**2).sum(-1) + 1e-8)  # eps: a finite gradient at the origin
-        features = [scalar_out.flatten(-2), point_out.flatten(-3), point_norms.flatten(-2), pair_out.flatten(-2)]
-        return self.out(torch.cat(features, dim=-1))
+        key_mask = (1.0 - mask[:, None, :, None].float()) * MASK_LOGIT  # (B, 1, L, 1)
+        norm = pair_norm or (lambda rows: rows)
+
+        def queries(q_rows, q_pts_rows, pair_rows, rotation_rows, translation_rows, k, v, k_pts, v_pts, key_mask):
+            pair_rows = norm(pair_rows)  # the chunk's queries i: rows (B, i, ...); keys whole
+            point_weight = F.softplus(self.head_weights) * math.sqrt(2.0 / (9.0 * pq)) / 2
+            # Σ_p |q_ip - k_jp|² expanded, so no (B, i, L, H, P, 3) difference tensor is formed
+            distances = ((q_pts_rows**2).sum((-1, -2))[:, :, None] + (k_pts**2).sum((-1, -2))[:, None]
+                         - 2 * torch.einsum("bihpx,bjhpx->bijh", q_pts_rows, k_pts))  # (B, i, L, H)
+            logits = (torch.einsum("bihc,bjhc->bijh", q_rows, k) / math.sqrt(c.head_dim) + self.pair_bias(pair_rows)
+                      - point_weight * distances) * math.sqrt(1.0 / 3.0)
+            weights = (logits + key_mask).softmax(dim=2)  # over keys j
+            scalar_out = torch.einsum("bijh,bjhc->bihc", weights, v)
+            row_frames = Frames(rotation_rows, translation_rows)[:, :, None, None]
+            point_out = row_frames.invert_apply(torch.einsum("bijh,bjhpx->bihpx", weights, v_pts))
+            pair_out = torch.einsum("bijh,bijz->bihz", weights, pair_rows)
+            point_norms = torch.sqrt((point_out**2).sum(-1) + 1e-8)  # eps: a finite gradient at the origin
+            features = [scalar_out.flatten(-2), point_out.flatten(-3), point_norms.flatten(-2), pair_out.flatten(-2)]
+            return self.out(torch.cat(features, dim=-1))
+
+        return chunked(queries, (q, q_pts, pair, frames.rotation, frames.translation), 1, chunk_size,
+                       whole=(k, v, k_pts, v_pts, key_mask))
 
 
 class StructureModule(nn.Module):
-    """forward(single, pair, mask) -> {"frames": [Frames (B, L)] one per layer, "backbone" (B, L, 3, 3)
+    """forward(single, pair, mask, chunk_size=None) -> {"frames": [Frames (B, L)] one per layer, "backbone" (B, L, 3, 3)
     N/CA/C of the last layer in Å, "single" (B, L, Cs)} (Algorithm 20, without torsions)."""
 
     def __init__(self, config: StructureConfig, single_in: int, pair_dim: int) -> None:
@@ -113,14 +126,15 @@ class StructureModule(nn.Module):
             nn.init.zeros_(layer.bias)
 
     @float32_island
-    def forward(self, single: torch.Tensor, pair: torch.Tensor, mask: torch.Tensor) -> dict:
+    def forward(self, single: torch.Tensor, pair: torch.Tensor, mask: torch.Tensor, chunk_size: int | None = None
+                ) -> dict:
         c = self.config
-        pair = self.pair_norm(pair)
+        pair, pair_norm = per_chunk(self.pair_norm, pair, chunk_size)
         s = self.single_in(self.single_norm(single))
         frames = Frames.identity(s.shape[:2], device=s.device, dtype=s.dtype)
         trajectory = []
         for layer in range(c.layers):
-            s = self.ipa_norm(s + F.dropout(self.ipa(s, pair, frames, mask), c.dropout, self.training))
+            s = self.ipa_norm(s + F.dropout(self.ipa(s, pair, frames, mask, chunk_size, pair_norm), c.dropout, self.training))
             s = self.transition_norm(s + F.dropout(self.transition(s), c.dropout, self.training))
             update = self.backbone_update(s)
             frames = frames.compose(quaternion_update(torch.cat([update[..., :3], update[..., 3:] * c.position_scale], -1)))

@@ -88,6 +88,29 @@ def test_chunking_and_memory_budget_change_nothing_and_bf16_is_close(batch):
     assert error < 2e-2
 
 
+def test_chunked_training_step_has_the_same_loss_and_gradients(batch):
+    results = []
+    for chunk in (None, 5):  # eval: no dropout; gradients still recorded, so the chunks are checkpointed
+        folding = model(seed=6, chunk_size=chunk).eval()
+        out = folding(**batch, recycles=1)
+        out["loss"].backward()
+        results.append((out["loss"].detach(), out["distogram_loss"], {n: p.grad for n, p in folding.named_parameters()}))
+    (loss, distogram, grads), (chunked_loss, chunked_distogram, chunked_grads) = results
+    assert torch.allclose(chunked_loss, loss, rtol=1e-5) and torch.allclose(chunked_distogram, distogram, rtol=1e-5)
+    scale = max(g.abs().max() for g in grads.values())
+    assert all((chunked_grads[n] - g).abs().max() <= 1e-5 * scale for n, g in grads.items())
+    assert grads["distogram_head.weight"].abs().max() > 0
+
+
+def test_distogram_logits_are_symmetric_and_only_returned_without_labels(batch):
+    folding = model(seed=7).eval()
+    inputs = {k: v for k, v in batch.items() if k not in ("coordinates", "atom_mask")}
+    with torch.no_grad():
+        logits = folding(**inputs)["distogram_logits"]
+        assert "distogram_logits" not in folding(**batch)
+    assert logits.shape == (2, 24, 24, TINY.distogram_bins) and torch.equal(logits, logits.transpose(1, 2))
+
+
 def test_saves_and_loads_through_the_zoo(batch, tmp_path):
     folding = model(seed=5).eval()
     zoo.save(folding, tmp_path / "fold", card="# test")
