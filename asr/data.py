@@ -121,14 +121,10 @@ def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE) -
     return len(pcm) / sample_rate
 
 
-def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4) -> Path:
-    """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
-    one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
-    folder = (data_dir() if root is None else root) / f"espeak_corpus_{config.key}"
-    if all((folder / f"{split}.jsonl").exists() for split in SPLITS):
-        return folder
-    (folder / "wav").mkdir(parents=True, exist_ok=True)
-    rng = random.Random(config.seed)
+def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> tuple[list[str], list[str], list[str]]:
+    """The (train, validation, test) sentences of the corpus `config` describes, drawn by `rng`
+    (default: seeded with config.seed, as `build_corpus` draws them; it goes on to draw the voices)."""
+    rng = random.Random(config.seed) if rng is None else rng
     sentences = corpus_sentences(shakespeare_text(), max_words=config.max_words, vocabulary_size=config.vocabulary_size)
     rng.shuffle(sentences)
     wanted = config.test_sentences + config.validation_sentences + config.train_sentences
@@ -137,7 +133,18 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
                          f"the splits want {wanted}")
     test = sentences[: config.test_sentences]
     validation = sentences[config.test_sentences : config.test_sentences + config.validation_sentences]
-    train = sentences[config.test_sentences + config.validation_sentences : wanted]
+    return sentences[config.test_sentences + config.validation_sentences : wanted], validation, test
+
+
+def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4) -> Path:
+    """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
+    one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
+    folder = (data_dir() if root is None else root) / f"espeak_corpus_{config.key}"
+    if all((folder / f"{split}.jsonl").exists() for split in SPLITS):
+        return folder
+    (folder / "wav").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    train, validation, test = split_sentences(config, rng)
     plan = {"train": list(zip(train, voices(False, len(train), rng))),
             "validation": list(zip(validation, voices(False, len(validation), rng))),
             "test_sentences": list(zip(test, voices(False, len(test), rng))),

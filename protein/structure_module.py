@@ -107,8 +107,9 @@ class InvariantPointAttention(nn.Module):
 
 
 class StructureModule(nn.Module):
-    """forward(single, pair, mask, chunk_size=None) -> {"frames": [Frames (B, L)] one per layer, "backbone" (B, L, 3, 3)
-    N/CA/C of the last layer in Å, "single" (B, L, Cs)} (Algorithm 20, without torsions)."""
+    """forward(single, pair, mask, chunk_size=None) -> {"frames": [Frames (B, L)] one per layer,
+    "backbone" (B, L, 3, 3) N/CA/C of the last layer in Å, "single" (B, L, Cs)} (Algorithm 20,
+    without torsions). IPA runs chunk_size queries at a time, normalising its rows of the pair."""
 
     def __init__(self, config: StructureConfig, single_in: int, pair_dim: int) -> None:
         super().__init__()
@@ -134,7 +135,8 @@ class StructureModule(nn.Module):
         frames = Frames.identity(s.shape[:2], device=s.device, dtype=s.dtype)
         trajectory = []
         for layer in range(c.layers):
-            s = self.ipa_norm(s + F.dropout(self.ipa(s, pair, frames, mask, chunk_size, pair_norm), c.dropout, self.training))
+            attended = self.ipa(s, pair, frames, mask, chunk_size, pair_norm)
+            s = self.ipa_norm(s + F.dropout(attended, c.dropout, self.training))
             s = self.transition_norm(s + F.dropout(self.transition(s), c.dropout, self.training))
             update = self.backbone_update(s)
             frames = frames.compose(quaternion_update(torch.cat([update[..., :3], update[..., 3:] * c.position_scale], -1)))

@@ -177,6 +177,8 @@ Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
+- Decoding: modified beam search, beam {config.beam}, fused with the {config.lm_order}-gram {config.tokens} language model of the
+  training transcripts (`language_model.safetensors`, weight {config.lm_weight}; `--lm-weight 0` turns it off).
 - Held out: sentences never trained on; voices never trained on: the {HELD_OUT_ACCENT} accent and the
   variants {', '.join(HELD_OUT_VARIANTS)}. Real speech: Debian `pocketsphinx-testdata` (LibriVox, card names), recorded by people:
   the gap from synthetic training speech to it is large.

@@ -1,0 +1,68 @@
+"""Word error rate of a trained transducer's beam search with and without the n-gram language
+model of the training transcripts, over beams, language-model orders and weights, on the
+synthesised corpus's splits; and on held-out voices, split by what was held out.
+
+    python benchmarks/asr_lm_fusion.py MODEL [--splits validation] [--beams 4 8] [--orders 8]
+                                             [--weights 0 0.3 0.6] [--by-voice]
+
+MODEL: a folder or zoo name written by the asr_transducer recipe (its corpus must be the default
+CorpusConfig). Weight 0 is plain beam search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+from asr.data import HELD_OUT_ACCENT, CorpusConfig, build_corpus, load_manifest, read_audio
+from asr.language_model import NgramLanguageModel
+from asr.transcription import recogniser, transcribe
+from asr.wer import error_counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--splits", nargs="+", default=["validation"])
+    parser.add_argument("--beams", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--orders", type=int, nargs="+", default=[8])
+    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.3, 0.6])
+    parser.add_argument("--by-voice", action="store_true", help="split test_voices by held-out accent / variant")
+    args = parser.parse_args()
+    found = recogniser(args.model)
+    folder = build_corpus(CorpusConfig())
+    transcripts = [found.tokenizer.encode(t) for t in load_manifest(folder / "train.jsonl")["text"]]
+    print("| split | beam | LM order | LM weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
+    for order in args.orders:
+        lm = NgramLanguageModel.train(transcripts, found.model.config.vocab_size, order)
+        for split in args.splits:
+            rows = list(load_manifest(folder / f"{split}.jsonl"))
+            waveforms, references = [read_audio(r["audio"], 16000) for r in rows], [r["text"] for r in rows]
+            for beam in args.beams:
+                for weight in args.weights:
+                    started = time.perf_counter()
+                    hypotheses = transcribe(found.model, waveforms, found.tokenizer, found.features, beam=beam,
+                                            language_model=lm, lm_weight=weight)
+                    seconds = time.perf_counter() - started
+                    print(f"| {split} | {beam} | {order if weight else '-'} | {weight} | "
+                          f"{error_counts(references, hypotheses).rate:.4f} | "
+                          f"{error_counts(references, hypotheses, 'char').rate:.4f} | {seconds:.0f} |", flush=True)
+                    if args.by_voice and split == "test_voices":
+                        by_voice(rows, hypotheses)
+
+
+def by_voice(rows: list[dict], hypotheses: list[str]) -> None:
+    """WER and CER of the held-out accent and of each held-out variant."""
+    groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for row, hypothesis in zip(rows, hypotheses):
+        accent, variant = row["voice"].split("+")
+        groups[f"accent {accent}" if accent == HELD_OUT_ACCENT else f"variant {variant}"].append((row["text"], hypothesis))
+    for group, pairs in sorted(groups.items()):
+        references, said = [list(x) for x in zip(*pairs)]
+        print(f"|   {group} ({len(pairs)} clips) | | | | {error_counts(references, said).rate:.4f} | "
+              f"{error_counts(references, said, 'char').rate:.4f} | |")
+
+
+if __name__ == "__main__":
+    main()
