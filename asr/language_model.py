@@ -29,6 +29,8 @@ from safetensors.numpy import load_file, save
 
 END = 0
 """Id of the sentence end (the blank's id: no transcript holds it)."""
+CACHE_CONTEXTS = 50_000
+"""Distributions kept for reuse (V float64 each; cleared when full, so a long-running decoder stays bounded)."""
 
 
 @dataclass
@@ -108,6 +110,8 @@ class NgramLanguageModel:
         padded = ([self.start] * (self.order - 1) + list(context))[len(context):] if self.order > 1 else []
         key = tuple(padded)
         if key not in self._cache:
+            if len(self._cache) >= CACHE_CONTEXTS:
+                self._cache.clear()
             self._cache[key] = self._interpolated(key).log()
         return self._cache[key]
 
