@@ -33,9 +33,10 @@ def main() -> None:
     found = recogniser(args.model)
     folder = build_corpus(CorpusConfig())
     transcripts = [found.tokenizer.encode(t) for t in load_manifest(folder / "train.jsonl")["text"]]
-    print("| split | beam | LM order | LM weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
     for order in args.orders:
         lm = NgramLanguageModel.train(transcripts, found.model.config.vocab_size, order)
+        print(f"\norder {order}: {len(lm.counts):,} distinct {order}-grams, {len(lm.to_bytes()):,} bytes\n")
+        print("| split | beam | LM order | LM weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
         for split in args.splits:
             rows = list(load_manifest(folder / f"{split}.jsonl"))
             waveforms, references = [read_audio(r["audio"], 16000) for r in rows], [r["text"] for r in rows]
