@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from asr.language_model import END, NgramLanguageModel
+from asr.language_model import END, LanguageModel
 from asr.model import Transducer
 
 
@@ -61,7 +61,7 @@ def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
 @torch.no_grad()
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
                          beam: int = 4, max_symbols_per_frame: int = 1,
-                         language_model: NgramLanguageModel | None = None, lm_weight: float = 0.0) -> list[list[int]]:
+                         language_model: LanguageModel | None = None, lm_weight: float = 0.0) -> list[list[int]]:
     """Beam search over frames. At each frame, up to `max_symbols_per_frame` rounds: every hypothesis
     still expanding at this frame is extended by blank (it moves on to the next frame) or by one
     token; the `beam` best extensions are kept, and a token extension keeps expanding at this frame
@@ -71,7 +71,9 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
 
     Shallow fusion: with a `language_model`, each token adds `lm_weight` x its log probability
     given the hypothesis's tokens, and the final choice adds `lm_weight` x that of the sentence end
-    (equal token sequences have equal language-model scores, so merging stays a log-add)."""
+    (equal token sequences have equal language-model scores, so merging stays a log-add). Tokens
+    the language model rules out (log probability -inf, as a lexicon does) are never taken; if every
+    final hypothesis is ruled out (speech ends inside a word), the best is chosen without the end."""
     if beam < 1 or max_symbols_per_frame < 1:
         raise ValueError(f"beam and max_symbols_per_frame must be >= 1; got {beam} and {max_symbols_per_frame}")
     blank, context = model.config.blank_id, model.config.context_size
@@ -96,6 +98,8 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                 top = candidates.topk(min(beam, candidates.numel()))
                 last_round, expanding = round_ == max_symbols_per_frame - 1, {}
                 for score, index in zip(top.values, top.indices.tolist()):
+                    if score.item() == -torch.inf:
+                        break
                     source, token = divmod(index, log_probs.shape[1])
                     if token == blank:
                         _log_add(moved_on, keys[source], score)
@@ -108,12 +112,13 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                     break
             hypotheses = _best(moved_on, beam)
         if fused:
-            hypotheses = {k: v + lm_weight * float(language_model.log_probs(k)[END]) for k, v in hypotheses.items()}
+            ended = {k: v + lm_weight * float(language_model.log_probs(k)[END]) for k, v in hypotheses.items()}
+            hypotheses = ended if any(v.item() > -torch.inf for v in ended.values()) else hypotheses
         results.append(list(max(hypotheses, key=lambda k: hypotheses[k].item())))
     return results
 
 
-def _token_log_probs(language_model: NgramLanguageModel, keys: list[tuple[int, ...]], blank: int) -> torch.Tensor:
+def _token_log_probs(language_model: LanguageModel, keys: list[tuple[int, ...]], blank: int) -> torch.Tensor:
     """(N, V) language-model log probabilities of each hypothesis's next token; 0 for the blank."""
     scores = torch.stack([language_model.log_probs(k) for k in keys]).float()
     scores[:, blank] = 0

@@ -22,6 +22,7 @@ import os
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,6 +30,8 @@ from safetensors.numpy import load_file, save
 
 END = 0
 """Id of the sentence end (the blank's id: no transcript holds it)."""
+KIND = "kind"
+"""Metadata key of a language-model file: "token" (this model) or "word" (`asr.word_language_model`)."""
 CACHE_CONTEXTS = 50_000
 """Distributions kept for reuse (V float64 each; cleared when full, so a long-running decoder stays bounded)."""
 
@@ -49,6 +52,15 @@ class _OrderTable:
     """(n-grams,) max(count - D, 0) / the context's total count."""
     backoff: np.ndarray
     """(contexts,) D x sizes / the total count: the weight of the next lower order."""
+
+
+class LanguageModel(Protocol):
+    """What shallow fusion needs: next-token log probabilities given a hypothesis's tokens."""
+
+    vocab_size: int
+
+    def log_probs(self, context: Sequence[int]) -> torch.Tensor:
+        """(vocab_size,) float64 log p(next | context); [END] is the sentence end (may be -inf)."""
 
 
 class NgramLanguageModel:
@@ -129,15 +141,22 @@ class NgramLanguageModel:
             probs[table.next_ids[run]] += table.discounted[run]
         return torch.from_numpy(probs)
 
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The n-grams and counts, compactly typed (what `from_tensors` reads)."""
+        return {"ngrams": self.ngrams.astype(np.int16 if self.vocab_size < 2**15 else np.int32),
+                "counts": self.counts.astype(np.int32), "vocab_size": np.array([self.vocab_size])}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray]) -> NgramLanguageModel:
+        return cls(tensors["ngrams"].astype(np.int64), tensors["counts"].astype(np.int64), int(tensors["vocab_size"][0]))
+
     def to_bytes(self) -> bytes:
-        """The n-grams and counts as safetensors (what `load` reads)."""
-        return save({"ngrams": self.ngrams.astype(np.int16 if self.vocab_size < 2**15 else np.int32),
-                     "counts": self.counts.astype(np.int32), "vocab_size": np.array([self.vocab_size])})
+        """The model as safetensors (what `load` and `asr.word_language_model.load_language_model` read)."""
+        return save(self.tensors(), metadata={KIND: "token"})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> NgramLanguageModel:
-        tensors = load_file(str(path))
-        return cls(tensors["ngrams"].astype(np.int64), tensors["counts"].astype(np.int64), int(tensors["vocab_size"][0]))
+        return cls.from_tensors(load_file(str(path)))
 
 
 def _check_order(order: int, vocab_size: int) -> None:

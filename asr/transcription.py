@@ -17,15 +17,18 @@ import torch
 from asr.data import read_audio
 from asr.decoding import greedy_search, modified_beam_search
 from asr.features import FeatureConfig, log_mel
-from asr.language_model import NgramLanguageModel
+from asr.language_model import LanguageModel
 from asr.model import Transducer
 from asr.text import TranscriptTokenizer
+from asr.word_language_model import load_language_model
 from zoo.store import load, locate, read_config
 
 
 LANGUAGE_MODEL_FILE = "language_model.safetensors"
-"""A speech recogniser's folder may hold an n-gram language model for shallow fusion; its
-config.json then gives {"decoding": {"lm_weight": ...}}."""
+"""A speech recogniser's folder may hold a language model for shallow fusion (a token n-gram model,
+or a word n-gram model with its lexicon); its config.json then gives {"decoding": {"lm_weight": ...}}."""
+DEFAULT_BEAM = 4
+"""Beam of the beam search for a model whose config.json names none ({"decoding": {"beam": ...}})."""
 
 
 @dataclass
@@ -35,10 +38,12 @@ class Recogniser:
     model: Transducer
     tokenizer: TranscriptTokenizer
     features: FeatureConfig
-    language_model: NgramLanguageModel | None
+    language_model: LanguageModel | None
     """Fused into beam search (None: the folder has none)."""
     lm_weight: float
     """Its weight in the fusion."""
+    beam: int
+    """Beam of the beam search the model was evaluated with."""
 
 
 def recogniser(name: str | os.PathLike) -> Recogniser:
@@ -47,23 +52,24 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
     if config.get("arch") != "transducer" or "tokenizer" not in config or "features" not in config:
         raise ValueError(f"model {str(name)!r} is not a speech recogniser: expected a transducer with "
                          f"'tokenizer' and 'features' in its config.json")
-    lm_file = locate(name) / LANGUAGE_MODEL_FILE
+    lm_file, decoding = locate(name) / LANGUAGE_MODEL_FILE, config.get("decoding", {})
     return Recogniser(load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"]),
-                      NgramLanguageModel.load(lm_file) if lm_file.exists() else None,
-                      float(config.get("decoding", {}).get("lm_weight", 0.0)))
+                      load_language_model(lm_file) if lm_file.exists() else None, float(decoding.get("lm_weight", 0.0)),
+                      int(decoding.get("beam", DEFAULT_BEAM)))
 
 
 @torch.no_grad()
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
-               method: Literal["greedy", "beam"] = "beam", beam: int = 4, max_symbols_per_frame: int = 3,
-               batch_size: int = 16, language_model: NgramLanguageModel | None = None,
+               method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
+               batch_size: int = 16, language_model: LanguageModel | None = None,
                lm_weight: float | None = None) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
     `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
     a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files.
+    beam: a zoo model's own by default, else DEFAULT_BEAM.
     language_model, lm_weight: shallow fusion in beam search; a zoo model brings its own (lm_weight=0
     turns it off)."""
     if method not in ("greedy", "beam"):
@@ -73,11 +79,13 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         model, tokenizer, features = found.model, found.tokenizer, found.features
         language_model = language_model or found.language_model
         lm_weight = found.lm_weight if lm_weight is None else lm_weight
+        beam = found.beam if beam is None else beam
     elif language_model is not None and lm_weight is None:
         raise ValueError("a language_model needs its lm_weight")
     elif tokenizer is None:
         raise ValueError("a Transducer needs its tokenizer (or pass a zoo model name, which brings its own)")
     features = FeatureConfig() if features is None else features
+    beam = DEFAULT_BEAM if beam is None else beam
     waveforms = [w if isinstance(w, torch.Tensor) else read_audio(w, features.sample_rate) for w in waveforms]
     model.eval()
     texts = []

@@ -1,12 +1,13 @@
-"""Word error rate of a trained transducer's beam search with and without the n-gram language
-model of the training transcripts, over beams, language-model orders and weights, on the
-synthesised corpus's splits; and on held-out voices, split by what was held out.
+"""Word error rate of a trained transducer's beam search with and without a language model of
+the training transcripts (a word n-gram model spelled through its lexicon, or a token n-gram
+model), over beams, language models and weights, on the synthesised corpus's splits; and on
+held-out voices, split by what was held out.
 
-    python benchmarks/asr_lm_fusion.py MODEL [--splits validation] [--beams 4 8] [--orders 8]
-                                             [--weights 0 0.3 0.6] [--by-voice]
+    python benchmarks/asr_lm_fusion.py MODEL [--splits validation] [--beams 8 16]
+                                             [--language-models word:4 token:8] [--weights 0 0.4 0.6] [--by-voice]
 
-MODEL: a folder or zoo name written by the asr_transducer recipe (its corpus must be the default
-CorpusConfig). Weight 0 is plain beam search.
+MODEL: a folder or zoo name written by the asr_transducer recipe with character tokens (its corpus
+must be the default CorpusConfig). Weight 0 is plain beam search.
 """
 
 from __future__ import annotations
@@ -19,24 +20,30 @@ from asr.data import HELD_OUT_ACCENT, CorpusConfig, build_corpus, load_manifest,
 from asr.language_model import NgramLanguageModel
 from asr.transcription import recogniser, transcribe
 from asr.wer import error_counts
+from asr.word_language_model import WordLanguageModel
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model")
     parser.add_argument("--splits", nargs="+", default=["validation"])
-    parser.add_argument("--beams", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--orders", type=int, nargs="+", default=[8])
-    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.3, 0.6])
+    parser.add_argument("--beams", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--language-models", nargs="+", default=["word:4", "token:8"], metavar="UNIT:ORDER",
+                        help="word:N (word N-gram through the lexicon) or token:N (token N-gram)")
+    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.4, 0.6])
     parser.add_argument("--by-voice", action="store_true", help="split test_voices by held-out accent / variant")
     args = parser.parse_args()
     found = recogniser(args.model)
     folder = build_corpus(CorpusConfig())
-    transcripts = [found.tokenizer.encode(t) for t in load_manifest(folder / "train.jsonl")["text"]]
-    for order in args.orders:
-        lm = NgramLanguageModel.train(transcripts, found.model.config.vocab_size, order)
-        print(f"\norder {order}: {len(lm.counts):,} distinct {order}-grams, {len(lm.to_bytes()):,} bytes\n")
-        print("| split | beam | LM order | LM weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
+    transcripts = list(load_manifest(folder / "train.jsonl")["text"])
+    for spec in args.language_models:
+        unit, order = spec.split(":")
+        lm = (WordLanguageModel.train(transcripts, int(order)) if unit == "word" else
+              NgramLanguageModel.train([found.tokenizer.encode(t) for t in transcripts], found.model.config.vocab_size, int(order)))
+        size = (f"{len(lm.lexicon):,} words, {len(lm.word_model.counts):,} distinct {order}-grams" if unit == "word"
+                else f"{len(lm.counts):,} distinct {order}-grams")
+        print(f"\n{unit} {order}-gram: {size}, {len(lm.to_bytes()):,} bytes\n")
+        print("| split | beam | language model | weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
         for split in args.splits:
             rows = list(load_manifest(folder / f"{split}.jsonl"))
             waveforms, references = [read_audio(r["audio"], 16000) for r in rows], [r["text"] for r in rows]
@@ -46,7 +53,7 @@ def main() -> None:
                     hypotheses = transcribe(found.model, waveforms, found.tokenizer, found.features, beam=beam,
                                             language_model=lm, lm_weight=weight)
                     seconds = time.perf_counter() - started
-                    print(f"| {split} | {beam} | {order if weight else '-'} | {weight} | "
+                    print(f"| {split} | {beam} | {spec if weight else '-'} | {weight} | "
                           f"{error_counts(references, hypotheses).rate:.4f} | "
                           f"{error_counts(references, hypotheses, 'char').rate:.4f} | {seconds:.0f} |", flush=True)
                     if args.by_voice and split == "test_voices":

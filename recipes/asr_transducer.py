@@ -1,12 +1,12 @@
 """Recipe `asr_transducer`: a Conformer transducer trained on speech synthesised with espeak-ng.
 
-    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,400 steps; 1.14 s a step on 2 cores)
+    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,600 steps; 1.03 s a step on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each
 spoken by a random espeak-ng voice (accent, variant, speed, pitch). Reports the word error rate of
-greedy search, modified beam search, and beam search fused with a character 8-gram language model
-of the training transcripts (`asr.language_model`), on held-out sentences spoken by training voices, on the same
+greedy search, modified beam search, and beam search fused with a word 4-gram language model
+of the training transcripts, spelled through their lexicon (`asr.word_language_model`), on held-out sentences spoken by training voices, on the same
 sentences spoken by held-out voices (an accent and two variants never trained on), and on the
 real recordings of Debian `pocketsphinx-testdata`; writes the model (weights with the feature
 statistics, tokenizer, front end, metrics, card) into the user's zoo as `asr-transducer-tiny`.
@@ -26,11 +26,12 @@ import zoo
 from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus,
                       collate_speech, load_manifest, read_audio, recorded_speech)
 from asr.features import FeatureConfig
-from asr.language_model import NgramLanguageModel
+from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
 from asr.transcription import LANGUAGE_MODEL_FILE, transcribe
 from asr.wer import error_counts
+from asr.word_language_model import WordLanguageModel
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from zoo.recipes import Recipe, command_line
@@ -56,17 +57,21 @@ class ASRTransducerConfig:
     """Utterances of similar duration per bucket; a micro batch of 1 is one bucket."""
     stats_utterances: int = 500
     """Training utterances the feature mean and std are measured on."""
-    beam: int = 8
-    """Beam of the modified beam search (validation WER with the language model: beam 4 11.3%, 8 9.2%,
-    16 8.7% at twice the time of 8)."""
-    lm_order: int = 8
-    """Order of the token n-gram language model trained on the training transcripts and fused into
-    beam search (shipped in the model folder); 0: none."""
-    lm_weight: float = 0.3
-    """Weight of the language model's log probabilities in the fusion (chosen on validation: WER
-    16.8% without, 11.3 / 10.6 / 12.9 / 22.8% at 0.3 / 0.4 / 0.6 / 1.0 with beam 4)."""
+    beam: int = 16
+    """Beam of the modified beam search (validation WER of a 1,600-step model with the word language
+    model at weight 0.4: beam 8 8.9%, 16 7.8%)."""
+    lm_unit: Literal["word", "token"] = "word"
+    """Language model fused into beam search, trained on the training transcripts and shipped in the
+    model folder: "word", a word n-gram model spelled through the transcripts' lexicon
+    (`asr.word_language_model`; character tokens only), or "token", a token n-gram model
+    (`asr.language_model`). Held-out voices, 1,600-step model, beam 16: token 8-gram 18.7%, word 4-gram 16.1%."""
+    lm_order: int = 4
+    """Order of the n-gram language model (words or tokens); 0: none."""
+    lm_weight: float = 0.4
+    """Weight of the language model's log probabilities in the fusion (chosen on validation, word
+    4-gram, beam 16: 7.8 / 8.8 / 12.1% at 0.4 / 0.6 / 0.8; a per-token bonus does not help)."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        global_batch_size=2, micro_batch_size=1, max_steps=1400, lr=2e-3, warmup_steps=150, weight_decay=0.01,
+        global_batch_size=2, micro_batch_size=1, max_steps=1600, lr=2e-3, warmup_steps=150, weight_decay=0.01,
         betas=(0.9, 0.98), min_lr_ratio=0.02, log_every=50, eval_every=500, eval_batches=8,
         output_dir="runs/asr_transducer"))
     """Optimisation settings (batch sizes count buckets)."""
@@ -83,6 +88,10 @@ class ASRTransducerConfig:
                              f"{self.bucket_size}, {self.stats_utterances}, {self.beam}, {self.evaluation_utterances}")
         if self.lm_order < 0 or self.lm_weight < 0:
             raise ValueError(f"lm_order and lm_weight must be >= 0; got {self.lm_order} and {self.lm_weight}")
+        if self.lm_unit not in ("word", "token"):
+            raise ValueError(f"lm_unit must be 'word' or 'token'; got {self.lm_unit!r}")
+        if self.lm_unit == "word" and self.lm_order and self.tokens != "char":
+            raise ValueError(f"lm_unit 'word' spells words in characters: it needs tokens='char'; got tokens={self.tokens!r}")
 
 
 def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +101,7 @@ def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tens
 
 
 def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: TranscriptTokenizer,
-                     features: FeatureConfig, beam: int, language_model: NgramLanguageModel | None,
+                     features: FeatureConfig, beam: int, language_model: LanguageModel | None,
                      lm_weight: float) -> dict[str, Any]:
     """{"greedy_wer", "beam_wer", "lm_wer", "lm_cer", "utterances", "examples"} of `rows` {"audio",
     "text"}: greedy search, beam search, and beam search with the language model (the model's
@@ -107,6 +116,16 @@ def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: T
             "lm_wer": error_counts(references, fused).rate, "lm_cer": error_counts(references, fused, "char").rate,
             "utterances": len(rows),
             "examples": [{"reference": r, "hypothesis": h} for r, h in list(zip(references, fused))[:3]]}
+
+
+def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer,
+                         transcripts: list[str]) -> LanguageModel | None:
+    """The recipe's language model of the training `transcripts` (None when lm_order is 0)."""
+    if not config.lm_order:
+        return None
+    if config.lm_unit == "word":
+        return WordLanguageModel.train(transcripts, config.lm_order)
+    return NgramLanguageModel.train([tokenizer.encode(t) for t in transcripts], tokenizer.vocab_size, config.lm_order)
 
 
 def run(config: ASRTransducerConfig) -> dict[str, Any]:
@@ -139,8 +158,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     sets = {"validation": list(manifests["validation"]), "test_sentences": list(manifests["test_sentences"]),
             "test_voices": list(manifests["test_voices"]),
             "librivox": [r for r in recorded if r["set"] == "librivox"], "cards": [r for r in recorded if r["set"] == "cards"]}
-    language_model = (NgramLanguageModel.train([tokenizer.encode(t) for t in manifests["train"]["text"]],
-                                               tokenizer.vocab_size, config.lm_order) if config.lm_order else None)
+    language_model = train_language_model(config, tokenizer, manifests["train"]["text"])
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
                                                       language_model, config.lm_weight) for name, rows in sets.items()}
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
@@ -150,7 +168,8 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     output = Path(config.output) if config.output else user_zoo_dir() / "asr-transducer-tiny"
     command = command_line(RECIPE, config, trainer.env.world_size)
     card = _card(output.name, model, config, metrics, memory, trainer.env.world_size, command)
-    decoding = {"lm_weight": config.lm_weight if language_model is not None else 0.0, "lm_order": config.lm_order}
+    decoding = {"beam": config.beam, "lm_weight": config.lm_weight if language_model is not None else 0.0,
+                "lm_unit": config.lm_unit, "lm_order": config.lm_order}
     zoo.save(model, output, card=card, extra={"tokenizer": tokenizer.spec(), "features": dataclasses.asdict(features),
                                               "decoding": decoding, "metrics": metrics},
              files={LANGUAGE_MODEL_FILE: language_model.to_bytes()} if language_model is not None else None)
@@ -177,7 +196,7 @@ Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
-- Decoding: modified beam search, beam {config.beam}, fused with the {config.lm_order}-gram {config.tokens} language model of the
+- Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
   training transcripts (`language_model.safetensors`, weight {config.lm_weight}; `--lm-weight 0` turns it off).
 - Held out: sentences never trained on; voices never trained on: the {HELD_OUT_ACCENT} accent and the
   variants {', '.join(HELD_OUT_VARIANTS)}. Real speech: Debian `pocketsphinx-testdata` (LibriVox, card names), recorded by people:
@@ -193,6 +212,14 @@ Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants
 
 Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", paths)` in Python.
 """
+
+
+def _language_model_words(config: ASRTransducerConfig) -> str:
+    if not config.lm_order:
+        return "no language model"
+    if config.lm_unit == "word":
+        return f"the word {config.lm_order}-gram language model (spelled through the lexicon)"
+    return f"the {config.lm_order}-gram {config.tokens} language model"
 
 
 RECIPE = Recipe(name="asr_transducer", config_class=ASRTransducerConfig, run=run, produces=("asr-transducer-tiny",),

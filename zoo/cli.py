@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("name")
     transcribe.add_argument("files", nargs="+", metavar="FILE.wav")
     transcribe.add_argument("--method", choices=["beam", "greedy"], default="beam")
-    transcribe.add_argument("--beam", type=int, default=4)
+    transcribe.add_argument("--beam", type=int, default=None, help="beam of the beam search (default: the model's own)")
     transcribe.add_argument("--lm-weight", type=float, default=None,
                             help="weight of the model's language model in beam search (default: the model's; 0: off)")
     fold = commands.add_parser("fold", help="predict a protein backbone and write it as PDB")
