@@ -80,20 +80,41 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
 
 def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
     """Set dotted fields (`train.max_steps`, `strategy.zero`) of a nested dataclass from strings,
-    converted to each field's annotated type; returns a new config (validated again)."""
+    converted to each field's annotated type; returns a new config. Each dataclass is rebuilt once
+    with all of its new values, so its __post_init__ validates them together (in any flag order)."""
+    tree: dict[str, Any] = {}
     for dotted, text in overrides.items():
         *path, leaf = dotted.split(".")
-        owners = [config]
+        branch = tree
         for part in path:
-            owners.append(_field_value(owners[-1], part, dotted))
-        hints = typing.get_type_hints(type(owners[-1]))
-        _field_value(owners[-1], leaf, dotted)
-        value = _convert(text, hints[leaf], dotted)
-        # Rebuild from the leaf up, so each dataclass's __post_init__ validates the new value.
-        for owner, name in zip(reversed(owners), reversed([*path, leaf])):
-            value = dataclasses.replace(owner, **{name: value})
-        config = value
-    return config
+            branch = branch.setdefault(part, {})
+            if not isinstance(branch, dict):
+                raise ValueError(f"--{dotted}: {part!r} is set itself by another flag")
+        if isinstance(branch.get(leaf), dict):
+            raise ValueError(f"--{dotted}: its fields are set by other flags")
+        branch[leaf] = (dotted, text)
+    return _rebuilt(config, tree)
+
+
+def _rebuilt(owner: Any, tree: dict[str, Any]) -> Any:
+    """`owner` replaced with the converted values of `tree` {field: (dotted, text) or subtree}."""
+    hints = typing.get_type_hints(type(owner)) if dataclasses.is_dataclass(owner) else {}
+    changes = {}
+    for name, item in tree.items():
+        if isinstance(item, dict):
+            dotted = next(_leaves(item))
+            changes[name] = _rebuilt(_field_value(owner, name, dotted), item)
+        else:
+            dotted, text = item
+            _field_value(owner, name, dotted)
+            changes[name] = _convert(text, hints[name], dotted)
+    return dataclasses.replace(owner, **changes)
+
+
+def _leaves(tree: dict[str, Any]):
+    """The dotted names of the flags under `tree`."""
+    for item in tree.values():
+        yield from (_leaves(item) if isinstance(item, dict) else [item[0]])
 
 
 def command_line(recipe: Recipe, config: Any, nproc: int) -> str:

@@ -81,6 +81,9 @@ def test_overrides_reach_nested_fields_with_types_and_validation():
         apply_overrides(recipe.config_class(), {"train.steps": "5"})
     with pytest.raises(ValueError, match="GPTConfig.n_embd must be divisible by n_head=4; got 30"):
         apply_overrides(recipe.config_class(), {"model.n_embd": "30"})
+    for overrides in ({"model.n_embd": "30", "model.n_head": "3"}, {"model.n_head": "3", "model.n_embd": "30"}):
+        model = apply_overrides(recipe.config_class(), overrides).model  # validated together, in either order
+        assert (model.n_embd, model.n_head) == (30, 3)
 
 
 def test_command_line_reproduces_the_config():
