@@ -113,7 +113,9 @@ def log_mel(waveforms: torch.Tensor, config: FeatureConfig, lengths: torch.Tenso
 
 @dataclass(frozen=True)
 class SpecAugment:
-    """Frequency and time masks (Park et al., 2019) on normalised features, filled with 0 (the mean)."""
+    """Frequency and time masks (Park et al., 2019) on normalised features, filled with 0 (the mean),
+    after an optional warp of each utterance's mel axis by a random factor (vocal tract length
+    perturbation, Jaitly and Hinton, 2013: a longer or shorter vocal tract scales the formants)."""
 
     freq_masks: int = 2
     """Frequency bands masked per utterance."""
@@ -123,16 +125,23 @@ class SpecAugment:
     """Time spans masked per utterance."""
     time_width: float = 0.05
     """Largest span, as a fraction of the utterance's frames."""
+    freq_warp: float = 0.0
+    """Largest warp: bin f of the output reads the input at f x a, a uniform in [1 - freq_warp,
+    1 + freq_warp] per utterance (linear interpolation, the top bin repeated past the edge); 0: none."""
 
     def __post_init__(self) -> None:
         if min(self.freq_masks, self.freq_width, self.time_masks) < 0 or not 0 <= self.time_width < 1:
             raise ValueError(f"SpecAugment needs non-negative masks and widths and time_width in [0, 1); got {self}")
+        if not 0 <= self.freq_warp < 0.5:
+            raise ValueError(f"SpecAugment.freq_warp must be in [0, 0.5); got {self.freq_warp}")
 
     def __call__(self, features: torch.Tensor, frame_lengths: torch.Tensor,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """features (B, T, F), frame_lengths (B,) -> masked copy (B, T, F). Draws from `generator`
         (default torch's global one, which the trainer seeds per step)."""
         batch, frames, bins = features.shape
+        if self.freq_warp:
+            features = warp_frequencies(features, 1 + self.freq_warp * (2 * torch.rand(batch, generator=generator) - 1))
         keep = torch.ones(batch, frames, bins, dtype=torch.bool)
         freq = torch.arange(bins)
         for _ in range(self.freq_masks):
@@ -146,3 +155,14 @@ class SpecAugment:
             start = (torch.rand(batch, 1, generator=generator) * (frame_lengths.cpu()[:, None] - width + 1).float()).long()
             keep &= ~((time >= start) & (time < start + width))[:, :, None]
         return features * keep.to(features.device, features.dtype)
+
+
+def warp_frequencies(features: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """features (B, T, F), factors (B,) -> (B, T, F): bin f of utterance b read at f x factors[b],
+    interpolated linearly between neighbouring bins (clamped to the top bin)."""
+    bins = features.shape[-1]
+    position = (torch.arange(bins, dtype=torch.float32) * factors.float()[:, None]).clamp(max=bins - 1)  # (B, F)
+    low = position.floor().long().clamp(max=bins - 2)
+    weight = (position - low).to(features.device, features.dtype)[:, None, :]
+    low = low.to(features.device)[:, None, :].expand(-1, features.shape[1], -1)
+    return features.gather(2, low) * (1 - weight) + features.gather(2, low + 1) * weight

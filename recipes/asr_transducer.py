@@ -1,6 +1,6 @@
 """Recipe `asr_transducer`: a Conformer transducer trained on speech synthesised with espeak-ng.
 
-    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,600 steps; 1.03 s a step on 2 cores)
+    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,600 steps; 0.98 s a step on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each

@@ -8,7 +8,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank, spectrogram, window_function
 
-from asr.features import FeatureConfig, SpecAugment, log_mel, mel_filters, resample
+from asr.features import FeatureConfig, SpecAugment, log_mel, mel_filters, resample, warp_frequencies
 from helpers import relative_error
 
 
@@ -76,3 +76,18 @@ def test_spec_augment_masks_bands_and_spans_within_each_utterance():
     assert masked.equal(augment(features, lengths, torch.Generator().manual_seed(0)))
     with pytest.raises(ValueError, match="SpecAugment needs non-negative masks"):
         SpecAugment(time_width=1.5)
+
+
+def test_frequency_warp_reads_each_utterance_at_scaled_bins():
+    ramp = torch.arange(80.0).expand(2, 5, 80)  # feature value = its bin: a warp reads back the position
+    warped = warp_frequencies(ramp, torch.tensor([0.9, 1.1]))
+    assert torch.allclose(warped[0], (torch.arange(80.0) * 0.9).expand(5, 80), atol=1e-4)
+    assert torch.allclose(warped[1], (torch.arange(80.0) * 1.1).clamp(max=79).expand(5, 80), atol=1e-4)
+    assert torch.equal(warp_frequencies(ramp, torch.ones(2)), ramp)
+    augment = SpecAugment(freq_masks=0, time_masks=0, freq_warp=0.2)
+    out = augment(ramp, torch.tensor([5, 5]), torch.Generator().manual_seed(3))
+    slopes = out[:, 0, 10] / 10  # the factor drawn for each utterance
+    assert ((slopes - 1).abs() <= 0.2).all() and not torch.allclose(slopes[0], slopes[1])
+    assert torch.allclose(out[:, 0, :40], torch.arange(40.0) * slopes[:, None], atol=1e-4)
+    with pytest.raises(ValueError, match=r"SpecAugment.freq_warp must be in \[0, 0.5\); got 0.7"):
+        SpecAugment(freq_warp=0.7)

@@ -13,15 +13,19 @@ from asr.model import TransducerConfig
 from helpers import relative_error
 from tiny_transducer import BINS, tiny, token_utterances
 
-def test_an_utterance_encodes_the_same_alone_and_padded_in_a_batch():
-    model = tiny().eval()
+@pytest.mark.parametrize("frame_stack", [1, 2])
+def test_an_utterance_encodes_the_same_alone_and_padded_in_a_batch(frame_stack):
+    model = tiny(encoder_frame_stack=frame_stack).eval()
     features, mask, _ = token_utterances(3, seed=1)
     encoded, lengths = model.encode(features, mask)
-    assert lengths.tolist() == subsampled_lengths(mask.sum(1)).tolist()
+    assert lengths.tolist() == subsampled_lengths(mask.sum(1), frame_stack).tolist()
+    assert lengths.tolist() == [((int(n) - 1) // 2 - 1) // 2 // frame_stack for n in mask.sum(1)]
     for row in range(3):
         frames = int(mask[row].sum())
         alone, _ = model.encode(features[row : row + 1, :frames])
         assert relative_error(encoded[row, : lengths[row]], alone[0]) < 1e-5
+    with pytest.raises(ValueError, match=f"features need at least {4 * frame_stack + 3} frames"):
+        model.encode(features[:1, : 4 * frame_stack + 2])
 
 
 def test_the_four_objectives_agree():
