@@ -97,9 +97,8 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                 candidates = (log_probs + torch.stack([expanding[k] for k in keys])[:, None]).flatten()
                 top = candidates.topk(min(beam, candidates.numel()))
                 last_round, expanding = round_ == max_symbols_per_frame - 1, {}
-                for score, index in zip(top.values, top.indices.tolist()):
-                    if score.item() == -torch.inf:
-                        break
+                possible = top.values > -torch.inf  # not ruled out by the language model
+                for score, index in zip(top.values[possible], top.indices[possible].tolist()):
                     source, token = divmod(index, log_probs.shape[1])
                     if token == blank:
                         _log_add(moved_on, keys[source], score)

@@ -5,11 +5,12 @@
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each
 spoken by a random espeak-ng voice (accent, variant, speed, pitch). Reports the word error rate of
-greedy search, modified beam search, and beam search fused with a word 4-gram language model
-of the training transcripts, spelled through their lexicon (`asr.word_language_model`), on held-out sentences spoken by training voices, on the same
-sentences spoken by held-out voices (an accent and two variants never trained on), and on the
-real recordings of Debian `pocketsphinx-testdata`; writes the model (weights with the feature
-statistics, tokenizer, front end, metrics, card) into the user's zoo as `asr-transducer-tiny`.
+greedy search, modified beam search, and beam search fused with a word 4-gram language model of
+the training transcripts, spelled through their lexicon (`asr.word_language_model`), on held-out
+sentences spoken by training voices, on the same sentences spoken by held-out voices (an accent
+and two variants never trained on), and on the real recordings of Debian `pocketsphinx-testdata`;
+writes the model (weights with the feature statistics, tokenizer, front end, metrics, card) into
+the user's zoo as `asr-transducer-tiny`.
 """
 
 from __future__ import annotations
@@ -64,12 +65,13 @@ class ASRTransducerConfig:
     """Language model fused into beam search, trained on the training transcripts and shipped in the
     model folder: "word", a word n-gram model spelled through the transcripts' lexicon
     (`asr.word_language_model`; character tokens only), or "token", a token n-gram model
-    (`asr.language_model`). Held-out voices, 1,600-step model, beam 16: token 8-gram 18.7%, word 4-gram 16.1%."""
+    (`asr.language_model`). Held-out voices, 1,600-step model, beam 16, weight 0.4: character 8-gram
+    18.0%, word 4-gram 16.1%."""
     lm_order: int = 4
     """Order of the n-gram language model (words or tokens); 0: none."""
     lm_weight: float = 0.4
     """Weight of the language model's log probabilities in the fusion (chosen on validation, word
-    4-gram, beam 16: 7.8 / 8.8 / 12.1% at 0.4 / 0.6 / 0.8; a per-token bonus does not help)."""
+    4-gram, beam 16: 7.8 / 8.8% at 0.4 / 0.6)."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         global_batch_size=2, micro_batch_size=1, max_steps=1600, lr=2e-3, warmup_steps=150, weight_decay=0.01,
         betas=(0.9, 0.98), min_lr_ratio=0.02, log_every=50, eval_every=500, eval_batches=8,
