@@ -45,7 +45,7 @@ class ConformerConfig:
     """Base of the rotary position angles."""
     frame_stack: int = 1
     """Consecutive subsampled frames merged into one by the subsampling's output linear: 2 gives the
-    blocks an 8x frame rate (80 ms) at about half their cost (a trailing odd frame is dropped)."""
+    blocks an 8x frame rate (80 ms), half the frames to process (a trailing odd frame is dropped)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subsampling_channels", tuple(self.subsampling_channels))  # a list from config.json

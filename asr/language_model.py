@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +34,17 @@ KIND = "kind"
 """Metadata key of a language-model file: "token" (this model) or "word" (`asr.word_language_model`)."""
 CACHE_CONTEXTS = 50_000
 """Distributions kept for reuse (V float64 each; cleared when full, so a long-running decoder stays bounded)."""
+
+
+class BoundedCache(dict):
+    """Values computed once per key; emptied when it holds CACHE_CONTEXTS of them."""
+
+    def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        if key not in self:
+            if len(self) >= CACHE_CONTEXTS:
+                self.clear()
+            self[key] = make()
+        return self[key]
 
 
 @dataclass
@@ -79,7 +90,7 @@ class NgramLanguageModel:
         self.order, self.start, self.base = ngrams.shape[1], vocab_size, vocab_size + 1
         _check_order(self.order, vocab_size)
         self._tables = [self._order_table(k) for k in range(1, self.order + 1)]
-        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self._cache = BoundedCache()
 
     @classmethod
     def train(cls, sentences: Sequence[Sequence[int]], vocab_size: int, order: int = 8) -> NgramLanguageModel:
@@ -121,11 +132,7 @@ class NgramLanguageModel:
         """(V,) float64 log p(next | the last order-1 ids of `context`); [END] is the sentence end."""
         padded = ([self.start] * (self.order - 1) + list(context))[len(context):] if self.order > 1 else []
         key = tuple(padded)
-        if key not in self._cache:
-            if len(self._cache) >= CACHE_CONTEXTS:
-                self._cache.clear()
-            self._cache[key] = self._interpolated(key).log()
-        return self._cache[key]
+        return self._cache.get_or_make(key, lambda: self._interpolated(key).log())
 
     def _interpolated(self, context: tuple[int, ...]) -> torch.Tensor:
         probs = np.full(self.vocab_size, 1.0 / self.vocab_size)

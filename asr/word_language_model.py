@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.numpy import load_file, save
 
-from asr.language_model import CACHE_CONTEXTS, END, KIND, LanguageModel, NgramLanguageModel
+from asr.language_model import END, KIND, BoundedCache, LanguageModel, NgramLanguageModel
 from asr.text import CHARACTERS
 
 SPACE_ID = CHARACTERS.index(" ") + 1
@@ -73,8 +73,8 @@ class WordLanguageModel:
         self.lexicon, self.word_model = words, word_model
         self.word_ids = {w: i + 1 for i, w in enumerate(words)}
         self._tree = self._prefix_tree()
-        self._cumulative: dict[tuple[int, ...], np.ndarray] = {}
-        self._cache: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+        self._cumulative = BoundedCache()  # word history -> (W+1,) cumulative word probabilities
+        self._cache = BoundedCache()  # (word history, prefix) -> (V,) next-token log probabilities
 
     @classmethod
     def train(cls, transcripts: Sequence[str], order: int = 4) -> WordLanguageModel:
@@ -109,12 +109,7 @@ class WordLanguageModel:
         history = tuple(self.word_ids.get(w, -1) for w in finished[max(0, len(finished) - self.word_model.order + 1):])
         if -1 in history or prefix not in self._tree or (finished and not all(finished)):
             return torch.full((VOCAB_SIZE,), -torch.inf, dtype=torch.float64)
-        key = (history, prefix)
-        if key not in self._cache:
-            if len(self._cache) >= CACHE_CONTEXTS:
-                self._cache.clear()
-            self._cache[key] = self._next_token_log_probs(history, self._tree[prefix])
-        return self._cache[key]
+        return self._cache.get_or_make((history, prefix), lambda: self._next_token_log_probs(history, self._tree[prefix]))
 
     def _next_token_log_probs(self, history: tuple[int, ...], node: _Prefix) -> torch.Tensor:
         cumulative = self._cumulative_word_probs(history)
@@ -130,12 +125,11 @@ class WordLanguageModel:
 
     def _cumulative_word_probs(self, history: tuple[int, ...]) -> np.ndarray:
         """(W+1,) [0, P(word 1 | h), P(words 1..2 | h), ...]: lexicon runs' masses are differences."""
-        if history not in self._cumulative:
-            if len(self._cumulative) >= CACHE_CONTEXTS:
-                self._cumulative.clear()
+        def make() -> np.ndarray:
             probs = self.word_model.log_probs(history).exp().numpy()
-            self._cumulative[history] = np.concatenate([[0.0], np.cumsum(probs[1:])])
-        return self._cumulative[history]
+            return np.concatenate([[0.0], np.cumsum(probs[1:])])
+
+        return self._cumulative.get_or_make(history, make)
 
     def to_bytes(self) -> bytes:
         """The lexicon and the word model as safetensors (what `load_language_model` reads)."""

@@ -92,29 +92,20 @@ def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
                 raise ValueError(f"--{dotted}: {part!r} is set itself by another flag")
         if isinstance(branch.get(leaf), dict):
             raise ValueError(f"--{dotted}: its fields are set by other flags")
-        branch[leaf] = (dotted, text)
-    return _rebuilt(config, tree)
+        branch[leaf] = text
+    return _rebuilt(config, tree, "")
 
 
-def _rebuilt(owner: Any, tree: dict[str, Any]) -> Any:
-    """`owner` replaced with the converted values of `tree` {field: (dotted, text) or subtree}."""
-    hints = typing.get_type_hints(type(owner)) if dataclasses.is_dataclass(owner) else {}
+def _rebuilt(owner: Any, tree: dict[str, Any], prefix: str) -> Any:
+    """`owner` replaced with the values of `tree` {field: text or subtree}, converted to the
+    fields' types; `prefix` is the dotted path to `owner` (for error messages)."""
     changes = {}
     for name, item in tree.items():
-        if isinstance(item, dict):
-            dotted = next(_leaves(item))
-            changes[name] = _rebuilt(_field_value(owner, name, dotted), item)
-        else:
-            dotted, text = item
-            _field_value(owner, name, dotted)
-            changes[name] = _convert(text, hints[name], dotted)
+        dotted = prefix + name
+        current = _field_value(owner, name, dotted)
+        changes[name] = (_rebuilt(current, item, dotted + ".") if isinstance(item, dict)
+                         else _convert(item, typing.get_type_hints(type(owner))[name], dotted))
     return dataclasses.replace(owner, **changes)
-
-
-def _leaves(tree: dict[str, Any]):
-    """The dotted names of the flags under `tree`."""
-    for item in tree.values():
-        yield from (_leaves(item) if isinstance(item, dict) else [item[0]])
 
 
 def command_line(recipe: Recipe, config: Any, nproc: int) -> str:
