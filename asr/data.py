@@ -23,12 +23,13 @@ import subprocess
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from asr.accents import SyntheticAccent, draw_accents, espeak_data
 from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
@@ -91,23 +92,42 @@ class CorpusConfig:
     """Longest sentence in words (the shortest has 3)."""
     seed: int = 0
     """Seed of the sentence split and the voice draws."""
+    synthetic_accents: int = 0
+    """Random accents (`asr.accents`: a training accent with random phoneme replacements) that
+    speak a share of the training sentences; 0: none. The other splits keep their voices."""
+    synthetic_share: float = 0.5
+    """Share of the training sentences the synthetic accents speak (in place of a training accent)."""
+    accent_rules: int = 4
+    """Phoneme replacements of each synthetic accent."""
 
     def __post_init__(self) -> None:
         if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
             raise ValueError(f"CorpusConfig needs at least one sentence per split and max_words >= 3; got {self}")
+        if self.synthetic_accents < 0 or not 0 <= self.synthetic_share <= 1 or self.accent_rules < 1:
+            raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
+                             f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
 
     @property
     def key(self) -> str:
-        """Short hash naming the corpus folder."""
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        """Short hash naming the corpus folder (without synthetic accents, their fields change nothing
+        and are left out: the key is the one corpora had before they existed)."""
+        fields = asdict(self)
+        if not self.synthetic_accents:
+            for name in ("synthetic_accents", "synthetic_share", "accent_rules"):
+                del fields[name]
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE) -> float:
-    """Synthesise `text` with espeak-ng into a 16-bit WAV at `sample_rate`; returns its seconds."""
+def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE,
+          espeak_path: Path | None = None) -> float:
+    """Synthesise `text` with espeak-ng into a 16-bit WAV at `sample_rate`; returns its seconds.
+    espeak_path: the folder holding the espeak-ng-data to use (`asr.accents.espeak_data`; default
+    the system's)."""
     from scipy.io import wavfile
 
     with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
-        done = subprocess.run(["espeak-ng", "-v", voice.name, "-s", str(voice.speed), "-p", str(voice.pitch),
+        path_option = [f"--path={espeak_path}"] if espeak_path is not None else []
+        done = subprocess.run(["espeak-ng", *path_option, "-v", voice.name, "-s", str(voice.speed), "-p", str(voice.pitch),
                                "-w", raw.name, text], capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"espeak-ng failed on {text!r} with {voice}: {done.stderr.strip()}"
@@ -136,6 +156,25 @@ def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> t
     return sentences[config.test_sentences + config.validation_sentences : wanted], validation, test
 
 
+def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
+    """({split: [(sentence, voice)]}, the synthetic accents) of the corpus `config` describes. The
+    synthetic accents (drawn by their own generator) take over a share of the training voices'
+    accents, so that every other draw is the same with them or without."""
+    rng = random.Random(config.seed)
+    train, validation, test = split_sentences(config, rng)
+    plan = {"train": list(zip(train, voices(False, len(train), rng))),
+            "validation": list(zip(validation, voices(False, len(validation), rng))),
+            "test_sentences": list(zip(test, voices(False, len(test), rng))),
+            "test_voices": list(zip(test, voices(True, len(test), rng)))}
+    accent_rng = random.Random(f"{config.seed}-accents")
+    bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
+    accents = draw_accents(config.synthetic_accents, config.accent_rules, bases, accent_rng)
+    if accents:
+        plan["train"] = [(text, replace(voice, accent=accent_rng.choice(accents).name)
+                          if accent_rng.random() < config.synthetic_share else voice) for text, voice in plan["train"]]
+    return plan, accents
+
+
 def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4) -> Path:
     """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
     one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
@@ -143,18 +182,15 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
     if all((folder / f"{split}.jsonl").exists() for split in SPLITS):
         return folder
     (folder / "wav").mkdir(parents=True, exist_ok=True)
-    rng = random.Random(config.seed)
-    train, validation, test = split_sentences(config, rng)
-    plan = {"train": list(zip(train, voices(False, len(train), rng))),
-            "validation": list(zip(validation, voices(False, len(validation), rng))),
-            "test_sentences": list(zip(test, voices(False, len(test), rng))),
-            "test_voices": list(zip(test, voices(True, len(test), rng)))}
+    plan, accents = corpus_plan(config)
+    espeak_path = espeak_data(accents, folder / "espeak") if accents else None
 
     def render(job: tuple[str, int, str, Voice]) -> dict[str, Any]:
         split, index, text, voice = job
         path = folder / "wav" / f"{split}_{index:06d}.wav"
         # A clip left by an interrupted build is kept; its length is read back.
-        seconds = read_audio(path, SAMPLE_RATE).numel() / SAMPLE_RATE if path.exists() else speak(text, voice, path)
+        seconds = (read_audio(path, SAMPLE_RATE).numel() / SAMPLE_RATE if path.exists()
+                   else speak(text, voice, path, espeak_path=espeak_path))
         return {"audio": str(path), "text": text, "voice": voice.name, "speed": voice.speed, "pitch": voice.pitch,
                 "seconds": round(seconds, 3)}
 

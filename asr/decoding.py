@@ -61,7 +61,8 @@ def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
 @torch.no_grad()
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
                          beam: int = 4, max_symbols_per_frame: int = 1,
-                         language_model: LanguageModel | None = None, lm_weight: float = 0.0) -> list[list[int]]:
+                         language_model: LanguageModel | None = None, lm_weight: float = 0.0,
+                         ilm_weight: float = 0.0) -> list[list[int]]:
     """Beam search over frames. At each frame, up to `max_symbols_per_frame` rounds: every hypothesis
     still expanding at this frame is extended by blank (it moves on to the next frame) or by one
     token; the `beam` best extensions are kept, and a token extension keeps expanding at this frame
@@ -73,7 +74,11 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
     given the hypothesis's tokens, and the final choice adds `lm_weight` x that of the sentence end
     (equal token sequences have equal language-model scores, so merging stays a log-add). Tokens
     the language model rules out (log probability -inf, as a lexicon does) are never taken; if every
-    final hypothesis is ruled out (speech ends inside a word), the best is chosen without the end."""
+    final hypothesis is ruled out (speech ends inside a word), the best is chosen without the end.
+
+    Internal language model estimation (ILME, Meng et al. 2021): in the fusion, each token also
+    subtracts `ilm_weight` x its log probability under the transducer's own language model (the
+    joiner without the encoder), so that the prior of the training text is not counted twice."""
     if beam < 1 or max_symbols_per_frame < 1:
         raise ValueError(f"beam and max_symbols_per_frame must be >= 1; got {beam} and {max_symbols_per_frame}")
     blank, context = model.config.blank_id, model.config.context_size
@@ -91,9 +96,12 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
             for round_ in range(max_symbols_per_frame):
                 keys = list(expanding)
                 contexts = torch.tensor([([blank] * context + list(k))[-context:] for k in keys], device=device)
-                log_probs = model.joiner.combine(frame, _decoder_proj(model, contexts)).float().log_softmax(-1)
+                decoder_proj = _decoder_proj(model, contexts)
+                log_probs = model.joiner.combine(frame, decoder_proj).float().log_softmax(-1)
                 if fused:
                     log_probs = log_probs + lm_weight * _token_log_probs(language_model, keys, blank).to(device)
+                    if ilm_weight:
+                        log_probs = log_probs - ilm_weight * internal_log_probs(model, decoder_proj)
                 candidates = (log_probs + torch.stack([expanding[k] for k in keys])[:, None]).flatten()
                 top = candidates.topk(min(beam, candidates.numel()))
                 last_round, expanding = round_ == max_symbols_per_frame - 1, {}
@@ -121,4 +129,14 @@ def _token_log_probs(language_model: LanguageModel, keys: list[tuple[int, ...]],
     """(N, V) language-model log probabilities of each hypothesis's next token; 0 for the blank."""
     scores = torch.stack([language_model.log_probs(k) for k in keys]).float()
     scores[:, blank] = 0
+    return scores
+
+
+def internal_log_probs(model: Transducer, decoder_proj: torch.Tensor) -> torch.Tensor:
+    """(N, V) the transducer's internal language model (ILME, Meng et al. 2021): the joiner without
+    the encoder's projection, normalised over the non-blank tokens; 0 for the blank."""
+    logits = model.joiner.out(torch.tanh(decoder_proj)).float()
+    logits[:, model.config.blank_id] = -torch.inf
+    scores = logits.log_softmax(-1)
+    scores[:, model.config.blank_id] = 0
     return scores

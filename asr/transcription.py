@@ -42,6 +42,8 @@ class Recogniser:
     """Fused into beam search (None: the folder has none)."""
     lm_weight: float
     """Its weight in the fusion."""
+    ilm_weight: float
+    """Weight of the internal language model subtracted in the fusion (`modified_beam_search`)."""
     beam: int
     """Beam of the beam search the model was evaluated with."""
 
@@ -55,7 +57,7 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
     lm_file, decoding = locate(name) / LANGUAGE_MODEL_FILE, config.get("decoding", {})
     return Recogniser(load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"]),
                       load_language_model(lm_file) if lm_file.exists() else None, float(decoding.get("lm_weight", 0.0)),
-                      int(decoding.get("beam", DEFAULT_BEAM)))
+                      float(decoding.get("ilm_weight", 0.0)), int(decoding.get("beam", DEFAULT_BEAM)))
 
 
 @torch.no_grad()
@@ -63,15 +65,15 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
                method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
                batch_size: int = 16, language_model: LanguageModel | None = None,
-               lm_weight: float | None = None) -> list[str]:
+               lm_weight: float | None = None, ilm_weight: float | None = None) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
     `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
     a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files.
     beam: a zoo model's own by default, else DEFAULT_BEAM.
-    language_model, lm_weight: shallow fusion in beam search; a zoo model brings its own (lm_weight=0
-    turns it off)."""
+    language_model, lm_weight, ilm_weight: shallow fusion in beam search, less the internal language
+    model (`modified_beam_search`); a zoo model brings its own (lm_weight=0 turns it off)."""
     if method not in ("greedy", "beam"):
         raise ValueError(f"method must be 'greedy' or 'beam'; got {method!r}")
     if not isinstance(model, Transducer):
@@ -79,6 +81,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         model, tokenizer, features = found.model, found.tokenizer, found.features
         language_model = language_model or found.language_model
         lm_weight = found.lm_weight if lm_weight is None else lm_weight
+        ilm_weight = found.ilm_weight if ilm_weight is None else ilm_weight
         beam = found.beam if beam is None else beam
     elif language_model is not None and lm_weight is None:
         raise ValueError("a language_model needs its lm_weight")
@@ -100,7 +103,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         device = model.feature_mean.device
         encoded, encoded_lengths = model.encode(log_mels.to(device), mask.to(device))
         tokens = (modified_beam_search(model, encoded, encoded_lengths, beam, max_symbols_per_frame, language_model,
-                                       lm_weight or 0.0) if method == "beam"
+                                       lm_weight or 0.0, ilm_weight or 0.0) if method == "beam"
                   else greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame))
         texts += [tokenizer.decode(ids) for ids in tokens]
     return texts

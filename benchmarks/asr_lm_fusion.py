@@ -1,13 +1,15 @@
 """Word error rate of a trained transducer's beam search with and without a language model of
 the training transcripts (a word n-gram model spelled through its lexicon, or a token n-gram
-model), over beams, language models and weights, on the synthesised corpus's splits; and on
-held-out voices, split by what was held out.
+model), over beams, language models, their weights and those of the internal language model
+subtracted in the fusion, on the synthesised corpus's splits; and on held-out voices, split by what
+was held out.
 
     python benchmarks/asr_lm_fusion.py MODEL [--splits validation] [--beams 8 16]
-                                             [--language-models word:4 token:8] [--weights 0 0.4 0.6] [--by-voice]
+                                             [--language-models word:4 token:8] [--weights 0 0.4 0.6]
+                                             [--ilm-weights 0 0.2] [--by-voice]
 
 MODEL: a folder or zoo name written by the asr_transducer recipe with character tokens (its corpus
-must be the default CorpusConfig). Weight 0 is plain beam search.
+must be the default CorpusConfig). Weight 0 is plain beam search (no internal model is subtracted then).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--language-models", nargs="+", default=["word:4", "token:8"], metavar="UNIT:ORDER",
                         help="word:N (word N-gram through the lexicon) or token:N (token N-gram)")
     parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.4, 0.6])
+    parser.add_argument("--ilm-weights", type=float, nargs="+", default=[0.0])
     parser.add_argument("--by-voice", action="store_true", help="split test_voices by held-out accent / variant")
     args = parser.parse_args()
     found = recogniser(args.model)
@@ -43,17 +46,18 @@ def main() -> None:
         size = (f"{len(lm.lexicon):,} words, {len(lm.word_model.counts):,} distinct {order}-grams" if unit == "word"
                 else f"{len(lm.counts):,} distinct {order}-grams")
         print(f"\n{unit} {order}-gram: {size}, {len(lm.to_bytes()):,} bytes\n")
-        print("| split | beam | language model | weight | WER | CER | decoding s |\n|---|---|---|---|---|---|---|")
+        print("| split | beam | language model | weight | internal weight | WER | CER | decoding s |\n"
+              "|---|---|---|---|---|---|---|---|")
         for split in args.splits:
             rows = list(load_manifest(folder / f"{split}.jsonl"))
             waveforms, references = [read_audio(r["audio"], 16000) for r in rows], [r["text"] for r in rows]
             for beam in args.beams:
-                for weight in args.weights:
+                for weight, internal in [(w, i) for w in args.weights for i in (args.ilm_weights if w else [0.0])]:
                     started = time.perf_counter()
                     hypotheses = transcribe(found.model, waveforms, found.tokenizer, found.features, beam=beam,
-                                            language_model=lm, lm_weight=weight)
+                                            language_model=lm, lm_weight=weight, ilm_weight=internal)
                     seconds = time.perf_counter() - started
-                    print(f"| {split} | {beam} | {spec if weight else '-'} | {weight} | "
+                    print(f"| {split} | {beam} | {spec if weight else '-'} | {weight} | {internal} | "
                           f"{error_counts(references, hypotheses).rate:.4f} | "
                           f"{error_counts(references, hypotheses, 'char').rate:.4f} | {seconds:.0f} |", flush=True)
                     if args.by_voice and split == "test_voices":
@@ -68,7 +72,7 @@ def by_voice(rows: list[dict], hypotheses: list[str]) -> None:
         groups[f"accent {accent}" if accent == HELD_OUT_ACCENT else f"variant {variant}"].append((row["text"], hypothesis))
     for group, pairs in sorted(groups.items()):
         references, said = [list(x) for x in zip(*pairs)]
-        print(f"|   {group} ({len(pairs)} clips) | | | | {error_counts(references, said).rate:.4f} | "
+        print(f"|   {group} ({len(pairs)} clips) | | | | | {error_counts(references, said).rate:.4f} | "
               f"{error_counts(references, said, 'char').rate:.4f} | |")
 
 

@@ -74,7 +74,8 @@ def cmd_classify(args: argparse.Namespace) -> None:
 def cmd_transcribe(args: argparse.Namespace) -> None:
     from asr import transcribe  # the CLI sits on top of the domains
 
-    texts = transcribe(args.name, args.files, method=args.method, beam=args.beam, lm_weight=args.lm_weight)
+    texts = transcribe(args.name, args.files, method=args.method, beam=args.beam, lm_weight=args.lm_weight,
+                       ilm_weight=args.ilm_weight)
     for path, text in zip(args.files, texts):
         print(f"{path}: {text}")
 
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--beam", type=int, default=None, help="beam of the beam search (default: the model's own)")
     transcribe.add_argument("--lm-weight", type=float, default=None,
                             help="weight of the model's language model in beam search (default: the model's; 0: off)")
+    transcribe.add_argument("--ilm-weight", type=float, default=None,
+                            help="weight of the internal language model subtracted in the fusion (default: the model's)")
     fold = commands.add_parser("fold", help="predict a protein backbone and write it as PDB")
     fold.add_argument("name")
     fold.add_argument("sequence", help="one-letter amino-acid sequence")

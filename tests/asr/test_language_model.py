@@ -1,6 +1,6 @@
 """The token n-gram language model: Kneser-Ney values worked by hand, normalisation, held-out
-cross-entropy on real sentences falling with the order, its file round trip, and shallow fusion
-in beam search."""
+cross-entropy on real sentences falling with the order, its file round trip, shallow fusion
+in beam search, and the internal language model it can subtract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from asr.decoding import modified_beam_search
+from asr.decoding import internal_log_probs, modified_beam_search
 from asr.language_model import END, NgramLanguageModel
 from asr.text import TranscriptTokenizer, corpus_sentences
 from zoo.corpora import shakespeare_text
@@ -78,3 +78,40 @@ def test_shallow_fusion_steers_beam_search_and_weight_zero_changes_nothing():
     assert any(set(h) - {3} for h in plain) and all(set(h) <= {3} for h in fused) and any(fused)
     with pytest.raises(ValueError, match="language_model must share the model's 8 tokens"):
         modified_beam_search(model, encoded, lengths, language_model=NgramLanguageModel.train([[1]], 5), lm_weight=1.0)
+
+
+class InternalLanguageModel:
+    """A transducer's internal language model (the joiner without the encoder, over non-blank
+    tokens) as a LanguageModel, computed here in float64."""
+
+    def __init__(self, model) -> None:
+        self.model, self.vocab_size = model, model.config.vocab_size
+
+    def log_probs(self, context) -> torch.Tensor:
+        size, blank = self.model.config.context_size, self.model.config.blank_id
+        tokens = torch.tensor([([blank] * size + list(context))[-size:]])
+        projection = self.model.joiner.decoder_proj(self.model.decoder(tokens)[:, -1]).double()
+        joiner = self.model.joiner.out
+        logits = torch.tanh(projection) @ joiner.weight.double().T + joiner.bias.double()
+        scores = torch.zeros(self.vocab_size, dtype=torch.float64)
+        scores[1:] = logits[0, 1:].log_softmax(-1)  # blank (= END) 0: the sentence end adds nothing
+        return scores
+
+
+def test_subtracting_the_internal_language_model_cancels_fusing_it():
+    model = tiny(seed=5).eval()
+    internal = InternalLanguageModel(model)
+    contexts = torch.tensor([[0, 0], [3, 5]])
+    projection = model.joiner.decoder_proj(model.decoder(contexts)[:, -1])
+    scores = internal_log_probs(model, projection)
+    reference = torch.stack([internal.log_probs(c) for c in ([], [3, 5])])
+    assert (scores - reference).abs().max() < 1e-5 and scores[:, 0].eq(0).all()
+    assert torch.allclose(scores[:, 1:].exp().sum(-1), torch.ones(2, dtype=torch.float32))
+    features, mask, _ = token_utterances(4, seed=4)
+    encoded, lengths = model.encode(features, mask)
+    plain = modified_beam_search(model, encoded, lengths, beam=4, max_symbols_per_frame=2)
+    fused = modified_beam_search(model, encoded, lengths, 4, 2, language_model=internal, lm_weight=3.0)
+    assert fused != plain  # fusing it alone changes the choices; subtracting it as well gives them back
+    assert modified_beam_search(model, encoded, lengths, 4, 2, language_model=internal, lm_weight=3.0,
+                                ilm_weight=3.0) == plain
+    assert modified_beam_search(model, encoded, lengths, 4, 2, ilm_weight=3.0) == plain  # no fusion: nothing to subtract
