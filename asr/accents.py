@@ -47,11 +47,8 @@ class SyntheticAccent:
         lines = [line for line in accent_file(self.base, system_data).read_text().splitlines()
                  if line.strip() and not line.startswith("name ")]
         rules = [f"replace 00 {phoneme} {replacement}" for phoneme, replacement in self.replacements]
-        return "\n".join([f"name {self.name}", *lines[:_first_rule(lines)], *rules, *lines[_first_rule(lines):]]) + "\n"
-
-
-def _first_rule(lines: list[str]) -> int:
-    return next((i for i, line in enumerate(lines) if line.startswith("replace ")), len(lines))
+        first = next((i for i, line in enumerate(lines) if line.startswith("replace ")), len(lines))
+        return "\n".join([f"name {self.name}", *lines[:first], *rules, *lines[first:]]) + "\n"
 
 
 def draw_accents(count: int, rules: int, bases: tuple[str, ...], rng: random.Random) -> list[SyntheticAccent]:
