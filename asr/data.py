@@ -99,6 +99,9 @@ class CorpusConfig:
     """Share of the training sentences the synthetic accents speak (in place of a training accent)."""
     accent_rules: int = 4
     """Phoneme replacements of each synthetic accent."""
+    extra_accents: tuple[str, ...] = ()
+    """espeak-ng accents besides ACCENTS (e.g. "en-us-nyc") that speak training sentences only, each
+    as often as a training accent (the held-out sets keep their voices)."""
 
     def __post_init__(self) -> None:
         if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
@@ -106,15 +109,22 @@ class CorpusConfig:
         if self.synthetic_accents < 0 or not 0 <= self.synthetic_share <= 1 or self.accent_rules < 1:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
+        object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
+        known = set(ACCENTS) | {HELD_OUT_ACCENT}
+        if known & set(self.extra_accents) or len(set(self.extra_accents)) != len(self.extra_accents):
+            raise ValueError(f"CorpusConfig.extra_accents must be distinct and not among {sorted(known)}; "
+                             f"got {self.extra_accents}")
 
     @property
     def key(self) -> str:
-        """Short hash naming the corpus folder (without synthetic accents, their fields change nothing
-        and are left out: the key is the one corpora had before they existed)."""
+        """Short hash naming the corpus folder (without synthetic or extra accents, their fields
+        change nothing and are left out: the key is the one corpora had before they existed)."""
         fields = asdict(self)
         if not self.synthetic_accents:
             for name in ("synthetic_accents", "synthetic_share", "accent_rules"):
                 del fields[name]
+        if not self.extra_accents:
+            del fields["extra_accents"]
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -158,8 +168,8 @@ def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> t
 
 def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
     """({split: [(sentence, voice)]}, the synthetic accents) of the corpus `config` describes. The
-    synthetic accents (drawn by their own generator) take over a share of the training voices'
-    accents, so that every other draw is the same with them or without."""
+    extra and the synthetic accents (drawn by their own generator) take over a share of the training
+    voices' accents, so that every other draw is the same with them or without."""
     rng = random.Random(config.seed)
     train, validation, test = split_sentences(config, rng)
     plan = {"train": list(zip(train, voices(False, len(train), rng))),
@@ -167,6 +177,10 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
             "test_sentences": list(zip(test, voices(False, len(test), rng))),
             "test_voices": list(zip(test, voices(True, len(test), rng)))}
     accent_rng = random.Random(f"{config.seed}-accents")
+    if config.extra_accents:
+        share = len(config.extra_accents) / (len(ACCENTS) - 1 + len(config.extra_accents))
+        plan["train"] = [(text, replace(voice, accent=accent_rng.choice(config.extra_accents))
+                          if accent_rng.random() < share else voice) for text, voice in plan["train"]]
     bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     accents = draw_accents(config.synthetic_accents, config.accent_rules, bases, accent_rng)
     if accents:

@@ -1,5 +1,6 @@
 """Synthetic espeak-ng accents: random replacements drawn within phoneme classes, voice files that
-espeak-ng really speaks with, and a corpus plan whose held-out splits they never touch."""
+espeak-ng really speaks with, and a corpus plan whose held-out splits they (and extra espeak-ng
+accents) never touch."""
 
 from __future__ import annotations
 
@@ -65,3 +66,18 @@ def test_synthetic_accents_take_only_a_share_of_the_training_voices():
     assert config.key != CorpusConfig().key and CorpusConfig(accent_rules=9).key == CorpusConfig().key
     with pytest.raises(ValueError, match="synthetic_share in"):
         CorpusConfig(synthetic_accents=2, synthetic_share=1.5)
+
+
+def test_extra_accents_speak_training_sentences_as_often_as_a_training_accent():
+    sizes = dict(train_sentences=700, validation_sentences=20, test_sentences=30)
+    plain, _ = corpus_plan(CorpusConfig(**sizes))
+    plan, _ = corpus_plan(CorpusConfig(**sizes, extra_accents=("en-us-nyc",)))
+    assert all(plan[split] == plain[split] for split in ("validation", "test_sentences", "test_voices"))
+    changed = [(old, new) for old, new in zip(plain["train"], plan["train"]) if old != new]
+    assert 70 < len(changed) < 130  # a seventh of 700: one more accent beside the six training ones
+    assert all(n[1].accent == "en-us-nyc" and (o[0], o[1].variant, o[1].speed, o[1].pitch) ==
+               (n[0], n[1].variant, n[1].speed, n[1].pitch) for o, n in changed)
+    assert CorpusConfig(extra_accents=()).key == CorpusConfig().key != CorpusConfig(extra_accents=("en-us-nyc",)).key
+    for bad in (("en-us",), ("en-us-nyc", "en-us-nyc"), (HELD_OUT_ACCENT,)):
+        with pytest.raises(ValueError, match="extra_accents must be distinct and not among"):
+            CorpusConfig(extra_accents=bad)

@@ -84,6 +84,9 @@ def test_overrides_reach_nested_fields_with_types_and_validation():
     for overrides in ({"model.n_embd": "30", "model.n_head": "3"}, {"model.n_head": "3", "model.n_embd": "30"}):
         model = apply_overrides(recipe.config_class(), overrides).model  # validated together, in either order
         assert (model.n_embd, model.n_head) == (30, 3)
+    asr = get_recipe("asr_transducer").config_class()
+    assert apply_overrides(asr, {"corpus.extra_accents": "en-us-nyc,en-x-yy"}).corpus.extra_accents == ("en-us-nyc", "en-x-yy")
+    assert apply_overrides(asr, {"corpus.extra_accents": ""}).corpus.extra_accents == ()  # a tuple of any length
 
 
 def test_command_line_reproduces_the_config():
