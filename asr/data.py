@@ -110,9 +110,8 @@ class CorpusConfig:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
         object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
-        known = set(ACCENTS) | {HELD_OUT_ACCENT}
-        if known & set(self.extra_accents) or len(set(self.extra_accents)) != len(self.extra_accents):
-            raise ValueError(f"CorpusConfig.extra_accents must be distinct and not among {sorted(known)}; "
+        if set(ACCENTS) & set(self.extra_accents) or len(set(self.extra_accents)) != len(self.extra_accents):
+            raise ValueError(f"CorpusConfig.extra_accents must be distinct and not among {sorted(ACCENTS)}; "
                              f"got {self.extra_accents}")
 
     @property
@@ -177,11 +176,11 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
             "test_sentences": list(zip(test, voices(False, len(test), rng))),
             "test_voices": list(zip(test, voices(True, len(test), rng)))}
     accent_rng = random.Random(f"{config.seed}-accents")
+    bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     if config.extra_accents:
-        share = len(config.extra_accents) / (len(ACCENTS) - 1 + len(config.extra_accents))
+        share = len(config.extra_accents) / (len(bases) + len(config.extra_accents))
         plan["train"] = [(text, replace(voice, accent=accent_rng.choice(config.extra_accents))
                           if accent_rng.random() < share else voice) for text, voice in plan["train"]]
-    bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     accents = draw_accents(config.synthetic_accents, config.accent_rules, bases, accent_rng)
     if accents:
         plan["train"] = [(text, replace(voice, accent=accent_rng.choice(accents).name)

@@ -64,7 +64,7 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
             return None
         return _convert(text, next(a for a in args if a is not type(None)), where)
     if origin is tuple and args[1:] == (Ellipsis,):
-        return tuple(_convert(p, args[0], where) for p in text.split(",") if p) if text else ()
+        return tuple(_convert(p, args[0], where) for p in text.split(",") if p)
     if origin is tuple:
         parts = text.split(",")
         if len(parts) != len(args):
