@@ -9,7 +9,7 @@ was held out.
                                              [--ilm-weights 0 0.2] [--by-voice]
 
 MODEL: a folder or zoo name written by the asr_transducer recipe with character tokens (its corpus
-must be the default CorpusConfig). Weight 0 is plain beam search (no internal model is subtracted then).
+must have the default CorpusConfig's sentences; extra or synthetic accents only change training voices). Weight 0 is plain beam search (no internal model is subtracted then).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Recipe `asr_transducer`: a Conformer transducer trained on speech synthesised with espeak-ng.
 
-    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (2,000 steps; 0.73-0.85 s a step on 2 cores)
+    zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (2,000 steps; 0.73-0.91 s a step on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each
@@ -25,8 +25,8 @@ from typing import Any, Literal
 import torch
 
 import zoo
-from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus,
-                      collate_speech, load_manifest, read_audio, recorded_speech)
+from asr.data import (ACCENTS, HELD_OUT_ACCENT, HELD_OUT_VARIANTS, VARIANTS, CorpusConfig, DurationBuckets,
+                      SpeechExamples, build_corpus, collate_speech, load_manifest, read_audio, recorded_speech)
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
@@ -205,7 +205,7 @@ def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: di
 A transducer speech recogniser: Conformer encoder ({model.config.encoder.layers} blocks of width {model.config.encoder.width}),
 stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {parameters:.1f} M parameters. Trained with the
 {model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised with espeak-ng from
-Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants, speeds 140-200 wpm, pitches 30-70.
+Shakespeare sentences (public domain), voices drawn from {_accents(config.corpus)} x {len(VARIANTS)} variants, speeds 140-200 wpm, pitches 30-70.
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
@@ -226,6 +226,12 @@ Shakespeare sentences (public domain), voices drawn from 7 accents x 12 variants
 
 Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", paths)` in Python.
 """
+
+
+def _accents(corpus: CorpusConfig) -> str:
+    """The accents the training sentences are spoken in, counted for the card."""
+    words = f"{len(ACCENTS) + len(corpus.extra_accents)} accents"
+    return words + (f" (and {corpus.synthetic_accents} synthetic ones)" if corpus.synthetic_accents else "")
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

@@ -37,7 +37,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
                "--corpus.test_sentences", "4", "--bucket_size", "4", "--train.max_steps", "3",
                "--train.global_batch_size", "2", "--train.eval_every", "3", "--train.eval_batches", "1",
                "--train.progress", "false", "--evaluation_utterances", "2", "--tokens", "bpe", "--bpe_vocab_size", "64",
-               "--lm_unit", "token",
+               "--lm_unit", "token", "--corpus.extra_accents", "en-us-nyc",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_DATA": str(tmp_path / "data"),
@@ -58,7 +58,9 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     assert isinstance(model, Transducer) and model.feature_std.min() > 0 and not torch.equal(
         model.feature_mean, torch.zeros_like(model.feature_mean))
     card = (tmp_path / "model" / "README.md").read_text()
-    assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--model.loss samplewise_pruned"))
+    assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--model.loss samplewise_pruned",
+                                                  "--corpus.extra_accents en-us-nyc"))
+    assert "voices drawn from 8 accents x 12 variants" in card  # the seven of asr.data and the extra one
 
     manifest = tmp_path / "data" / next(p.name for p in (tmp_path / "data").glob("espeak_corpus_*")) / "test_voices.jsonl"
     wavs = [json.loads(line)["audio"] for line in manifest.read_text().splitlines()[:2]]
