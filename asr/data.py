@@ -6,7 +6,9 @@ espeak-ng voices (an accent with a voice variant, a speed and a pitch), resample
 caches WAV files with JSON-lines manifests in the data directory. Splits:
     train, validation      sentences of their own, training voices
     test_sentences         unseen sentences, training voices
-    test_voices            the same unseen sentences, held-out voices (accent and variants never trained on)
+    test_voices            the same unseen sentences, unseen speakers (voice variants never trained on,
+                           in the training accents)
+    test_accent            the same unseen sentences, an unseen accent (spoken by training variants)
 Manifests load with `datasets` (`load_manifest`); `SpeechExamples` checks every clip once when it
 is built: unreadable, empty, too short or too low-rate audio and empty transcripts are skipped
 with a count in the log, so training never meets them mid-epoch.
@@ -25,7 +27,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -43,8 +45,14 @@ VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f
 HELD_OUT_ACCENT = "en-gb-x-gbcwmd"
 """Accent (West Midlands) never trained on."""
 HELD_OUT_VARIANTS = ("m6", "f4")
-"""Voice variants never trained on."""
-SPLITS = ("train", "validation", "test_sentences", "test_voices")
+"""Voice variants (speakers) never trained on."""
+HeldOut = Literal["none", "variants", "accent"]
+"""What a voice holds out: nothing (a training voice), its variant (an unseen speaker of a training
+accent) or its accent (an unseen accent spoken by a training variant)."""
+SPLITS = ("train", "validation", "test_sentences", "test_voices", "test_accent")
+CORPUS_LAYOUT = 2
+"""Version of the splits' definition, part of the corpus key (1: a single test_voices set mixed the
+unseen accent and the unseen variants)."""
 RECORDED_PACKAGE = "pocketsphinx-testdata"
 RECORDED_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
 MIN_SAMPLE_RATE = 8000
@@ -68,12 +76,21 @@ class Voice:
         return f"{self.accent}+{self.variant}"
 
 
-def voices(held_out: bool, count: int, rng: random.Random) -> list[Voice]:
-    """`count` random voices: training ones (neither the held-out accent nor a held-out variant)
-    or held-out ones (the held-out accent, or a held-out variant)."""
-    pairs = [(a, v) for a in ACCENTS for v in VARIANTS
-             if (a == HELD_OUT_ACCENT or v in HELD_OUT_VARIANTS) == held_out]
+def voices(held_out: HeldOut, count: int, rng: random.Random) -> list[Voice]:
+    """`count` random voices that hold out `held_out`: "none", training voices (neither the
+    held-out accent nor a held-out variant); "variants", a held-out variant in a training accent;
+    "accent", the held-out accent with a training variant."""
+    if held_out not in get_args(HeldOut):
+        raise ValueError(f"held_out must be one of {get_args(HeldOut)}; got {held_out!r}")
+    pairs = [(a, v) for a in ACCENTS for v in VARIANTS if _holds_out(a, v) == held_out]
     return [Voice(*rng.choice(pairs), speed=rng.randint(140, 200), pitch=rng.randint(30, 70)) for _ in range(count)]
+
+
+def _holds_out(accent: str, variant: str) -> str:
+    """What the voice (accent, variant) holds out: "none", "variants", "accent" or "both" (unused)."""
+    if accent == HELD_OUT_ACCENT:
+        return "both" if variant in HELD_OUT_VARIANTS else "accent"
+    return "variants" if variant in HELD_OUT_VARIANTS else "none"
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,8 @@ class CorpusConfig:
     validation_sentences: int = 200
     """Validation utterances."""
     test_sentences: int = 200
-    """Unseen sentences, each spoken once by a training voice and once by a held-out voice."""
+    """Unseen sentences, each spoken three times: by a training voice, by an unseen speaker and in
+    the unseen accent."""
     vocabulary_size: int = 2000
     """Sentences use only the corpus's this many most frequent words."""
     max_words: int = 10
@@ -116,9 +134,9 @@ class CorpusConfig:
 
     @property
     def key(self) -> str:
-        """Short hash naming the corpus folder (without synthetic or extra accents, their fields
-        change nothing and are left out: the key is the one corpora had before they existed)."""
-        fields = asdict(self)
+        """Short hash naming the corpus folder: of the fields and CORPUS_LAYOUT (the fields of
+        synthetic and extra accents are left out when there are none, as they change nothing)."""
+        fields = asdict(self) | {"layout": CORPUS_LAYOUT}
         if not self.synthetic_accents:
             for name in ("synthetic_accents", "synthetic_share", "accent_rules"):
                 del fields[name]
@@ -171,10 +189,11 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
     voices' accents, so that every other draw is the same with them or without."""
     rng = random.Random(config.seed)
     train, validation, test = split_sentences(config, rng)
-    plan = {"train": list(zip(train, voices(False, len(train), rng))),
-            "validation": list(zip(validation, voices(False, len(validation), rng))),
-            "test_sentences": list(zip(test, voices(False, len(test), rng))),
-            "test_voices": list(zip(test, voices(True, len(test), rng)))}
+    plan = {"train": list(zip(train, voices("none", len(train), rng))),
+            "validation": list(zip(validation, voices("none", len(validation), rng))),
+            "test_sentences": list(zip(test, voices("none", len(test), rng))),
+            "test_voices": list(zip(test, voices("variants", len(test), rng))),
+            "test_accent": list(zip(test, voices("accent", len(test), rng)))}
     accent_rng = random.Random(f"{config.seed}-accents")
     bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     if config.extra_accents:

@@ -1,8 +1,8 @@
 """Word error rate of a trained transducer's beam search with and without a language model of
 the training transcripts (a word n-gram model spelled through its lexicon, or a token n-gram
 model), over beams, language models, their weights and those of the internal language model
-subtracted in the fusion, on the synthesised corpus's splits; and on held-out voices, split by what
-was held out.
+subtracted in the fusion, on the synthesised corpus's splits (`asr.data.SPLITS`); and on unseen
+speakers, split by voice variant.
 
     python benchmarks/asr_lm_fusion.py MODEL [--splits validation] [--beams 8 16]
                                              [--language-models word:4 token:8] [--weights 0 0.4 0.6]
@@ -18,7 +18,7 @@ import argparse
 import time
 from collections import defaultdict
 
-from asr.data import HELD_OUT_ACCENT, CorpusConfig, build_corpus, load_manifest, read_audio
+from asr.data import CorpusConfig, build_corpus, load_manifest, read_audio
 from asr.language_model import NgramLanguageModel
 from asr.transcription import recogniser, transcribe
 from asr.wer import error_counts
@@ -34,7 +34,7 @@ def main() -> None:
                         help="word:N (word N-gram through the lexicon) or token:N (token N-gram)")
     parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.4, 0.6])
     parser.add_argument("--ilm-weights", type=float, nargs="+", default=[0.0])
-    parser.add_argument("--by-voice", action="store_true", help="split test_voices by held-out accent / variant")
+    parser.add_argument("--by-voice", action="store_true", help="split test_voices by voice variant")
     args = parser.parse_args()
     found = recogniser(args.model)
     folder = build_corpus(CorpusConfig())
@@ -61,15 +61,14 @@ def main() -> None:
                           f"{error_counts(references, hypotheses).rate:.4f} | "
                           f"{error_counts(references, hypotheses, 'char').rate:.4f} | {seconds:.0f} |", flush=True)
                     if args.by_voice and split == "test_voices":
-                        by_voice(rows, hypotheses)
+                        by_variant(rows, hypotheses)
 
 
-def by_voice(rows: list[dict], hypotheses: list[str]) -> None:
-    """WER and CER of the held-out accent and of each held-out variant."""
+def by_variant(rows: list[dict], hypotheses: list[str]) -> None:
+    """WER and CER of each voice variant among `rows`."""
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for row, hypothesis in zip(rows, hypotheses):
-        accent, variant = row["voice"].split("+")
-        groups[f"accent {accent}" if accent == HELD_OUT_ACCENT else f"variant {variant}"].append((row["text"], hypothesis))
+        groups[f"variant {row['voice'].split('+')[1]}"].append((row["text"], hypothesis))
     for group, pairs in sorted(groups.items()):
         references, said = [list(x) for x in zip(*pairs)]
         print(f"|   {group} ({len(pairs)} clips) | | | | | {error_counts(references, said).rate:.4f} | "

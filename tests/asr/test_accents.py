@@ -11,7 +11,7 @@ import pytest
 
 from asr.accents import (CONSONANTS, VOWELS, SyntheticAccent, accent_file, draw_accents, espeak_data,
                          system_espeak_data)
-from asr.data import ACCENTS, HELD_OUT_ACCENT, CorpusConfig, corpus_plan
+from asr.data import ACCENTS, HELD_OUT_ACCENT, SPLITS, CorpusConfig, corpus_plan
 
 
 def phonemes(text: str, voice: str, path=None) -> str:
@@ -57,7 +57,7 @@ def test_synthetic_accents_take_only_a_share_of_the_training_voices():
     plain, _ = corpus_plan(CorpusConfig(train_sentences=400, validation_sentences=20, test_sentences=30))
     plan, accents = corpus_plan(config)
     assert len(accents) == 6 and all(a.base in ACCENTS and a.base != HELD_OUT_ACCENT for a in accents)
-    assert all(plan[split] == plain[split] for split in ("validation", "test_sentences", "test_voices"))
+    assert all(plan[split] == plain[split] for split in SPLITS[1:])
     changed = [(old, new) for old, new in zip(plain["train"], plan["train"]) if old != new]
     assert 160 < len(changed) < 240
     assert all(o[0] == n[0] and n[1].accent.startswith("memzoo/") and (o[1].variant, o[1].speed, o[1].pitch) ==
@@ -72,7 +72,7 @@ def test_extra_accents_speak_training_sentences_as_often_as_a_training_accent():
     sizes = dict(train_sentences=700, validation_sentences=20, test_sentences=30)
     plain, _ = corpus_plan(CorpusConfig(**sizes))
     plan, _ = corpus_plan(CorpusConfig(**sizes, extra_accents=("en-us-nyc",)))
-    assert all(plan[split] == plain[split] for split in ("validation", "test_sentences", "test_voices"))
+    assert all(plan[split] == plain[split] for split in SPLITS[1:])
     changed = [(old, new) for old, new in zip(plain["train"], plan["train"]) if old != new]
     assert 70 < len(changed) < 130  # a seventh of 700: one more accent beside the six training ones
     assert all(n[1].accent == "en-us-nyc" and (o[0], o[1].variant, o[1].speed, o[1].pitch) ==

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.io import wavfile
 
-from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples, Voice,
+from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets, SpeechExamples, Voice,
                       build_corpus, collate_speech, load_manifest, read_audio, recorded_speech, speak, voices)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
@@ -41,23 +41,27 @@ def test_character_and_bpe_tokens_round_trip():
 
 def test_held_out_voices_never_meet_training_voices():
     rng = random.Random(0)
-    training, held_out = voices(False, 200, rng), voices(True, 200, rng)
+    training, speakers, accent = voices("none", 300, rng), voices("variants", 300, rng), voices("accent", 300, rng)
     assert all(v.accent != HELD_OUT_ACCENT and v.variant not in HELD_OUT_VARIANTS for v in training)
-    assert all(v.accent == HELD_OUT_ACCENT or v.variant in HELD_OUT_VARIANTS for v in held_out)
-    assert not {v.name for v in training} & {v.name for v in held_out}
-    assert all(140 <= v.speed <= 200 and 30 <= v.pitch <= 70 for v in training + held_out)
+    assert all(v.accent != HELD_OUT_ACCENT and v.variant in HELD_OUT_VARIANTS for v in speakers)
+    assert all(v.accent == HELD_OUT_ACCENT and v.variant not in HELD_OUT_VARIANTS for v in accent)
+    assert {v.variant for v in speakers} == set(HELD_OUT_VARIANTS) and len({v.accent for v in speakers}) == 6
+    assert {v.variant for v in accent} == {v.variant for v in training}  # the training speakers, in the unseen accent
+    assert all(140 <= v.speed <= 200 and 30 <= v.pitch <= 70 for v in training + speakers + accent)
+    with pytest.raises(ValueError, match="held_out must be one of \\('none', 'variants', 'accent'\\); got True"):
+        voices(True, 1, rng)
 
 
 def test_a_small_corpus_is_synthesised_once_and_loads_with_datasets(tmp_path):
     config = CorpusConfig(train_sentences=6, validation_sentences=2, test_sentences=3, max_words=6)
     folder = build_corpus(config, tmp_path)
-    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in
-                 ("train", "validation", "test_sentences", "test_voices")}
+    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in SPLITS}
     assert {split: len(rows) for split, rows in manifests.items()} == {
-        "train": 6, "validation": 2, "test_sentences": 3, "test_voices": 3}
-    assert manifests["test_voices"]["text"] == manifests["test_sentences"]["text"]
+        "train": 6, "validation": 2, "test_sentences": 3, "test_voices": 3, "test_accent": 3}
+    assert manifests["test_voices"]["text"] == manifests["test_sentences"]["text"] == manifests["test_accent"]["text"]
     assert not set(manifests["test_sentences"]["text"]) & set(manifests["train"]["text"])
-    assert not set(manifests["test_voices"]["voice"]) & set(manifests["train"]["voice"])
+    assert all(v.split("+")[1] in HELD_OUT_VARIANTS for v in manifests["test_voices"]["voice"])
+    assert all(v.split("+")[0] == HELD_OUT_ACCENT for v in manifests["test_accent"]["voice"])
     rate, samples = wavfile.read(manifests["train"][0]["audio"])
     assert rate == 16000 and samples.dtype.name == "int16"
     assert abs(len(samples) / rate - manifests["train"][0]["seconds"]) < 1e-3 and len(samples) > 0.5 * rate

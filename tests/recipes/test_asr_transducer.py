@@ -1,6 +1,7 @@
 """The asr_transducer recipe on two ranks through `zoo train` (a small synthesised corpus, a few
 steps), `zoo transcribe` with the model it writes, and the shipped `asr-transducer-tiny` on
-held-out sentences spoken by held-out voices."""
+held-out sentences spoken by unseen speakers (the issue's target: at most 10% WER) and in an unseen
+accent."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ from zoo.store import read_config
 from recipes.asr_transducer import ASRTransducerConfig
 
 ZOO = str(Path(sys.executable).parent / "zoo")
-SHIPPED_WER = {"test_sentences": 0.06, "test_voices": 0.16, "fresh_voices": 0.14}
+SHIPPED_WER = {"test_sentences": 0.07, "test_voices": 0.10, "test_accent": 0.26, "fresh_voices": 0.10}
 """Bounds on the shipped model's word error rate with its word language model (less its internal
-one); measured 0.048 and 0.141 by the recipe (200 clips each), 0.108 on the 20 fresh clips (0.196
-without the language model)."""
+one); measured 0.060, 0.072 and 0.238 by the recipe (200 clips each), 0.020 on the 20 fresh clips of
+unseen speakers (0.157 without the language model)."""
 
 
 @pytest.mark.timeout(600)
@@ -43,7 +44,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_DATA": str(tmp_path / "data"),
                                  "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "word error rate (greedy / beam / beam + language model)" in result.stdout and "test_voices" in result.stdout
+    assert "word error rate (greedy / beam / beam + language model)" in result.stdout and "test_accent" in result.stdout
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["arch"] == "transducer" and config["config"]["encoder"]["layers"] == 2
     assert config["tokenizer"]["kind"] == "bpe" and config["config"]["vocab_size"] <= 64
@@ -51,8 +52,8 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     assert config["decoding"] == {"beam": defaults.beam, "lm_weight": defaults.lm_weight,
                                   "ilm_weight": defaults.ilm_weight, "lm_unit": "token",
                                   "lm_order": defaults.lm_order} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
-    assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "librivox": 5,
-                                          "cards": 5, "train": 48}
+    assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "test_accent": 4,
+                                          "librivox": 5, "cards": 5, "train": 48}
     assert all(config["metrics"][name]["utterances"] == 2 for name in ("validation", "librivox", "cards"))
     model = zoo.load(tmp_path / "model")
     assert isinstance(model, Transducer) and model.feature_std.min() > 0 and not torch.equal(
@@ -76,13 +77,12 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     assert len(lines) == 2 and [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs)
 
 
-def test_shipped_model_transcribes_held_out_sentences_in_held_out_voices(tmp_path):
+def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
     metrics = read_config("asr-transducer-tiny")["metrics"]  # what the recipe measured on 200 clips each
-    assert metrics["test_sentences"]["lm_wer"] <= SHIPPED_WER["test_sentences"]
-    assert metrics["test_voices"]["lm_wer"] <= SHIPPED_WER["test_voices"]
-    sentences = split_sentences(CorpusConfig())[2][-20:]  # test sentences, spoken here by fresh held-out voices
+    assert all(metrics[split]["lm_wer"] <= SHIPPED_WER[split] for split in ("test_sentences", "test_voices", "test_accent"))
+    sentences = split_sentences(CorpusConfig())[2][-20:]  # test sentences, spoken here by fresh unseen speakers
     paths = [tmp_path / f"{i}.wav" for i in range(len(sentences))]
-    for sentence, voice, path in zip(sentences, voices(True, len(sentences), random.Random(1)), paths):
+    for sentence, voice, path in zip(sentences, voices("variants", len(sentences), random.Random(1)), paths):
         speak(sentence, voice, path)
     fused = error_counts(sentences, transcribe("asr-transducer-tiny", paths)).rate
     plain = error_counts(sentences, transcribe("asr-transducer-tiny", paths, lm_weight=0.0)).rate
