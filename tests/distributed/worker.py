@@ -6,6 +6,7 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
     worker.py memory OUT ZERO                      memory report of a fp32 run
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
+    worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# The repository root first (tests/ mirrors its package names), then tests/ for the helpers.
+# The repository root first (tests/ mirrors its package names), then tests/ and tests/asr for the helpers.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "asr")]
 
+from asr.data import collate_speech  # noqa: E402
 from helpers import lm_examples, tiny_gpt  # noqa: E402
+from tiny_transducer import tiny, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from trainers.optim import clean_fqn  # noqa: E402
@@ -117,8 +120,24 @@ def evaluate(out: str) -> None:
         torch.save(result, out)
 
 
+def transducer(out: str, loss: str, *zeros: str) -> None:
+    """The tiny transducer with objective `loss`, 3 steps of 8 token utterances at each ZeRO stage
+    (the pruned warm-up half done, so both pruned losses count): parameters and losses."""
+    features, mask, labels = token_utterances(32, seed=5)
+    examples = [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
+    results = {}
+    for zero in zeros:
+        model = tiny(loss=loss, warm_steps=6, prune_range=3, samplewise_memory_budget=1)
+        trainer = Trainer(model, config(lr=3e-3), Strategy(zero=int(zero)))
+        history = trainer.fit(examples, collate_fn=collate_speech)
+        results[zero] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate}[command](*arguments)
+    {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
+     "transducer": transducer}[command](*arguments)
     shutdown_distributed()
     exit_process(0)
