@@ -25,8 +25,9 @@ from typing import Any, Literal
 import torch
 
 import zoo
-from asr.data import (ACCENTS, HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, VARIANTS, CorpusConfig, DurationBuckets,
-                      SpeechExamples, build_corpus, collate_speech, load_manifest, read_audio, recorded_speech)
+from asr.accents import VOICE_FOLDER
+from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets, SpeechExamples,
+                      build_corpus, collate_speech, load_manifest, read_audio, recorded_speech)
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
@@ -178,7 +179,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
                     "sizes": {name: len(rows) for name, rows in sets.items()} | {"train": len(train)}})
     output = Path(config.output) if config.output else user_zoo_dir() / "asr-transducer-tiny"
     command = command_line(RECIPE, config, trainer.env.world_size)
-    card = _card(output.name, model, config, metrics, memory, trainer.env.world_size, command)
+    card = _card(output.name, model, config, metrics, memory, trainer.env.world_size, command, manifests["train"]["voice"])
     fused = language_model is not None
     decoding = {"beam": config.beam, "lm_weight": config.lm_weight if fused else 0.0,
                 "ilm_weight": config.ilm_weight if fused else 0.0, "lm_unit": config.lm_unit, "lm_order": config.lm_order}
@@ -195,7 +196,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
 
 
 def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: dict[str, Any], memory: str,
-          world_size: int, command: str) -> str:
+          world_size: int, command: str, training_voices: list[str]) -> str:
     rows = "\n".join(f"| {n} | {metrics[n]['utterances']} | {metrics[n]['greedy_wer']:.4f} | {metrics[n]['beam_wer']:.4f} | "
                      f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |" for n in EVALUATED)
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
@@ -204,7 +205,7 @@ def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: di
 A transducer speech recogniser: Conformer encoder ({model.config.encoder.layers} blocks of width {model.config.encoder.width}),
 stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {parameters:.1f} M parameters. Trained with the
 {model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised with espeak-ng from
-Shakespeare sentences (public domain), voices drawn from {_accents(config.corpus)} x {len(VARIANTS)} variants, speeds 140-200 wpm, pitches 30-70.
+Shakespeare sentences (public domain), spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
@@ -228,10 +229,12 @@ Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", pa
 """
 
 
-def _accents(corpus: CorpusConfig) -> str:
-    """The accents the training sentences are spoken in, counted for the card."""
-    words = f"{len(ACCENTS) + len(corpus.extra_accents)} accents"
-    return words + (f" (and {corpus.synthetic_accents} synthetic ones)" if corpus.synthetic_accents else "")
+def _voices(names: list[str]) -> str:
+    """The accents and variants of the voices `names` ("accent+variant"), counted for the card."""
+    accents, variants = {n.split("+")[0] for n in names}, {n.split("+")[1] for n in names}
+    synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
+    return (f"{len(accents)} accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
+            f"variants")
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

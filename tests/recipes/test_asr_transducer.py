@@ -61,9 +61,13 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--model.loss samplewise_pruned",
                                                   "--corpus.extra_accents en-us-nyc"))
-    assert "voices drawn from 8 accents x 12 variants" in card  # the seven of asr.data and the extra one
+    corpus = tmp_path / "data" / next(p.name for p in (tmp_path / "data").glob("espeak_corpus_*"))
+    trained = [json.loads(line)["voice"].split("+") for line in (corpus / "train.jsonl").read_text().splitlines()]
+    assert {accent for accent, _ in trained} == {"en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan",
+                                                  "en-029", "en-us-nyc"}  # the six training accents and the extra one
+    assert f"spoken by 7 accents x {len({variant for _, variant in trained})} variants" in card
 
-    manifest = tmp_path / "data" / next(p.name for p in (tmp_path / "data").glob("espeak_corpus_*")) / "test_voices.jsonl"
+    manifest = corpus / "test_voices.jsonl"
     wavs = [json.loads(line)["audio"] for line in manifest.read_text().splitlines()[:2]]
     done = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs, "--method", "greedy"],
                           capture_output=True, text=True, timeout=120)
