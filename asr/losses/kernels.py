@@ -16,8 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
+from zoo.nn.kernels.launch import warps_for
+
 MAX_WIDTH = 16384
 """Widest lattice (U+1 columns) a recursion program holds in registers."""
+
+ROW_BLOCK = 1024
+"""Columns of a (rows, V) row that the row passes read per step (4 warps: 8 a thread)."""
 
 
 @triton.jit
@@ -119,8 +124,8 @@ def regular_alpha_beta(inner_blank: torch.Tensor, exit_weight: torch.Tensor, lab
     alpha[:, 0, 0] = 0.0
     beta = torch.full_like(inner_blank, float("-inf"))
     block = _lattice_block(width)
-    _regular_alpha_kernel[(batch,)](inner_blank, label, alpha, diagonals, width, BLOCK=block)
-    _regular_beta_kernel[(batch,)](inner_blank, exit_weight, label, beta, diagonals, width, BLOCK=block)
+    _regular_alpha_kernel[(batch,)](inner_blank, label, alpha, diagonals, width, BLOCK=block, num_warps=warps_for(block))
+    _regular_beta_kernel[(batch,)](inner_blank, exit_weight, label, beta, diagonals, width, BLOCK=block, num_warps=warps_for(block))
     return alpha, beta
 
 
@@ -134,8 +139,8 @@ def modified_alpha_beta(blank: torch.Tensor, label: torch.Tensor, logit_lengths:
     beta = torch.full_like(alpha, float("-inf"))
     beta[torch.arange(batch, device=blank.device), logit_lengths, target_lengths] = 0.0
     block = _lattice_block(width)
-    _modified_alpha_kernel[(batch,)](blank, label, alpha, frames, width, BLOCK=block)
-    _modified_beta_kernel[(batch,)](blank, label, beta, frames, width, BLOCK=block)
+    _modified_alpha_kernel[(batch,)](blank, label, alpha, frames, width, BLOCK=block, num_warps=warps_for(block))
+    _modified_beta_kernel[(batch,)](blank, label, beta, frames, width, BLOCK=block, num_warps=warps_for(block))
     return alpha, beta
 
 
@@ -184,7 +189,7 @@ def _gradient_kernel(x_ptr, normaliser_ptr, node_ptr, blank_arc_ptr, labels_ptr,
 
 
 def _row_block(vocab: int) -> int:
-    return min(triton.next_power_of_2(vocab), 4096)
+    return min(triton.next_power_of_2(vocab), ROW_BLOCK)
 
 
 def row_logsumexp(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

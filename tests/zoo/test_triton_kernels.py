@@ -66,7 +66,8 @@ def test_norm_kernel_dropout_mask_is_regenerated():
 @pytest.mark.parametrize("save", ["input", "derivative"])
 def test_bias_act_kernel_matches_float64(activation, save):
     g = torch.Generator().manual_seed(2)
-    x64, b64 = torch.randn(3, 7, 24, generator=g, dtype=torch.float64), torch.randn(24, generator=g, dtype=torch.float64)
+    # 2,400 elements: three 1024-wide programs, whose starts fall mid-row (1024 is not a multiple of 40).
+    x64, b64 = torch.randn(3, 20, 40, generator=g, dtype=torch.float64), torch.randn(40, generator=g, dtype=torch.float64)
     x, b = leaves(x64.float(), b64.float())
     out = bias_act_dropout(x, b, activation, save=save, backend="triton")
     x64.requires_grad_(), b64.requires_grad_()

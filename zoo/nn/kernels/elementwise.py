@@ -1,7 +1,8 @@
 """Triton kernels: bias + activation + dropout forward and backward, and plain dropout.
 
 The dropout mask of element i (its offset in the flattened, contiguous tensor) is
-`tl.rand(seed, i) >= p`: backward regenerates it from the seed.
+`tl.rand(seed, i) >= p`: backward regenerates it from the seed. Offsets are 64-bit, so tensors of
+2^31 elements and more index correctly (Philox draws the same masks as from 32-bit offsets below 2^32).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ SAVE_CODES = {None: 0, "input": 1, "derivative": 2}
 @triton.jit
 def _forward_kernel(x_ptr, bias_ptr, out_ptr, kept_ptr, numel, features, p, seed, ACT: tl.constexpr,
                     HAS_BIAS: tl.constexpr, DROP: tl.constexpr, SAVE: tl.constexpr, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    offsets = start + tl.arange(0, BLOCK)
     inside = offsets < numel
     z = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        z += tl.load(bias_ptr + offsets % features, mask=inside, other=0.0).to(tl.float32)
+        columns = ((start % features).to(tl.int32) + tl.arange(0, BLOCK)) % features
+        z += tl.load(bias_ptr + columns, mask=inside, other=0.0).to(tl.float32)
     a, derivative = activation_and_derivative(z, ACT)
     if DROP:
         a = tl.where(tl.rand(seed, offsets) >= p, a / (1.0 - p), 0.0)
@@ -37,7 +40,7 @@ def _forward_kernel(x_ptr, bias_ptr, out_ptr, kept_ptr, numel, features, p, seed
 @triton.jit
 def _backward_kernel(grad_ptr, kept_ptr, out_ptr, numel, p, seed, ACT: tl.constexpr, DROP: tl.constexpr,
                      SAVED_DERIVATIVE: tl.constexpr, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < numel
     grad = tl.load(grad_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
     if DROP:

@@ -3,8 +3,8 @@
 Forward writes y, the residual sum s when asked, and a float32 rstd per row. Backward recovers
 x_hat = (y - bias) / weight, so it reads y instead of s; each program also reduces the weight
 and bias gradients over a group of rows into one partial row, summed on the host. The dropout
-mask of element (row, col) is `tl.rand(seed, row * H + col) >= p`, the same offsets as the
-element-wise kernels.
+mask of element (row, col) is `tl.rand(seed, row * H + col) >= p`, the same 64-bit offsets as the
+element-wise kernels. Programs take `warps_for(BLOCK)` warps, so wide rows do not spill registers.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from zoo.nn.kernels.launch import warps_for
 
 ROWS_PER_PROGRAM = 16
 
@@ -24,7 +26,7 @@ def _forward_kernel(x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, sum_ptr, r
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     inside = cols < width
-    offsets = row * width + cols
+    offsets = row.to(tl.int64) * width + cols
     s = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
     if DROP:
         s = tl.where(tl.rand(seed, offsets) >= p, s / (1.0 - p), 0.0)
@@ -67,7 +69,7 @@ def _backward_kernel(grad_y_ptr, grad_sum_ptr, y_ptr, rstd_ptr, weight_ptr, bias
     for i in range(ROWS):
         row = program * ROWS + i
         valid = inside & ((cols * 0 + row) < rows)
-        offsets = row * width + cols
+        offsets = row.to(tl.int64) * width + cols
         total = tl.zeros((BLOCK,), tl.float32)
         if HAS_GRAD_Y:
             grad_y = tl.load(grad_y_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
@@ -89,8 +91,9 @@ def _backward_kernel(grad_y_ptr, grad_sum_ptr, y_ptr, rstd_ptr, weight_ptr, bias
         if DROP:
             grad_x = tl.where(tl.rand(seed, offsets) >= p, total / (1.0 - p), 0.0)
         tl.store(grad_x_ptr + offsets, grad_x, mask=valid)
-    tl.store(partial_w_ptr + program * width + cols, acc_w, mask=inside)
-    tl.store(partial_b_ptr + program * width + cols, acc_b, mask=inside)
+    partial = program.to(tl.int64) * width + cols
+    tl.store(partial_w_ptr + partial, acc_w, mask=inside)
+    tl.store(partial_b_ptr + partial, acc_b, mask=inside)
 
 
 def norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None,
@@ -105,12 +108,13 @@ def norm_forward(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     y = torch.empty_like(x) if kind is not None else None
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if kind is not None else None
     placeholder = x
+    block = triton.next_power_of_2(width)
     _forward_kernel[(rows,)](
         x, placeholder if residual is None else residual.contiguous(), placeholder if weight is None else weight,
         placeholder if bias is None else bias, placeholder if y is None else y, placeholder if s is None else s,
         placeholder if rstd is None else rstd, width, p, seed, eps,
         HAS_RESIDUAL=residual is not None, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, DROP=p > 0,
-        NORM=kind is not None, IS_RMS=kind == "rms", STORE_SUM=store_sum, BLOCK=triton.next_power_of_2(width))
+        NORM=kind is not None, IS_RMS=kind == "rms", STORE_SUM=store_sum, BLOCK=block, num_warps=warps_for(block))
     return y, s, rstd
 
 
@@ -125,6 +129,7 @@ def norm_backward(grad_y, grad_sum, y, rstd, weight, bias, p, seed, kind, needs)
     partial_b = torch.zeros_like(partial_w)
     has_grad_y = grad_y is not None and kind is not None
     placeholder = total
+    block = triton.next_power_of_2(width)
     _backward_kernel[(programs,)](
         grad_y.contiguous() if has_grad_y else placeholder, grad_sum.contiguous() if grad_sum is not None else placeholder,
         y if has_grad_y else placeholder, rstd if has_grad_y else placeholder,
@@ -132,7 +137,7 @@ def norm_backward(grad_y, grad_sum, y, rstd, weight, bias, p, seed, kind, needs)
         total, grad_x, partial_w, partial_b, rows, width, p, seed,
         HAS_GRAD_Y=has_grad_y, HAS_GRAD_SUM=grad_sum is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, DROP=p > 0, IS_RMS=kind == "rms", ROWS=ROWS_PER_PROGRAM,
-        BLOCK=triton.next_power_of_2(width))
+        BLOCK=block, num_warps=warps_for(block))
     grad_w = partial_w.sum(0) if has_grad_y and weight is not None and needs[0] else None
     grad_b = partial_b.sum(0) if has_grad_y and bias is not None and needs[1] else None
     return total, grad_x, grad_w, grad_b
