@@ -7,6 +7,7 @@ ptxas of the triton wheel and reads what it needs from it. The launches below ca
 host function at the shapes the zoo's models and the benchmarks use (widths 128-4096, vocabularies
 500-50257, transducer lattices up to U+1 = 4096), in every dtype and with every feature switch it
 takes. A row with spill bytes above 0 is a kernel that runs out of registers and goes to memory.
+Run it without TRITON_INTERPRET=1 (the interpreter has no compiler to ask).
 """
 
 from __future__ import annotations
@@ -14,16 +15,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 
-os.environ.pop("TRITON_INTERPRET", None)
+import torch
 
-import torch  # noqa: E402
-
-from asr.losses import kernels as loss_kernels  # noqa: E402
-from zoo.nn.kernels import cross_entropy, elementwise, norm  # noqa: E402
-from zoo.nn.kernels.activation_math import ACTIVATION_CODES  # noqa: E402
-from zoo.nn.kernels.cross_compile import CompiledLaunch, compile_launches  # noqa: E402
+from asr.losses import kernels as loss_kernels
+from zoo.nn.kernels import cross_entropy, elementwise, norm
+from zoo.nn.kernels.activation_math import ACTIVATION_CODES
+from zoo.nn.kernels.cross_compile import CompiledLaunch, compile_launches
 
 NORM_WIDTHS = (128, 768, 1600, 4096)
 LATTICE_WIDTHS = (201, 1024, 4096)

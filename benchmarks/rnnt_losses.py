@@ -154,7 +154,12 @@ def main() -> None:
         batch = make_batch(shape, args, args.device, dtype)
         reference = None
         for method in methods:
-            loss, seconds, peak, working = measure(METHODS[method], batch, modules, args)
+            try:
+                loss, seconds, peak, working = measure(METHODS[method], batch, modules, args)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"| {text} | {method} | out of memory | | | | |", flush=True)
+                continue
             reference = peak if method == "full" else reference
             ratio = f"{peak / reference:.3f}" if reference else "-"
             print(f"| {text} | {method} | {loss:.4f} | {peak / 2**20:.1f} | {working / 2**20:.1f} | {seconds:.2f} "
