@@ -1,6 +1,7 @@
 """Every Triton kernel of memzoo compiled for a CUDA GPU on this machine: registers, spills, shared memory.
 
-    python benchmarks/kernel_resources.py [--arch 90 80] [--norm-widths 128 768 ...] [--json out.json]
+    python benchmarks/kernel_resources.py [--arch 90 80] [--norm-widths 128 768 ...] [--lattice-widths 201 ...]
+                                              [--json out.json]
 
 No GPU is needed: zoo.nn.kernels.cross_compile compiles each launch down to a cubin with the
 ptxas of the triton wheel and reads what it needs from it. The launches below call each kernel's
@@ -58,9 +59,9 @@ def launch_cross_entropy() -> None:
         cross_entropy.chunk_loss_and_grad(torch.empty(4, 50257), labels, -100, smoothing, torch.ones(()))
 
 
-def launch_lattices() -> None:
+def launch_lattices(widths: tuple[int, ...]) -> None:
     for dtype in (torch.float32, torch.float64):
-        for width in LATTICE_WIDTHS:
+        for width in widths:
             frames = 8
             diagonal = torch.empty(2, frames + width - 1, width, dtype=dtype)
             loss_kernels.regular_alpha_beta(diagonal, torch.empty(2, dtype=dtype), diagonal)
@@ -81,13 +82,13 @@ def launch_log_softmax_rows() -> None:
                 loss_kernels.write_gradient(logits, None, per_row, 0, per_row, labels, per_row, 1.0, logits)
 
 
-def compile_all(arch: int, norm_widths: tuple[int, ...]) -> list[CompiledLaunch]:
-    """Every launch above compiled for sm_<arch>, the norms at `norm_widths`."""
+def compile_all(arch: int, norm_widths: tuple[int, ...], lattice_widths: tuple[int, ...]) -> list[CompiledLaunch]:
+    """Every launch above compiled for sm_<arch>, norms and lattices at the widths given."""
     with compile_launches(arch) as launches:
         launch_elementwise()
         launch_norms(norm_widths)
         launch_cross_entropy()
-        launch_lattices()
+        launch_lattices(lattice_widths)
         launch_log_softmax_rows()
     return launches
 
@@ -125,9 +126,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, nargs="+", default=[90], help="compute capabilities (90: H100, 80: A100)")
     parser.add_argument("--norm-widths", type=int, nargs="+", default=list(NORM_WIDTHS), help="row widths of the norms")
+    parser.add_argument("--lattice-widths", type=int, nargs="+", default=list(LATTICE_WIDTHS),
+                        help="transducer lattice columns U+1")
     parser.add_argument("--json", help="also write every launch as a JSON list to this file")
     args = parser.parse_args()
-    launches = [item for arch in args.arch for item in compile_all(arch, tuple(args.norm_widths))]
+    launches = [item for arch in args.arch for item in compile_all(arch, tuple(args.norm_widths), tuple(args.lattice_widths))]
     print(table(launches), summary(launches), sep="\n\n")
     spilling = sum(item.spill_bytes > 0 for item in launches)
     print(f"\n{len(launches)} launches compiled; {spilling} spill registers to memory")
