@@ -99,8 +99,8 @@ def table(launches: list[CompiledLaunch]) -> str:
     for item in launches:
         pointers = sorted({kind[1:] for kind in item.arguments.values() if kind.startswith("*")})
         constants = " ".join(f"{name}={value}" for name, value in item.constants.items())
-        rows.append(f"| sm_{item.arch} | {short_name(item.kernel)} | {','.join(pointers)} | {constants} | {item.num_warps} "
-                    f"| {item.registers} | {item.spill_bytes} | {item.shared_bytes} |")
+        rows.append(f"| sm_{item.arch} | {short_name(item.kernel)} | {','.join(pointers)} | {constants} "
+                    f"| {item.num_warps} | {item.registers} | {item.spill_bytes} | {item.shared_bytes} |")
     return "\n".join(rows)
 
 
@@ -130,7 +130,8 @@ def main() -> None:
                         help="transducer lattice columns U+1")
     parser.add_argument("--json", help="also write every launch as a JSON list to this file")
     args = parser.parse_args()
-    launches = [item for arch in args.arch for item in compile_all(arch, tuple(args.norm_widths), tuple(args.lattice_widths))]
+    widths = tuple(args.norm_widths), tuple(args.lattice_widths)
+    launches = [item for arch in args.arch for item in compile_all(arch, *widths)]
     print(table(launches), summary(launches), sep="\n\n")
     spilling = sum(item.spill_bytes > 0 for item in launches)
     print(f"\n{len(launches)} launches compiled; {spilling} spill registers to memory")

@@ -124,8 +124,10 @@ def regular_alpha_beta(inner_blank: torch.Tensor, exit_weight: torch.Tensor, lab
     alpha[:, 0, 0] = 0.0
     beta = torch.full_like(inner_blank, float("-inf"))
     block = _lattice_block(width)
-    _regular_alpha_kernel[(batch,)](inner_blank, label, alpha, diagonals, width, BLOCK=block, num_warps=warps_for(block))
-    _regular_beta_kernel[(batch,)](inner_blank, exit_weight, label, beta, diagonals, width, BLOCK=block, num_warps=warps_for(block))
+    warps = warps_for(block)
+    _regular_alpha_kernel[(batch,)](inner_blank, label, alpha, diagonals, width, BLOCK=block, num_warps=warps)
+    _regular_beta_kernel[(batch,)](inner_blank, exit_weight, label, beta, diagonals, width, BLOCK=block,
+                                   num_warps=warps)
     return alpha, beta
 
 
@@ -139,8 +141,9 @@ def modified_alpha_beta(blank: torch.Tensor, label: torch.Tensor, logit_lengths:
     beta = torch.full_like(alpha, float("-inf"))
     beta[torch.arange(batch, device=blank.device), logit_lengths, target_lengths] = 0.0
     block = _lattice_block(width)
-    _modified_alpha_kernel[(batch,)](blank, label, alpha, frames, width, BLOCK=block, num_warps=warps_for(block))
-    _modified_beta_kernel[(batch,)](blank, label, beta, frames, width, BLOCK=block, num_warps=warps_for(block))
+    warps = warps_for(block)
+    _modified_alpha_kernel[(batch,)](blank, label, alpha, frames, width, BLOCK=block, num_warps=warps)
+    _modified_beta_kernel[(batch,)](blank, label, beta, frames, width, BLOCK=block, num_warps=warps)
     return alpha, beta
 
 
