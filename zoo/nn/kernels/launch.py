@@ -4,7 +4,8 @@ from __future__ import annotations
 
 ELEMENTS_PER_THREAD = 8
 """Elements of a BLOCK-wide row vector each thread holds: few enough that a kernel keeping several
-such vectors live (a norm's backward keeps about six) stays within the registers, with no spills."""
+such vectors live (a norm's backward, say) stays within the registers, with no spills
+(`benchmarks/kernel_resources.py` reads registers and spills of every launch)."""
 
 MOST_WARPS = 32
 """1024 threads, the most a CUDA block holds."""
