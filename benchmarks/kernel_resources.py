@@ -47,8 +47,11 @@ def launch_norms(widths: tuple[int, ...]) -> None:
             x, weight = torch.empty(4, width, dtype=dtype), torch.empty(width, dtype=dtype)
             rstd = torch.empty(4)
             for kind in ("layer", "rms"):
+                # dropout + residual + norm with weight and bias (post-LN), then a plain norm with weight only
                 norm.norm_forward(x, x, weight, weight, 0.1, 0, 1e-5, kind, True)
                 norm.norm_backward(x, x, x, rstd, weight, weight, 0.1, 0, kind, (True, True))
+                norm.norm_forward(x, None, weight, None, 0.0, 0, 1e-5, kind, False)
+                norm.norm_backward(x, None, x, rstd, weight, None, 0.0, 0, kind, (True, False))
             norm.norm_forward(x, x, None, None, 0.0, 0, 1e-5, None, True)
             norm.norm_backward(None, x, None, None, None, None, 0.1, 0, None, (False, False))
 
