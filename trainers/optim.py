@@ -153,9 +153,16 @@ class TrainOptimizer:
             state[slot.fqn] = {key: self._export(slot, key, current[key]) for key in ADAMW_STATE_KEYS}
         return state
 
+    @torch.no_grad()
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Install state produced by `state_dict()` (possibly under another strategy, via DCP)."""
+        """Install state produced by `state_dict()` (possibly under another strategy, via DCP).
+
+        Call it after the model's parameters are loaded: under offload the fp32 CPU masters are
+        copied afresh from them (parameters are fp32 at every precision, so the copy is exact);
+        stale masters would overwrite the loaded weights at the next step."""
         for slot in self._owned():
             if slot.fqn not in state:
                 raise ValueError(f"optimizer state has no entry for parameter {slot.fqn!r}")
+            if self.offload:
+                slot.work.copy_(local_tensor(slot.param))
             self.inner.state[slot.work] = {key: self._import(slot, key, state[slot.fqn][key]) for key in ADAMW_STATE_KEYS}
