@@ -41,7 +41,8 @@ class TrainConfig:
     """Clip the global gradient norm (computed over all shards) to this value; 0 disables."""
 
     seed: int = 0
-    """Seed of initialisation, data order and dropout; each step reseeds from (seed, step, rank)."""
+    """Seed of data order, augmentation and dropout: each micro batch reseeds torch's generator from
+    (seed, step, its position in the global batch), so results do not depend on the number of ranks."""
 
     log_every: int = 10
     """Log loss, lr, throughput and memory every this many steps."""

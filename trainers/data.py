@@ -3,13 +3,15 @@
 The examples of optimizer step `s` depend only on (seed, s), never on the number of ranks: the
 global batch is cut into micro batches and rank r takes micro batches r, r + W, r + 2W, ... So a
 run on W ranks sees the same examples per step as a run on one, and resuming at step s needs no
-saved iterator, only s.
+saved iterator, only s. Each micro batch carries its position in the global batch, which seeds its
+random draws (dropout, augmentation) the same way whatever the number of ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +30,16 @@ def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size:
             f"TrainConfig.global_batch_size must be divisible by micro_batch_size x world size "
             f"({micro_batch_size} x {world_size} = {per_round}); got {global_batch_size}"
         )
+
+
+class MicroBatch(NamedTuple):
+    """One forward/backward's share of an optimizer step."""
+
+    index: int
+    """Position in the step's global batch, 0 .. global_batch_size / micro_batch_size - 1: the same
+    micro batch has the same index on any number of ranks."""
+    examples: list[int]
+    """Dataset indices of its examples."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +77,10 @@ class StepSampler:
         """Full global batches in one pass over the data (the remainder is dropped)."""
         return self.dataset_size // self.global_batch_size
 
-    def micro_batches(self, step: int) -> list[list[int]]:
-        """The `accumulation_steps` lists of example indices this rank uses at optimizer step `step`."""
+    def micro_batches(self, step: int) -> list[MicroBatch]:
+        """The `accumulation_steps` micro batches this rank runs at optimizer step `step`."""
         epoch, position = divmod(step, self.steps_per_epoch)
         order = _epoch_order(self.dataset_size, self.seed, epoch)
         batch = order[position * self.global_batch_size : (position + 1) * self.global_batch_size].tolist()
         chunks = [batch[i : i + self.micro_batch_size] for i in range(0, len(batch), self.micro_batch_size)]
-        return chunks[self.rank :: self.world_size]
+        return [MicroBatch(index, chunks[index]) for index in range(self.rank, len(chunks), self.world_size)]

@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 
 from trainers.checkpoint import ensure_writable, full_state_dict, latest_checkpoint, load_checkpoint, save_checkpoint
 from trainers.config import TrainConfig
-from trainers.data import StepSampler, check_batch_sizes
+from trainers.data import MicroBatch, StepSampler, check_batch_sizes
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import StepMemoryProbe, gather_reports
@@ -35,9 +35,10 @@ MEMORY_PROBE_STEP = 1
 optimizer state already exists; the first when it runs only one."""
 
 
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Seed of the random stream of (`seed`, `step`, `rank`): resuming at a step replays it exactly."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{rank}".encode(), digest_size=8).digest()
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """Seed of the random draws (data augmentation, dropout) of micro batch `index` of the global
+    batch of optimizer step `step`: the same on any number of ranks, and replayed exactly on resume."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
@@ -100,10 +101,9 @@ class Trainer:
         try:
             while self.step < config.max_steps:
                 started = time.perf_counter()
-                chunks = sampler.micro_batches(self.step)
-                # Collated one micro batch at a time, as the step consumes them.
-                batches = (collate([train_dataset[i] for i in chunk]) for chunk in chunks)
-                record = self._train_step(batches, len(chunks))
+                micro_batches = sampler.micro_batches(self.step)
+                batches = self._seeded_batches(train_dataset, micro_batches, collate)
+                record = self._train_step(batches, len(micro_batches))
                 record["step_seconds"] = time.perf_counter() - started
                 if "tokens" in record:
                     record["tokens_per_second"] = record["tokens"] / record["step_seconds"]
@@ -197,9 +197,17 @@ class Trainer:
             raise TypeError(f"{self.model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
         return loss
 
+    def _seeded_batches(self, dataset: Sequence[Batch], micro_batches: list[MicroBatch],
+                        collate: Callable[[list[Batch]], Batch]) -> Iterator[Batch]:
+        """Each micro batch fetched and collated as the step consumes it, after seeding torch's
+        generator from its place in the global batch, so its draws in the dataset, the collate
+        function and the forward pass do not depend on the number of ranks."""
+        for micro in micro_batches:
+            torch.manual_seed(micro_batch_seed(self.config.seed, self.step, micro.index))
+            yield collate([dataset[i] for i in micro.examples])
+
     def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         config, env = self.config, self.env
-        torch.manual_seed(step_seed(config.seed, self.step, env.rank))
         follow_step = getattr(self.model, "set_training_step", None)
         if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
             follow_step(self.step)

@@ -7,6 +7,7 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py memory OUT ZERO                      memory report of a fp32 run
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
+    worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
 """
 
 from __future__ import annotations
@@ -135,9 +136,17 @@ def transducer(out: str, loss: str, *zeros: str) -> None:
         torch.save(results, out)
 
 
+def dropout(out: str) -> None:
+    trainer = Trainer(tiny_gpt(dropout=0.5), config(), Strategy(zero=2))
+    history = trainer.fit(lm_examples(64))
+    params = trainer.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "losses": [r["loss"] for r in history]}, out)
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
-     "transducer": transducer}[command](*arguments)
+     "transducer": transducer, "dropout": dropout}[command](*arguments)
     shutdown_distributed()
     exit_process(0)
