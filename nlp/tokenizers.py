@@ -18,7 +18,7 @@ from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.pre_tokenizers import ByteLevel
 
 from nlp.data import pad_sequences
-from zoo.hf import package_folder
+from zoo.sources import package_folder
 
 
 class TextTokenizer(Protocol):
@@ -92,10 +92,10 @@ class GPT2Tokenizer:
 class WordPieceTokenizer:
     """BERT's WordPiece from a Hugging Face `tokenizer.json` (lower-casing, [CLS] ... [SEP]).
 
-    The model folder is given by `source`, a package source as in `zoo.hf.package_folder`, so the
-    spec names where the file comes from rather than copying it."""
+    The model folder is given by `source`, a declared package source (`zoo.sources`), so the spec
+    names where the file comes from rather than copying it."""
 
-    def __init__(self, source: dict[str, str]) -> None:
+    def __init__(self, source: str) -> None:
         self.source = source
         self._tokenizer = Tokenizer.from_file(str(package_folder(source) / "tokenizer.json"))
         self._tokenizer.no_padding()

