@@ -48,8 +48,11 @@ kernels() {
 }
 
 losses() {
-    # Full vs pruned vs sample-wise (+ pruned), torchaudio beside them where it loads; then the
+    # float32 gradient precision of every loss on the Triton kernels (k2 rows only where fast_rnnt
+    # imports); full vs pruned vs sample-wise (+ pruned), torchaudio beside them where it loads; then the
     # sample-wise paper's headline (batch 1024, 1000 frames, U 200, V 1024, joiner dim 512).
+    section "rnnt_precision"
+    record python3 benchmarks/rnnt_precision.py --device cuda
     section "rnnt_losses"
     record python3 benchmarks/rnnt_losses.py --shapes 8x100x50x500 32x400x100x500 32x400x100x5000
     record python3 benchmarks/rnnt_losses.py --dtype bfloat16 --shapes 32x400x100x500

@@ -20,6 +20,7 @@ import json
 import torch
 
 from asr.losses import kernels as loss_kernels
+from asr.losses.lattice import LATTICE_DTYPE
 from zoo.nn.kernels import cross_entropy, elementwise, norm
 from zoo.nn.kernels.activation_math import ACTIVATION_CODES
 from zoo.nn.kernels.cross_compile import CompiledLaunch, compile_launches
@@ -63,26 +64,26 @@ def launch_cross_entropy() -> None:
 
 
 def launch_lattices(widths: tuple[int, ...]) -> None:
-    for dtype in (torch.float32, torch.float64):
-        for width in widths:
-            frames = 8
-            diagonal = torch.empty(2, frames + width - 1, width, dtype=dtype)
-            loss_kernels.regular_alpha_beta(diagonal, torch.empty(2, dtype=dtype), diagonal)
-            grid = torch.empty(2, frames, width, dtype=dtype)
-            lengths = torch.full((2,), frames), torch.full((2,), width - 1)
-            loss_kernels.modified_alpha_beta(grid, grid, *lengths)
+    for width in widths:
+        frames = 8
+        diagonal = torch.empty(2, frames + width - 1, width, dtype=LATTICE_DTYPE)
+        loss_kernels.regular_alpha_beta(diagonal, torch.empty(2, dtype=LATTICE_DTYPE), diagonal)
+        grid = torch.empty(2, frames, width, dtype=LATTICE_DTYPE)
+        lengths = torch.full((2,), frames), torch.full((2,), width - 1)
+        loss_kernels.modified_alpha_beta(grid, grid, *lengths)
 
 
 def launch_log_softmax_rows() -> None:
-    for lattice_dtype, logit_dtypes in ((torch.float32, (torch.float32, torch.bfloat16, torch.float16)),
-                                        (torch.float64, (torch.float64,))):
+    for work_dtype, logit_dtypes in ((torch.float32, (torch.float32, torch.bfloat16, torch.float16)),
+                                     (torch.float64, (torch.float64,))):
         for vocab in VOCABULARIES:
             for logit_dtype in logit_dtypes:
-                logits, per_row = torch.empty(4, vocab, dtype=logit_dtype), torch.empty(4, dtype=lattice_dtype)
+                logits, per_row = torch.empty(4, vocab, dtype=logit_dtype), torch.empty(4, dtype=work_dtype)
                 labels = torch.ones(4, dtype=torch.long)
-                loss_kernels.row_logsumexp(logits, lattice_dtype)
-                loss_kernels.write_gradient(logits, per_row, per_row, 0, per_row, labels, per_row, None, logits)
-                loss_kernels.write_gradient(logits, None, per_row, 0, per_row, labels, per_row, 1.0, logits)
+                loss_kernels.row_max_and_sum(logits, work_dtype)
+                loss_kernels.write_gradient(logits, per_row, per_row, per_row, 0, per_row, labels, per_row, None,
+                                            logits)
+                loss_kernels.write_gradient(logits, None, None, per_row, 0, per_row, labels, per_row, 1.0, logits)
 
 
 def compile_all(arch: int, norm_widths: tuple[int, ...], lattice_widths: tuple[int, ...]) -> list[CompiledLaunch]:

@@ -4,10 +4,11 @@
   (modified) in order, holding the current diagonal of alpha or beta in registers, one lane per
   lattice column u. The neighbour in column u - 1 (or u + 1) is read back from the previous step's
   row in global memory after a block barrier.
-- Row passes over the (rows, V) joiner output: an online log-sum-exp per row, and the fused
+- Row passes over the (rows, V) joiner output: an online max and sum of exp per row, and the fused
   log-softmax gradient written row by row (in place when `out` is the logits).
-Each recursion computes in the dtype of its buffers (float32 or float64); the row passes in float32
-(float64 for float64 logits). Hosts initialise alpha and beta to -inf except their start nodes.
+Each recursion computes in the dtype of its buffers (float64, `asr.losses.lattice.LATTICE_DTYPE`); the
+row passes in float32 (float64 for float64 logits), their per-row float64 parts done by the host
+(asr.losses.log_softmax_gradient). Hosts initialise alpha and beta to -inf except their start nodes.
 """
 
 from __future__ import annotations
@@ -148,10 +149,10 @@ def modified_alpha_beta(blank: torch.Tensor, label: torch.Tensor, logit_lengths:
 
 
 @triton.jit
-def _row_logsumexp_kernel(x_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+def _row_max_and_sum_kernel(x_ptr, top_ptr, total_ptr, vocab, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    kind = out_ptr.dtype.element_ty
+    kind = top_ptr.dtype.element_ty
     top = tl.full((BLOCK,), float("-inf"), kind)
     total = tl.zeros((BLOCK,), kind)
     for start in range(0, vocab, BLOCK):
@@ -162,54 +163,61 @@ def _row_logsumexp_kernel(x_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
         top = new_top
     best = tl.max(top, axis=0)
     safe_best = tl.where(best == float("-inf"), 0.0, best)
-    tl.store(out_ptr + row, safe_best + tl.log(tl.sum(total * tl.exp(top - safe_best), axis=0)))
+    tl.store(top_ptr + row, safe_best)
+    tl.store(total_ptr + row, tl.sum(total * tl.exp(top - safe_best), axis=0))
 
 
 @triton.jit
-def _gradient_kernel(x_ptr, normaliser_ptr, node_ptr, blank_arc_ptr, labels_ptr, label_arc_ptr, out_ptr, vocab,
+def _gradient_kernel(x_ptr, high_ptr, low_ptr, node_ptr, blank_entry_ptr, labels_ptr, label_entry_ptr, out_ptr, vocab,
                      blank, clamp, HAS_NORMALISER: tl.constexpr, HAS_CLAMP: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     kind = node_ptr.dtype.element_ty
     node = tl.load(node_ptr + row)
-    blank_arc = tl.load(blank_arc_ptr + row)
     label = tl.load(labels_ptr + row)
-    label_arc = tl.load(label_arc_ptr + row)
-    normaliser = tl.load(normaliser_ptr + row) if HAS_NORMALISER else 0.0
+    if HAS_NORMALISER:
+        high = tl.load(high_ptr + row)
+        low = tl.load(low_ptr + row)
     for start in range(0, vocab, BLOCK):
         v = start + cols
         inside = v < vocab
         if HAS_NORMALISER:
             x = tl.load(x_ptr + row * vocab + v, mask=inside, other=float("-inf")).to(kind)
-            grad = tl.exp(x - normaliser) * node
+            grad = tl.exp((x - high) - low) * node
         else:
             grad = tl.zeros((BLOCK,), kind)
-        grad -= tl.where(v == blank, blank_arc, 0.0)
-        grad -= tl.where(v == label, label_arc, 0.0)
         if HAS_CLAMP:
             grad = tl.minimum(tl.maximum(grad, -clamp), clamp)
-        tl.store(out_ptr + row * vocab + v, grad.to(out_ptr.dtype.element_ty), mask=inside)
+        # The blank and label columns take the host's exact entries below; no lane writes them here.
+        tl.store(out_ptr + row * vocab + v, grad.to(out_ptr.dtype.element_ty),
+                 mask=inside & (v != blank) & (v != label))
+    out_kind = out_ptr.dtype.element_ty
+    tl.store(out_ptr + row * vocab + blank, tl.load(blank_entry_ptr + row).to(out_kind))
+    tl.store(out_ptr + row * vocab + label, tl.load(label_entry_ptr + row).to(out_kind))
 
 
 def _row_block(vocab: int) -> int:
     return min(triton.next_power_of_2(vocab), ROW_BLOCK)
 
 
-def row_logsumexp(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(R, V) -> (R,) log-sum-exp of each row, in `dtype`."""
+def row_max_and_sum(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, V) -> the (R,) row maxima (0 for a row of -inf) and sums of exp(x - max), in `dtype`."""
     rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], dtype=dtype, device=rows.device)
+    top = torch.empty(rows.shape[0], dtype=dtype, device=rows.device)
+    total = torch.empty_like(top)
     if rows.shape[0]:
-        _row_logsumexp_kernel[(rows.shape[0],)](rows, out, rows.shape[1], BLOCK=_row_block(rows.shape[1]))
-    return out
+        _row_max_and_sum_kernel[(rows.shape[0],)](rows, top, total, rows.shape[1], BLOCK=_row_block(rows.shape[1]))
+    return top, total
 
 
-def write_gradient(logits, normaliser, node, blank, blank_arc, labels, label_arc, clamp, out):
-    """See asr.losses.log_softmax_gradient.write_gradient."""
+def write_gradient(logits, high, low, node, blank, blank_entry, labels, label_entry, clamp, out):
+    """See asr.losses.log_softmax_gradient.write_gradient: high + low is the normaliser (None without
+    one), node and the blank / label entries are (R,) in the working dtype."""
     count, vocab = logits.shape
     if count:
-        _gradient_kernel[(count,)](logits, normaliser if normaliser is not None else node, node.contiguous(),
-                                   blank_arc.contiguous(), labels.contiguous(), label_arc.contiguous(), out, vocab,
-                                   blank, float(clamp or 0.0), HAS_NORMALISER=normaliser is not None,
-                                   HAS_CLAMP=clamp is not None, BLOCK=_row_block(vocab))
+        _gradient_kernel[(count,)](logits, high if high is not None else node, low if low is not None else node,
+                                   node.contiguous(), blank_entry.contiguous(), labels.contiguous(),
+                                   label_entry.contiguous(), out, vocab, blank, float(clamp or 0.0),
+                                   HAS_NORMALISER=high is not None, HAS_CLAMP=clamp is not None,
+                                   BLOCK=_row_block(vocab))
     return out

@@ -27,11 +27,16 @@ from zoo.nn.backend import resolve_backend
 Topology = Literal["regular", "modified"]
 TOPOLOGIES = ("regular", "modified")
 NEG_INF = float("-inf")
+LATTICE_DTYPE = torch.float64
+"""dtype of every lattice tensor (arc weights, alpha, beta, occupancies), whatever the logits' dtype. An
+occupancy is exp(alpha + weight + beta - log p) with alpha, beta and log p in the thousands: in float32
+each term carries its own rounding of ~1e-4 relative, which the gradient inherits. The (B, T, U+1)
+lattice costs ~V times less than the (B, T, U+1, V) logits, so float64 here is nearly free."""
 
 
 @dataclass
 class Occupancies:
-    """The posterior of a lattice; every tensor lies in the lattice's (float32 or float64) dtype."""
+    """The posterior of a lattice; every tensor is `LATTICE_DTYPE` (float64)."""
 
     log_likelihood: torch.Tensor
     """(B,) log p(y | x); -inf where no path exists."""
@@ -42,10 +47,12 @@ class Occupancies:
 
 
 def log_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """log(exp(a) + exp(b)) that is -inf (not nan) where both are -inf."""
+    """log(exp(a) + exp(b)) that is -inf (not nan) where both are -inf; three buffers of a's size."""
     top = torch.maximum(a, b)
-    finite = torch.where(top == NEG_INF, torch.zeros_like(top), top)
-    return finite + torch.log(torch.exp(a - finite) + torch.exp(b - finite))
+    top.masked_fill_(top == NEG_INF, 0.0)
+    total = torch.sub(a, top).exp_()
+    total.add_(torch.sub(b, top).exp_())
+    return total.log_().add_(top)
 
 
 def lattice_mask(shape: torch.Size, logit_lengths: torch.Tensor, target_lengths: torch.Tensor):
@@ -72,17 +79,19 @@ def occupancies(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.T
     """Log-likelihood and arc occupancies of the lattices in a batch (see the module docstring).
 
     blank, label: (B, T, U+1) float log-weights; logit_lengths, target_lengths: (B,) int64 on the
-    same device. The recursion runs in float64 for float64 input and in float32 otherwise.
+    same device. The recursion runs in `LATTICE_DTYPE` (float64) whatever the weights' dtype.
     """
-    dtype = torch.promote_types(blank.dtype, torch.float32)
+    dtype = LATTICE_DTYPE
     blank_mask, label_mask = lattice_mask(blank.shape, logit_lengths, target_lengths)
-    blank = blank.to(dtype).masked_fill(~blank_mask, NEG_INF)
-    label = label.to(dtype).masked_fill(~label_mask, NEG_INF)
+    blank = blank.to(dtype, copy=True).masked_fill_(~blank_mask, NEG_INF)
+    label = label.to(dtype, copy=True).masked_fill_(~label_mask, NEG_INF)
     if topology == "regular":
         run = _regular_triton if resolve_backend(backend, blank) == "triton" else _regular_torch
     else:
         run = _modified_triton if resolve_backend(backend, blank) == "triton" else _modified_torch
-    log_likelihood, blank_occupancy, label_occupancy = run(blank, label, logit_lengths, target_lengths)
+    weights = [blank, label]  # handed over, so that the regular topology can free them once skewed
+    del blank, label
+    log_likelihood, blank_occupancy, label_occupancy = run(weights, logit_lengths, target_lengths)
     lost = ~torch.isfinite(log_likelihood)
     blank_occupancy = blank_occupancy.masked_fill(lost[:, None, None], 0.0)
     label_occupancy = label_occupancy.masked_fill(lost[:, None, None], 0.0)
@@ -98,7 +107,7 @@ def _skew(x: torch.Tensor) -> torch.Tensor:
     t = n - torch.arange(width, device=x.device)[None, :]
     inside = (t >= 0) & (t < frames)
     skewed = x.gather(1, t.clamp(0, frames - 1).expand(batch, -1, -1))
-    return skewed.masked_fill(~inside, NEG_INF)
+    return skewed.masked_fill_(~inside, NEG_INF)
 
 
 def _unskew(x: torch.Tensor, frames: int) -> torch.Tensor:
@@ -108,21 +117,24 @@ def _unskew(x: torch.Tensor, frames: int) -> torch.Tensor:
     return x.gather(1, n.expand(batch, -1, -1))
 
 
-def _regular_weights(blank, label, logit_lengths, target_lengths):
-    """Skewed arc weights; the final blank leaves the lattice, so inside the recursion it becomes the
-    "exit" weight of the last node (T_b - 1, U_b), at skewed position (T_b - 1 + U_b, U_b)."""
-    skewed_blank, skewed_label = _skew(blank), _skew(label)
+def _regular_weights(weights, logit_lengths, target_lengths):
+    """Skewed arc weights from [blank, label] (emptied: the unskewed ones are freed); the final blank
+    leaves the lattice, so inside the recursion it becomes the "exit" weight of the last node
+    (T_b - 1, U_b), at skewed position (T_b - 1 + U_b, U_b)."""
+    blank = weights.pop(0)
+    inner_blank = _skew(blank)
+    skewed_label = _skew(weights.pop(0))
     rows = torch.arange(blank.shape[0], device=blank.device)
     end_n = logit_lengths - 1 + target_lengths
-    exit_weight = torch.full_like(skewed_blank, NEG_INF)
-    exit_weight[rows, end_n, target_lengths] = skewed_blank[rows, end_n, target_lengths]
-    inner_blank = skewed_blank.clone()
+    exit_weight = torch.full_like(inner_blank, NEG_INF)
+    exit_weight[rows, end_n, target_lengths] = inner_blank[rows, end_n, target_lengths]
     inner_blank[rows, end_n, target_lengths] = NEG_INF
     return inner_blank, exit_weight, skewed_label
 
 
-def _regular_torch(blank, label, logit_lengths, target_lengths):
-    inner_blank, exit_weight, skewed_label = _regular_weights(blank, label, logit_lengths, target_lengths)
+def _regular_torch(weights, logit_lengths, target_lengths):
+    frames = weights[0].shape[1]
+    inner_blank, exit_weight, skewed_label = _regular_weights(weights, logit_lengths, target_lengths)
     batch, diagonals, _ = inner_blank.shape
     no_label = inner_blank.new_full((batch, 1), NEG_INF)
     alpha = torch.full_like(inner_blank, NEG_INF)
@@ -137,25 +149,31 @@ def _regular_torch(blank, label, logit_lengths, target_lengths):
         stay = beta[:, n + 1] + inner_blank[:, n]
         up = torch.cat([beta[:, n + 1, 1:], no_label], dim=1) + skewed_label[:, n]
         beta[:, n] = log_add(exit_weight[:, n], log_add(stay, up))
-    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, blank.shape[1])
+    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
 
 
 def _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames):
     """Arc occupancies from skewed alpha/beta: exp(alpha(src) + weight + beta(dst) - log p)."""
-    log_likelihood = beta[:, 0, 0]
+    log_likelihood = beta[:, 0, 0].clone()
     total = log_likelihood[:, None, None]
     safe_total = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
     beta_next_diagonal = torch.cat([beta[:, 1:], torch.full_like(beta[:, :1], NEG_INF)], dim=1)
-    blank_target = log_add(beta_next_diagonal + inner_blank, exit_weight)
-    label_target = torch.cat([beta_next_diagonal[:, :, 1:], torch.full_like(beta[:, :, :1], NEG_INF)], dim=2)
-    blank_occupancy = torch.exp(alpha + blank_target - safe_total)
-    label_occupancy = torch.exp(alpha + skewed_label + label_target - safe_total)
-    return log_likelihood, _unskew(blank_occupancy, frames), _unskew(label_occupancy, frames)
+    # Each occupancy is formed in place in one buffer: the lattice may be large beside a pruned joiner.
+    label_occupancy = torch.cat([beta_next_diagonal[:, :, 1:], torch.full_like(beta[:, :, :1], NEG_INF)], dim=2)
+    label_occupancy.add_(alpha).add_(skewed_label).sub_(safe_total).exp_()
+    label_occupancy = _unskew(label_occupancy, frames)
+    # The blank arc's target: beta of the next diagonal, or the exit. log_add of the two is their
+    # maximum, since every cell has one of them -inf (the exit cell's inner blank weight is -inf).
+    blank_occupancy = beta_next_diagonal.add_(inner_blank)
+    torch.maximum(blank_occupancy, exit_weight, out=blank_occupancy)
+    blank_occupancy.add_(alpha).sub_(safe_total).exp_()
+    return log_likelihood, _unskew(blank_occupancy, frames), label_occupancy
 
 
 # ---- modified topology: frames, node rows t = 0..T ----
 
-def _modified_torch(blank, label, logit_lengths, target_lengths):
+def _modified_torch(weights, logit_lengths, target_lengths):
+    blank, label = weights
     batch, frames, width = blank.shape
     rows = torch.arange(batch, device=blank.device)
     no_label = blank.new_full((batch, 1), NEG_INF)
@@ -174,26 +192,28 @@ def _modified_torch(blank, label, logit_lengths, target_lengths):
 
 
 def _modified_posterior(alpha, beta, blank, label):
-    log_likelihood = beta[:, 0, 0]
+    log_likelihood = beta[:, 0, 0].clone()
     total = log_likelihood[:, None, None]
     safe_total = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
     after = beta[:, 1:]
-    after_up = torch.cat([after[:, :, 1:], torch.full_like(after[:, :, :1], NEG_INF)], dim=2)
-    blank_occupancy = torch.exp(alpha[:, :-1] + blank + after - safe_total)
-    label_occupancy = torch.exp(alpha[:, :-1] + label + after_up - safe_total)
+    blank_occupancy = torch.add(alpha[:, :-1], blank).add_(after).sub_(safe_total).exp_()
+    label_occupancy = torch.cat([after[:, :, 1:], torch.full_like(after[:, :, :1], NEG_INF)], dim=2)
+    label_occupancy.add_(alpha[:, :-1]).add_(label).sub_(safe_total).exp_()
     return log_likelihood, blank_occupancy, label_occupancy
 
 
-def _regular_triton(blank, label, logit_lengths, target_lengths):
+def _regular_triton(weights, logit_lengths, target_lengths):
     from asr.losses.kernels import regular_alpha_beta
 
-    inner_blank, exit_weight, skewed_label = _regular_weights(blank, label, logit_lengths, target_lengths)
+    frames = weights[0].shape[1]
+    inner_blank, exit_weight, skewed_label = _regular_weights(weights, logit_lengths, target_lengths)
     alpha, beta = regular_alpha_beta(inner_blank, exit_weight, skewed_label)
-    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, blank.shape[1])
+    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
 
 
-def _modified_triton(blank, label, logit_lengths, target_lengths):
+def _modified_triton(weights, logit_lengths, target_lengths):
     from asr.losses.kernels import modified_alpha_beta
 
+    blank, label = weights
     alpha, beta = modified_alpha_beta(blank, label, logit_lengths, target_lengths)
     return _modified_posterior(alpha, beta, blank, label)

@@ -4,12 +4,21 @@
     d loss / d logits[r, v] = softmax[r, v] * node[r] - blank_arc[r] * [v = blank] - label_arc[r] * [v = label[r]]
 into `out` (which may be the logits' own storage). Neither forms any other (rows, V) tensor: the
 PyTorch path works in chunks of rows, the Triton kernels one row per program.
+
+Precision: what is per row (the normaliser, the occupancies) is float64 (`LATTICE_DTYPE`); what is
+per element runs in the logits' working dtype (float32, float64 for float64 logits). The normaliser
+is max + log(sum exp(x - max)) with the max and the sum in float32 and their combination in float64.
+A softmax entry is exp((x - n_hi) - n_lo) with n_hi + n_lo the float64 normaliser split into two
+float32 numbers: the entries that matter, near the row's top, have a small, nearly exact x - n_hi.
+The blank and label entries, where softmax x node and the arc occupancy can cancel, are formed
+wholly in float64 from one logit each, by the host for both backends ((R,) vectors).
 """
 
 from __future__ import annotations
 
 import torch
 
+from asr.losses.lattice import LATTICE_DTYPE
 from zoo.nn.backend import resolve_backend
 
 CHUNK_ELEMENTS = 1 << 22
@@ -22,18 +31,38 @@ def _row_chunks(rows: int, width: int):
         yield slice(start, min(rows, start + step))
 
 
-def row_logsumexp(logits: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    """(..., V) -> (...) float32 (float64 for float64 input) log sum_v exp(logits[..., v])."""
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    rows = logits.reshape(-1, logits.shape[-1])
-    if resolve_backend(backend, logits) == "triton":
-        from asr.losses.kernels import row_logsumexp as kernel
+def working_dtype(logits: torch.Tensor) -> torch.dtype:
+    """dtype of the element-wise work on `logits`: float32, float64 for float64 logits."""
+    return torch.promote_types(logits.dtype, torch.float32)
 
-        return kernel(rows, dtype).view(logits.shape[:-1])
-    out = torch.empty(rows.shape[0], dtype=dtype, device=logits.device)
-    for chunk in _row_chunks(*rows.shape):
-        out[chunk] = torch.logsumexp(rows[chunk].to(dtype), dim=-1)
-    return out.view(logits.shape[:-1])
+
+def row_logsumexp(logits: torch.Tensor, backend: str | None = None) -> torch.Tensor:
+    """(..., V) -> (...) log sum_v exp(logits[..., v]) in `LATTICE_DTYPE` (float64): max + log(sum
+    exp(x - max)) with the max and the sum in the working dtype and their combination in float64."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    work = working_dtype(logits)
+    if resolve_backend(backend, logits) == "triton":
+        from asr.losses.kernels import row_max_and_sum
+
+        top, total = row_max_and_sum(rows, work)
+    else:
+        top = torch.empty(rows.shape[0], dtype=work, device=logits.device)
+        total = torch.empty_like(top)
+        for chunk in _row_chunks(*rows.shape):
+            x = rows[chunk].to(work)
+            top[chunk] = x.amax(-1)
+            safe = top[chunk].masked_fill(top[chunk] == float("-inf"), 0.0)
+            total[chunk] = torch.sub(x, safe[:, None]).exp_().sum(-1)  # x may be a view of the logits
+        top = top.masked_fill(top == float("-inf"), 0.0)
+    return (top.to(LATTICE_DTYPE) + total.to(LATTICE_DTYPE).log()).view(logits.shape[:-1])
+
+
+def _exact_entry(logit: torch.Tensor, normaliser: torch.Tensor | None, node: torch.Tensor, own_arc: torch.Tensor,
+                 other_arc: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+    """The gradient entry of the blank or label column, wholly in float64: softmax x node less its own
+    arc occupancy, and the other arc's where both arcs carry the same symbol (`shared`)."""
+    softmax = torch.zeros_like(node) if normaliser is None else (logit.to(node.dtype) - normaliser).exp() * node
+    return softmax - own_arc - torch.where(shared, other_arc, torch.zeros_like(other_arc))
 
 
 def write_gradient(logits: torch.Tensor, normaliser: torch.Tensor | None, node: torch.Tensor, blank: int,
@@ -41,25 +70,39 @@ def write_gradient(logits: torch.Tensor, normaliser: torch.Tensor | None, node: 
                    out: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     """Write the loss gradient of every row into `out` and return it.
 
-    logits, out: (R, V) contiguous (`out` may be `logits`); normaliser: (R,) log-softmax normaliser, or
-    None when the logits already are log-probabilities (then there is no softmax term); node, blank_arc,
-    label_arc: (R,) occupancies; labels: (R,) int64 symbol of each row's label arc; clamp: bound on the
-    gradient's magnitude, or None.
+    logits, out: (R, V) contiguous (`out` may be `logits`); normaliser: (R,) float64 log-softmax
+    normaliser, or None when the logits already are log-probabilities (then there is no softmax
+    term); node, blank_arc, label_arc: (R,) float64 occupancies; labels: (R,) int64 symbol of each
+    row's label arc; clamp: bound on the gradient's magnitude, or None. Precision: see the module
+    docstring.
     """
+    work = working_dtype(logits)
+    # The two exact entries of each row, read before `out` (perhaps the logits) is written.
+    shared = labels == blank
+    blank_entry = _exact_entry(logits[:, blank], normaliser, node, blank_arc, label_arc, shared)
+    label_entry = _exact_entry(logits.gather(1, labels[:, None])[:, 0], normaliser, node, label_arc, blank_arc, shared)
+    if clamp is not None:
+        blank_entry, label_entry = blank_entry.clamp(-clamp, clamp), label_entry.clamp(-clamp, clamp)
+    blank_entry, label_entry = blank_entry.to(work), label_entry.to(work)
+    high = low = None
+    if normaliser is not None:
+        high = normaliser.to(work)
+        low = (normaliser - high.to(normaliser.dtype)).to(work)
+    node = node.to(work)
     if resolve_backend(backend, logits) == "triton":
         from asr.losses.kernels import write_gradient as kernel
 
-        return kernel(logits, normaliser, node, blank, blank_arc, labels, label_arc, clamp, out)
-    dtype = node.dtype
+        return kernel(logits, high, low, node, blank, blank_entry, labels, label_entry, clamp, out)
     for chunk in _row_chunks(*logits.shape):
         if normaliser is None:
-            rows = torch.zeros(logits[chunk].shape, dtype=dtype, device=logits.device)
+            rows = torch.zeros(logits[chunk].shape, dtype=work, device=logits.device)
         else:
-            rows = torch.sub(logits[chunk], normaliser[chunk, None]).exp_().mul_(node[chunk, None])
-        index = torch.arange(rows.shape[0], device=rows.device)
-        rows[index, blank] -= blank_arc[chunk]
-        rows.index_put_((index, labels[chunk]), -label_arc[chunk], accumulate=True)
+            rows = torch.sub(logits[chunk].to(work), high[chunk, None]).sub_(low[chunk, None])
+            rows.exp_().mul_(node[chunk, None])
         if clamp is not None:
             rows.clamp_(-clamp, clamp)
+        index = torch.arange(rows.shape[0], device=rows.device)
+        rows[index, blank] = blank_entry[chunk]
+        rows[index, labels[chunk]] = label_entry[chunk]
         out[chunk] = rows
     return out

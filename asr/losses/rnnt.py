@@ -22,8 +22,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from asr.losses.checks import check_transducer_inputs, reduce_losses, resolve_blank
-from asr.losses.lattice import NEG_INF, add_delay_penalty, occupancies
-from asr.losses.log_softmax_gradient import row_logsumexp, write_gradient
+from asr.losses.lattice import LATTICE_DTYPE, NEG_INF, add_delay_penalty, occupancies
+from asr.losses.log_softmax_gradient import row_logsumexp, working_dtype, write_gradient
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class _TransducerLoss(torch.autograd.Function):
         # Symbol of each position's label arc (blank past the sample's targets: that arc is masked).
         padded = torch.cat([targets.long(), targets.new_full((batch, 1), options.blank).long()], dim=1)
         labels = padded.gather(1, columns.clamp(max=width - 1).reshape(batch, -1)).view(batch, frames, window)
-        blank_weight = logits[..., options.blank].to(torch.promote_types(logits.dtype, torch.float32))
-        label_weight = logits.gather(-1, labels[..., None])[..., 0].to(blank_weight.dtype)
+        blank_weight = logits[..., options.blank].to(LATTICE_DTYPE)
+        label_weight = logits.gather(-1, labels[..., None])[..., 0].to(LATTICE_DTYPE)
         if normaliser is not None:
             blank_weight, label_weight = blank_weight - normaliser, label_weight - normaliser
         blank_lattice = blank_weight if starts is None else _to_lattice(blank_weight, columns, width)
@@ -84,7 +84,7 @@ class _TransducerLoss(torch.autograd.Function):
                        options.blank, blank_arc.reshape(-1), labels.reshape(-1), label_arc.reshape(-1),
                        options.clamp, out, options.backend)
         ctx.gradient = out.view(logits.shape)
-        losses = -posterior.log_likelihood
+        losses = (-posterior.log_likelihood).to(working_dtype(logits))
         if options.zero_infinity:
             losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
         return losses
@@ -134,8 +134,9 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
     """The RNN-T loss -log p(y | x) with its gradient computed in closed form.
 
     Args:
-        logits: (B, T, U+1, V) joiner output, any float dtype (the lattice runs in float32, float64
-            for float64); logits[b, t, u] scores the next symbol after frame t and u emitted symbols.
+        logits: (B, T, U+1, V) joiner output, any float dtype (the normalisers and the lattice are
+            float64, see `LATTICE_DTYPE`); logits[b, t, u] scores the next symbol after frame t and u
+            emitted symbols.
         targets: (B, U) int symbol ids; sample b uses targets[b, :target_lengths[b]], which must not
             contain the blank.
         logit_lengths: (B,) int frames of each sample, in [1, T].

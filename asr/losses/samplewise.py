@@ -27,8 +27,9 @@ from asr.losses.pruned import check_s_range, prune_decoder, prune_ranges
 from asr.losses.rnnt import LossOptions, transducer_loss
 from asr.losses.simple import simple_rnnt_loss
 
-LATTICE_BYTES_PER_CELL = 64
-"""float32 lattice tensors per (t, u) cell: weights, skewed alpha/beta, occupancies (an upper bound)."""
+LATTICE_BYTES_PER_CELL = 160
+"""Lattice tensors per (t, u) cell (an upper bound): 16 float64 ones (weights, skewed alpha/beta,
+occupancies) and the row passes' per-row normaliser parts, node and exact entries."""
 
 
 @dataclass

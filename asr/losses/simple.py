@@ -12,7 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from asr.losses.checks import check_transducer_inputs, reduce_losses, resolve_blank
-from asr.losses.lattice import Occupancies, add_delay_penalty, occupancies
+from asr.losses.lattice import LATTICE_DTYPE, Occupancies, add_delay_penalty, occupancies
 
 
 class _LatticeLoss(torch.autograd.Function):
@@ -23,7 +23,7 @@ class _LatticeLoss(torch.autograd.Function):
     def forward(ctx, blank, label, logit_lengths, target_lengths, topology, zero_infinity, backend):
         posterior = occupancies(blank, label, logit_lengths, target_lengths, topology, backend)
         ctx.save_for_backward(posterior.blank, posterior.label)
-        losses = -posterior.log_likelihood
+        losses = (-posterior.log_likelihood).to(torch.promote_types(blank.dtype, torch.float32))
         if zero_infinity:
             losses = torch.where(torch.isinf(losses), torch.zeros_like(losses), losses)
         ctx.mark_non_differentiable(posterior.blank, posterior.label)
@@ -43,7 +43,8 @@ def lattice_loss(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.
                  topology: str = "regular", zero_infinity: bool = False,
                  backend: str | None = None) -> tuple[torch.Tensor, Occupancies]:
     """(B,) -log p(y | x) of lattices with arc log-weights blank, label (B, T, U+1) (see
-    asr.losses.lattice), differentiable in both, and the detached posterior."""
+    asr.losses.lattice), differentiable in both, and the detached float64 posterior. The losses come
+    in the weights' dtype (float32 at least); the recursion runs in float64."""
     losses, blank_occupancy, label_occupancy = _LatticeLoss.apply(
         blank, label, logit_lengths.long(), target_lengths.long(), topology, zero_infinity, backend)
     return losses, Occupancies(-losses.detach(), blank_occupancy, label_occupancy)
@@ -52,20 +53,23 @@ def lattice_loss(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.
 def additive_log_probs(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, blank: int):
     """Blank and label log-probabilities (B, T, U+1) of the joiner logits am[:, :, None] + lm[:, None].
 
-    am: (B, T, V); lm: (B, U+1, V); targets: (B, U). Computed in float32 (float64 for float64 input);
-    column U of the label log-probabilities scores the blank and is never read by the lattice."""
-    dtype = torch.promote_types(am.dtype, torch.float32)
-    am, lm = am.to(dtype), lm.to(dtype)
+    am: (B, T, V); lm: (B, U+1, V); targets: (B, U). The (B, T, V) and (B, U+1, V) work and the
+    (B, T, U+1) sums of products run in float32 (float64 for float64 input); the log of those sums
+    and the log-probabilities are `LATTICE_DTYPE` (float64). Column U of the label log-probabilities
+    scores the blank and is never read by the lattice."""
+    work = torch.promote_types(am.dtype, torch.float32)
+    am, lm = am.to(work), lm.to(work)
     am_max = am.detach().amax(-1, keepdim=True)
     lm_max = lm.detach().amax(-1, keepdim=True)
-    normaliser = torch.matmul((am - am_max).exp(), (lm - lm_max).exp().transpose(1, 2)).log()
-    normaliser = normaliser + am_max + lm_max.transpose(1, 2)
+    products = torch.matmul((am - am_max).exp(), (lm - lm_max).exp().transpose(1, 2))
+    normaliser = (products.to(LATTICE_DTYPE).log() + am_max.to(LATTICE_DTYPE)
+                  + lm_max.to(LATTICE_DTYPE).transpose(1, 2))
     padded = torch.cat([targets.long(), targets.new_full((targets.shape[0], 1), blank).long()], dim=1)
     frames = am.shape[1]
     am_label = am.gather(2, padded[:, None, :].expand(-1, frames, -1))
     lm_label = lm.gather(2, padded[:, :, None]).transpose(1, 2)
-    blank_log_probs = am[:, :, blank, None] + lm[:, None, :, blank] - normaliser
-    return blank_log_probs, am_label + lm_label - normaliser
+    blank_log_probs = (am[:, :, blank, None] + lm[:, None, :, blank]).to(LATTICE_DTYPE) - normaliser
+    return blank_log_probs, (am_label + lm_label).to(LATTICE_DTYPE) - normaliser
 
 
 def simple_rnnt_loss(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,
@@ -96,5 +100,5 @@ def simple_rnnt_loss(am: torch.Tensor, lm: torch.Tensor, targets: torch.Tensor, 
     label_log_probs = add_delay_penalty(label_log_probs, logit_lengths, delay_penalty)
     losses, posterior = lattice_loss(blank_log_probs, label_log_probs, logit_lengths, target_lengths, topology,
                                      zero_infinity, backend)
-    loss = reduce_losses(losses, reduction)
+    loss = reduce_losses(losses.to(torch.promote_types(am.dtype, torch.float32)), reduction)
     return (loss, posterior) if return_occupancies else loss

@@ -149,7 +149,7 @@ def test_impossible_alignments(zero_infinity):
         assert logits.grad[0].abs().max() == 0 and logits.grad[1].abs().max() > 0
 
 
-def test_low_precision_logits_keep_a_float32_lattice():
+def test_low_precision_logits_give_a_float32_loss_from_the_float64_lattice():
     logits, targets, logit_lengths, target_lengths = batch(11, 6, 4, 50, [6, 5], [4, 3], 0)
     expected = rnnt_loss(logits, targets, logit_lengths, target_lengths, reduction="none")
     x = logits.to(torch.bfloat16).requires_grad_()
