@@ -25,13 +25,12 @@ from asr.conformer import CONFORMER_SIZES, ConformerConfig, ConformerEncoder
 from asr.decoder import Joiner, StatelessDecoder
 from asr.features import SpecAugment
 from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
+from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.plan import ModelPlan
 from zoo.registry import register
 
 LossKind = Literal["full", "pruned", "samplewise", "samplewise_pruned"]
 LOSS_KINDS = ("full", "pruned", "samplewise", "samplewise_pruned")
-IGNORE_INDEX = -100
-"""Label padding (Hugging Face's convention)."""
 
 
 @dataclass

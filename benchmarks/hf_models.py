@@ -103,7 +103,7 @@ def loss_of(model, model_name: str, implementation: str, inputs: dict[str, torch
         ids = inputs["input_ids"]
         if implementation == "hf":  # transformers shifts the labels itself
             return model(input_ids=ids[:, :-1], labels=ids[:, :-1]).loss
-        return model(ids[:, :-1], labels=ids[:, 1:])["loss"]
+        return model(ids[:, :-1], labels=ids[:, :-1])["loss"]
     if implementation == "hf":
         return model(**inputs).loss
     return model(inputs["input_ids"], labels=inputs["labels"])["loss"]

@@ -49,25 +49,29 @@ def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
 
 
 class TokenBlocks(torch.utils.data.Dataset):
-    """Non-overlapping blocks of a token stream as causal-LM examples.
+    """Blocks of a token stream as causal-LM examples in Hugging Face's form (labels = input_ids, the
+    model shifts them).
 
-    Example i is {"input_ids": ids[i*L : i*L+L], "labels": ids[i*L+1 : i*L+L+1]}, both (L,) int64,
-    with L = block_size."""
+    Example i is {"input_ids": ids[i*(L-1) : i*(L-1)+L], "labels": the same}, both (L,) int64 with
+    L = block_size: consecutive blocks share one token, so every token after the first is predicted
+    exactly once."""
 
     def __init__(self, ids: torch.Tensor, block_size: int) -> None:
-        if ids.ndim != 1 or ids.numel() < block_size + 1:
-            raise ValueError(f"ids must be a 1-D stream of at least block_size+1={block_size + 1} tokens; got shape {tuple(ids.shape)}")
+        if block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (a block predicts its tokens after the first); got {block_size}")
+        if ids.ndim != 1 or ids.numel() < block_size:
+            raise ValueError(f"ids must be a 1-D stream of at least block_size={block_size} tokens; got shape {tuple(ids.shape)}")
         self.ids, self.block_size = ids, block_size
 
     def __len__(self) -> int:
-        return (self.ids.numel() - 1) // self.block_size
+        return (self.ids.numel() - 1) // (self.block_size - 1)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} blocks")
-        start = index * self.block_size
-        chunk = self.ids[start : start + self.block_size + 1]
-        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+        start = index * (self.block_size - 1)
+        block = self.ids[start : start + self.block_size]
+        return {"input_ids": block, "labels": block.clone()}
 
 
 def pad_sequences(sequences: list[torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:

@@ -24,6 +24,8 @@ from zoo.hf import StateReader, read_hf_config, read_hf_state
 from zoo.store import write_model_folder
 
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+GPT2_END_OF_TEXT = 50256
+"""GPT-2's <|endoftext|> id, its bos and eos token."""
 BERT_HEADS = {"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "classification"}
 
 
@@ -95,7 +97,10 @@ def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
               "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
               "activation_function": "gelu_new", "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
-              "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True}
+              "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True,
+              # GPT-2's <|endoftext|> (50256) where the vocabulary has it, else the last id: transformers
+              # defaults both to 50256, outside a smaller vocabulary.
+              "bos_token_id": min(GPT2_END_OF_TEXT, c.vocab_size - 1), "eos_token_id": min(GPT2_END_OF_TEXT, c.vocab_size - 1)}
     return write_model_folder(directory, state, config)
 
 
@@ -110,7 +115,8 @@ def bert_config_from_hf(hf: dict[str, Any]) -> BertConfig:
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "max_position_embeddings", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob",
               "layer_norm_eps", "pad_token_id", "classifier_dropout")
-    return BertConfig(**{k: hf[k] for k in fields if k in hf}, head=BERT_HEADS.get(architecture, "none"), num_labels=num_labels)
+    return BertConfig(**{k: hf[k] for k in fields if k in hf}, head=BERT_HEADS.get(architecture, "none"),
+                      num_labels=num_labels, problem_type=hf.get("problem_type"))
 
 
 _BERT_LAYER = {"attention.output.dense": "attn.out", "attention.output.LayerNorm": "norm1",
@@ -194,4 +200,5 @@ def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
     if c.head == "classification":
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_labels)}
         config["label2id"] = {f"LABEL_{i}": i for i in range(c.num_labels)}
+        config["problem_type"] = c.problem_type
     return write_model_folder(directory, state, config)

@@ -24,11 +24,12 @@ def tiny_gpt(seed: int = 0, **overrides) -> GPT:
 
 
 def lm_examples(count: int, seed: int = 1, length: int = 16, vocab: int = 48) -> list[dict[str, torch.Tensor]]:
-    """Random next-token examples with a learnable pattern (each token predicts token + 1)."""
+    """Random causal-LM examples in Hugging Face's form (labels = input_ids) with a learnable pattern
+    (each token is followed by token + 1)."""
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, vocab, (count, 1), generator=generator)
-    streams = (starts + torch.arange(length + 1)) % vocab
-    return [{"input_ids": s[:-1].clone(), "labels": s[1:].clone()} for s in streams]
+    streams = (starts + torch.arange(length)) % vocab
+    return [{"input_ids": s.clone(), "labels": s.clone()} for s in streams]
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

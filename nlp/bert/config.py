@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 BertHead = Literal["none", "mlm", "classification"]
+ProblemType = Literal["regression", "single_label_classification", "multi_label_classification"]
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
 @dataclass
@@ -40,6 +42,11 @@ class BertConfig:
     (BertForSequenceClassification)."""
     num_labels: int = 2
     """Classes of the classification head (1: regression with a mean-squared error)."""
+    problem_type: ProblemType | None = None
+    """Loss of the classification head, as Hugging Face's: "regression" (mean-squared error),
+    "single_label_classification" (cross-entropy over (B,) class ids), "multi_label_classification"
+    (binary cross-entropy over (B, num_labels) 0/1 targets); None picks regression for num_labels 1,
+    else single- or multi-label by the labels' dtype (integer or float)."""
     classifier_dropout: float | None = None
     """Dropout before the classifier (None: hidden_dropout_prob)."""
     recompute_attention: bool = False
@@ -57,6 +64,9 @@ class BertConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"BertConfig.{name} must be in [0, 1); got {value}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"BertConfig.problem_type must be None or one of {', '.join(PROBLEM_TYPES)}; "
+                             f"got {self.problem_type!r}")
         if self.head not in ("none", "mlm", "classification"):
             raise ValueError(f"BertConfig.head must be 'none', 'mlm' or 'classification'; got {self.head!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:

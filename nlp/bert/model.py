@@ -2,10 +2,12 @@
 post-LN `TransformerBlock`s with exact GELU, and one of three heads:
 
     "none":           {"last_hidden_state" (B, S, W), "pooler_output" (B, W) = tanh(dense(h[:, 0]))}
-    "mlm":            dense + GELU + LayerNorm, then the decoder tied to the word embedding (+ bias);
-                      with labels only the labelled positions are projected, fused with the
-                      cross-entropy (`linear_cross_entropy`): {"loss"}; without, {"logits" (B, S, V)}
-    "classification": pooler, dropout, linear: {"logits" (B, num_labels)} (+ "loss" with labels)
+    "mlm":            dense + GELU + LayerNorm, then the decoder tied to the word embedding (+ bias):
+                      {"logits" (B, S, V)} (+ "loss" with labels, as Hugging Face's BertForMaskedLM);
+                      when skipping logits (by default in training with labels) only the labelled
+                      positions are projected, fused with the cross-entropy: {"loss"}
+    "classification": pooler, dropout, linear: {"logits" (B, num_labels)} (+ "loss" with labels, by
+                      `BertConfig.problem_type`)
 
 State-dict names: embeddings.{word,position,token_type,norm}.*, blocks.N.{attn.qkv,attn.out,norm1,
 mlp.fc1,mlp.fc2,norm2}.*, pooler.*, mlm_transform.*, mlm_norm.*, mlm_bias, classifier.*.
@@ -20,11 +22,10 @@ from torch import nn
 from nlp.bert.config import BertConfig
 from zoo.nn import (Embeddings, Norm, TransformerBlock, TransformerBlockConfig, bias_act_dropout, block_plan,
                     dropout, linear_cross_entropy)
+from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
-
-IGNORE_INDEX = -100
 
 
 def block_config(config: BertConfig) -> TransformerBlockConfig:
@@ -93,13 +94,18 @@ class Bert(nn.Module):
         return x
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """labels: (B, S) token ids with -100 where unmasked (mlm); (B,) class ids, or float targets
-        when num_labels == 1 (classification)."""
+                token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                skip_logits: bool | None = None) -> dict[str, torch.Tensor]:
+        """labels: (B, S) token ids with -100 where unmasked (mlm); (B,) class ids, (B,) float
+        targets (regression) or (B, num_labels) 0/1 targets (multi-label) (classification).
+        skip_logits (mlm only): return only the fused loss; None skips when training with labels."""
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
         head = self.config.head
         if head == "mlm":
-            return self._masked_lm(hidden, labels)
+            skip = (self.training and labels is not None) if skip_logits is None else skip_logits
+            return self._masked_lm(hidden, labels, skip)
+        if skip_logits:
+            raise ValueError(f"skip_logits applies to the mlm head; this BERT has head={head!r}")
         pooled = torch.tanh(self.pooler(hidden[:, 0]))
         if head == "none":
             if labels is not None:
@@ -109,22 +115,41 @@ class Bert(nn.Module):
         logits = self.classifier(dropout(pooled, p, self.training))
         output = {"logits": logits}
         if labels is not None:
-            if labels.shape != logits.shape[:1]:
-                raise ValueError(f"labels must have shape (B,) = ({logits.shape[0]},); got {tuple(labels.shape)}")
-            if self.config.num_labels == 1:
-                output["loss"] = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                output["loss"] = F.cross_entropy(logits.float(), labels)
+            output["loss"] = self._classification_loss(logits, labels)
         return output
 
-    def _masked_lm(self, hidden: torch.Tensor, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        if labels is not None:
-            if labels.shape != hidden.shape[:2]:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(hidden.shape[:2])}; got {tuple(labels.shape)}")
+    def _classification_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Hugging Face's choice of loss (see `BertConfig.problem_type`), in fp32."""
+        problem = self.config.problem_type
+        if problem is None:
+            integer = not (labels.is_floating_point() or labels.is_complex())
+            problem = ("regression" if self.config.num_labels == 1 else
+                       "single_label_classification" if integer else "multi_label_classification")
+        if problem == "regression" and self.config.num_labels != 1:
+            raise ValueError(f"problem_type 'regression' takes num_labels=1; got {self.config.num_labels}")
+        expected = logits.shape if problem == "multi_label_classification" else logits.shape[:1]
+        if labels.shape != expected:
+            raise ValueError(f"labels for {problem} must have shape {tuple(expected)}; got {tuple(labels.shape)}")
+        if problem == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        if problem == "single_label_classification":
+            return F.cross_entropy(logits.float(), labels)
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+    def _masked_lm(self, hidden: torch.Tensor, labels: torch.Tensor | None, skip_logits: bool) -> dict[str, torch.Tensor]:
+        if labels is not None and labels.shape != hidden.shape[:2]:
+            raise ValueError(f"labels must have the shape of input_ids {tuple(hidden.shape[:2])}; got {tuple(labels.shape)}")
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True returns only the loss, which needs labels; got labels=None")
+        if skip_logits:
             selected = labels != IGNORE_INDEX
             hidden, labels = hidden[selected], labels[selected]  # only masked positions reach the vocabulary
         transformed = self.mlm_norm(bias_act_dropout(F.linear(hidden, self.mlm_transform.weight), self.mlm_transform.bias, "gelu"))
         weight = self.embeddings.word.weight
+        if skip_logits:
+            return {"loss": linear_cross_entropy(transformed, weight, labels, self.mlm_bias)}
+        logits = F.linear(transformed, weight, self.mlm_bias)
         if labels is None:
-            return {"logits": F.linear(transformed, weight, self.mlm_bias)}
-        return {"loss": linear_cross_entropy(transformed, weight, labels, self.mlm_bias)}
+            return {"logits": logits}
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return {"loss": loss, "logits": logits}

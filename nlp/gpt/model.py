@@ -3,8 +3,11 @@
     embeddings (word + learned position, dropout) -> blocks (causal `TransformerBlock`s, GELU tanh)
     -> norm -> LM head tied to the word embedding, fused with the cross-entropy
 
-With labels, the loss comes from `zoo.nn.linear_cross_entropy`, so training never holds the
-(tokens x vocab) logits. `generate` decodes with a `KVCache`.
+Batches follow Hugging Face's causal LMs: `labels` are unshifted (usually `input_ids` itself, -100
+ignored) and position t is scored on labels[:, t + 1]; the output holds "loss" and "logits". Training
+with labels takes the fused path instead (`skip_logits`, as Liger-Kernel does for HF models): the
+loss comes from `zoo.nn.linear_cross_entropy` and the (tokens x vocab) logits are never formed.
+`generate` decodes with a `KVCache`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch import nn
 from nlp.gpt.config import GPTConfig
 from nlp.sampling import Sampling, next_token
 from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlockConfig, block_plan, linear_cross_entropy
+from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
@@ -35,9 +39,8 @@ def block_config(config: GPTConfig) -> TransformerBlockConfig:
 
 @register("gpt", GPTConfig)
 class GPT(nn.Module):
-    """`forward(input_ids, labels=None)` returns {"logits": (B, T, V)} without labels and
-    {"loss": scalar} with them. State-dict names: embeddings.{word,position}.weight,
-    blocks.N.{norm1,attn.qkv,attn.out,norm2,mlp.fc1,mlp.fc2}.*, norm.*."""
+    """`forward(input_ids, labels=None, skip_logits=None)`: see `forward`. State-dict names:
+    embeddings.{word,position}.weight, blocks.N.{norm1,attn.qkv,attn.out,norm2,mlp.fc1,mlp.fc2}.*, norm.*."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -84,17 +87,30 @@ class GPT(nn.Module):
             cache.advance(length)
         return self.norm(x)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """input_ids: (B, T) int64 with T <= block_size; labels: (B, T) int64 next-token targets
-        (-100 ignored), already shifted. Returns {"logits": (B, T, V)}, or with labels {"loss"}: the
-        mean cross-entropy in fp32, fused with the head (no logits are formed)."""
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                skip_logits: bool | None = None) -> dict[str, torch.Tensor]:
+        """input_ids: (B, T) int64 with T <= block_size; labels: (B, T) int64, unshifted as in Hugging
+        Face (position t predicts labels[:, t + 1]; -100 ignored).
+
+        Returns {"logits": (B, T, V)}, plus with labels {"loss"}: the mean cross-entropy in fp32 over
+        the T - 1 predicted positions. skip_logits: return {"loss"} alone, from the fused linear +
+        cross-entropy that never forms the logits; None (default) skips them when training with labels.
+        """
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(labels.shape)}")
+        skip = (self.training and labels is not None) if skip_logits is None else skip_logits
+        if skip and labels is None:
+            raise ValueError("skip_logits=True returns only the loss, which needs labels; got labels=None")
         hidden = self.hidden_states(input_ids)
         weight = self.embeddings.word.weight
+        targets = None if labels is None else labels[:, 1:].flatten()
+        if skip:
+            return {"loss": linear_cross_entropy(hidden[:, :-1].flatten(0, 1), weight, targets)}
+        logits = F.linear(hidden, weight)
         if labels is None:
-            return {"logits": F.linear(hidden, weight)}
-        if labels.shape != input_ids.shape:
-            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(labels.shape)}")
-        return {"loss": linear_cross_entropy(hidden.flatten(0, 1), weight, labels.flatten())}
+            return {"logits": logits}
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX)
+        return {"loss": loss, "logits": logits}
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -53,13 +53,16 @@ def test_multi_and_grouped_query_shapes(kv_heads, qkv_rows):
         tiny_gpt(n_head=4, n_kv_head=3)
 
 
-def test_fused_loss_and_gradients_match_the_reference():
+@pytest.mark.parametrize("skip_logits", [None, False], ids=["fused-in-training", "with-logits"])
+def test_hf_style_loss_and_gradients_match_the_reference(skip_logits):
+    """labels unshifted as in Hugging Face (the model shifts them), -100 ignored; training takes the
+    fused path (loss only) unless skip_logits=False."""
     model = tiny_gpt()
-    ids = torch.randint(0, model.config.vocab_size, (2, 17), generator=torch.Generator().manual_seed(5))
-    labels = ids[:, 1:].clone()
-    labels[0, :3] = -100
-    out = model(ids[:, :-1], labels=labels)
-    assert set(out) == {"loss"}
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    labels = ids.clone()
+    labels[0, :4] = -100
+    out = model(ids, labels=labels, skip_logits=skip_logits)
+    assert set(out) == ({"loss"} if skip_logits is None else {"loss", "logits"})
     out["loss"].backward()
     params64 = {k: v.detach().double().requires_grad_() for k, v in model.state_dict().items()}
 
@@ -70,11 +73,26 @@ def test_fused_loss_and_gradients_match_the_reference():
         def state_dict():
             return params64
 
-    expected = torch.nn.functional.cross_entropy(reference_logits(Weights, ids[:, :-1]).flatten(0, 1), labels.flatten())
+    logits = reference_logits(Weights, ids)
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
     expected.backward()
     assert abs(out["loss"].item() - expected.item()) < 1e-5 * expected.item()
+    if skip_logits is False:
+        assert relative_error(out["logits"], logits) < 1e-5
     for name, param in model.named_parameters():
         assert relative_error(param.grad, params64[name].grad) < 1e-5, name
+
+
+def test_outputs_follow_hugging_face_in_eval_and_the_fused_path_is_chosen_explicitly():
+    model = tiny_gpt().eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(8))
+    full = model(ids, labels=ids)
+    assert set(full) == {"loss", "logits"} and full["logits"].shape == (2, 16, model.config.vocab_size)
+    fused = model(ids, labels=ids, skip_logits=True)
+    assert set(fused) == {"loss"} and abs(fused["loss"].item() - full["loss"].item()) < 1e-5
+    assert set(model(ids)) == {"logits"}
+    with pytest.raises(ValueError, match="skip_logits=True returns only the loss, which needs labels"):
+        model(ids, skip_logits=True)
 
 
 def test_errors_are_named():

@@ -35,11 +35,11 @@ def hf_gpt2(tmp_path):
     return model, tmp_path / "hf_gpt2"
 
 
-def hf_bert(tmp_path, kind: str):
+def hf_bert(tmp_path, kind: str, **extra):
     torch.manual_seed(1)
     config = transformers.BertConfig(vocab_size=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0, num_labels=3)
+                                     attention_probs_dropout_prob=0.0, num_labels=3, **extra)
     model = getattr(transformers, kind)(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -62,10 +62,13 @@ def test_gpt2_logits_and_gradients_match_transformers(tmp_path):
     model = zoo.load(folder)
     assert isinstance(model, GPT) and model.config.n_embd == 32
     ids = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(2))
-    theirs = hf_model(ids, labels=ids)  # transformers shifts the labels itself
-    assert relative_error(model(ids)["logits"], theirs.logits) < 1e-5
-    ours = model(ids[:, :-1], labels=ids[:, 1:])["loss"]
+    theirs = hf_model(ids, labels=ids)  # the same batch: both shift the labels inside
+    out = model(ids, labels=ids)
+    assert relative_error(out["logits"], theirs.logits) < 1e-5
+    ours = out["loss"]
     assert abs(ours.item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    model.train()  # the fused path, as in training, gives the same loss
+    assert abs(model(ids, labels=ids)["loss"].item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
     ours.backward()
     theirs.loss.backward()
     for name, param in model.named_parameters():
@@ -77,6 +80,8 @@ def test_gpt2_round_trip_through_our_export(tmp_path):
     to_hf(zoo.load(folder), tmp_path / "exported")
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    exported = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert exported["bos_token_id"] == exported["eos_token_id"] == 63  # inside the 64-token vocabulary
     after, before = reloaded(ids, labels=ids), hf_model(ids, labels=ids)
     assert relative_error(after.logits, before.logits) < 1e-6
     after.loss.backward()
@@ -106,10 +111,12 @@ def test_bert_masked_lm_matches_transformers(tmp_path):
     labels = torch.full_like(ids, -100)
     labels[0, [1, 4, 8]], labels[1, [2, 3]], labels[2, [0]] = ids[0, [1, 4, 8]], ids[1, [2, 3]], ids[2, [0]]
     theirs = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
-    ours_logits = model(ids, mask, types)["logits"]
-    assert relative_error(ours_logits, theirs.logits) < 1e-5
-    ours = model(ids, mask, types, labels=labels)["loss"]
+    out = model(ids, mask, types, labels=labels)  # loss and logits, as transformers returns
+    assert relative_error(out["logits"], theirs.logits) < 1e-5
+    ours = out["loss"]
     assert abs(ours.item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    fused = model(ids, mask, types, labels=labels, skip_logits=True)
+    assert set(fused) == {"loss"} and abs(fused["loss"].item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
     ours.backward()
     theirs.loss.backward()
     compare_gradients(model, hf_model, tmp_path)
@@ -189,3 +196,18 @@ def test_unsupported_or_mismatched_checkpoints_are_named(tmp_path):
         zoo.load(folder)
     with pytest.raises(ValueError, match="GPT-2 has biases and multi-head attention; this GPT has bias=True, n_kv_head=1"):
         to_hf(zoo.create("gpt", vocab_size=8, block_size=4, n_layer=1, n_head=2, n_kv_head=1, n_embd=8), tmp_path / "x")
+
+
+def test_bert_multi_label_classification_follows_problem_type(tmp_path):
+    hf_model, folder = hf_bert(tmp_path, "BertForSequenceClassification", problem_type="multi_label_classification")
+    model = zoo.load(folder)
+    assert model.config.problem_type == "multi_label_classification"
+    ids, mask, types = padded_batch(80)
+    labels = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    theirs = hf_model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    ours = model(ids, mask, types, labels=labels)
+    assert abs(ours["loss"].item() - theirs.loss.item()) < 1e-5 * theirs.loss.item()
+    with pytest.raises(ValueError, match=r"labels for multi_label_classification must have shape \(3, 3\); got \(3,\)"):
+        model(ids, mask, types, labels=torch.tensor([0, 1, 2]))
+    to_hf(model, tmp_path / "exported")
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["problem_type"] == "multi_label_classification"

@@ -38,11 +38,13 @@ def test_strip_gutenberg_keeps_the_body():
     assert strip_gutenberg("header\n*** START OF THIS EBOOK ***\nbody\n*** END OF THIS EBOOK ***\nlicense") == "body\n"
 
 
-def test_token_blocks_are_shifted_pairs():
+def test_token_blocks_are_hugging_face_examples_predicting_each_token_once():
     blocks = TokenBlocks(torch.arange(10), block_size=3)
-    assert len(blocks) == 3
-    assert blocks[1]["input_ids"].tolist() == [3, 4, 5] and blocks[1]["labels"].tolist() == [4, 5, 6]
+    assert len(blocks) == 4
+    assert blocks[1]["input_ids"].tolist() == [2, 3, 4] and blocks[1]["labels"].tolist() == [2, 3, 4]
+    predicted = [t for i in range(len(blocks)) for t in blocks[i]["labels"][1:].tolist()]
+    assert predicted == list(range(1, 9))
     with pytest.raises(IndexError):
-        blocks[3]
-    with pytest.raises(ValueError, match="at least block_size\\+1=4 tokens"):
-        TokenBlocks(torch.arange(3), block_size=3)
+        blocks[4]
+    with pytest.raises(ValueError, match="at least block_size=3 tokens"):
+        TokenBlocks(torch.arange(2), block_size=3)

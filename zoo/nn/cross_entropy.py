@@ -21,6 +21,9 @@ Reduction = Literal["mean", "sum"]
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
 """Logit elements per chunk (32 MiB in float32) when `chunk_size` is not given."""
 
+IGNORE_INDEX = -100
+"""Label of a position without a target (Hugging Face's and torch's convention)."""
+
 
 def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
            reduction: str, label_smoothing: float) -> None:
@@ -111,7 +114,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None = None,
-                         *, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: Reduction = "mean",
+                         *, ignore_index: int = IGNORE_INDEX, label_smoothing: float = 0.0, reduction: Reduction = "mean",
                          chunk_size: int | None = None, backend: Backend | None = None) -> torch.Tensor:
     """Cross-entropy of `hidden @ weight.T + bias` against `labels`, fused and chunked.
 
