@@ -4,8 +4,10 @@ Layout of `checkpoint_dir`:
     step_00000100/      DCP shards of {"model", "optimizer"} + trainer_state.json
     latest              the name of the newest complete step folder
 A save is written to a hidden `.partial` folder and renamed when every rank has finished; only
-then does `latest` move (itself replaced atomically). A crash mid-write leaves the previous
-checkpoint as `latest`, untouched.
+then does `latest` move (itself replaced atomically), and checkpoints beyond the newest
+`keep_checkpoints` are deleted. A crash mid-write leaves the previous checkpoint as `latest`,
+untouched. A checkpoint found unreadable at load time raises `CorruptCheckpoint`, so that the
+trainer can fall back to an older one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from trainers.optim import TrainOptimizer
 
 STATE_FILE = "trainer_state.json"
 LATEST = "latest"
+STEP_FOLDER = "step_{:08d}"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint folder that is missing, incomplete or unreadable (not merely another model's)."""
 
 
 def model_signature(model: nn.Module) -> dict[str, list[int]]:
@@ -51,9 +58,11 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer, trainer_state: dict[str, Any]) -> Path:
-    """Write the checkpoint of optimizer step `step` (steps done so far) on every rank; return its folder."""
-    final = directory / f"step_{step:08d}"
+def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer, trainer_state: dict[str, Any],
+                    keep: int) -> Path:
+    """Write the checkpoint of optimizer step `step` (steps done so far) on every rank, keep the newest
+    `keep`; return its folder."""
+    final = directory / STEP_FOLDER.format(step)
     partial = directory / f".step_{step:08d}.partial"
     if dist.get_rank() == 0:
         for stale in directory.glob(".step_*.partial"):  # left by a save that crashed
@@ -69,19 +78,41 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
         pointer = directory / f".{LATEST}.tmp"
         pointer.write_text(final.name)
         os.replace(pointer, directory / LATEST)
+        prune_checkpoints(directory, keep)
     dist.barrier()
     return final
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
-    """The folder `latest` names, or None when there is no complete checkpoint yet."""
+    """The folder `latest` names (which may since have been damaged), or None before the first save."""
     pointer = directory / LATEST
     if not pointer.exists():
         return None
-    folder = directory / pointer.read_text().strip()
-    if not (folder / STATE_FILE).exists():
-        raise ValueError(f"checkpoint {str(folder)!r} named by {str(pointer)!r} is missing or incomplete")
-    return folder
+    return directory / pointer.read_text().strip()
+
+
+def saved_checkpoints(directory: Path) -> list[Path]:
+    """The step folders in `directory` that a save completed (they hold the trainer state), newest first."""
+    folders = [p for p in directory.glob("step_*") if p.is_dir() and (p / STATE_FILE).exists()]
+    return sorted(folders, key=lambda p: p.name, reverse=True)
+
+
+def resume_candidates(directory: Path) -> list[Path]:
+    """Checkpoints to try on resume, best first: the one `latest` names, then every other complete one,
+    newest first. Empty before the first save."""
+    latest = latest_checkpoint(directory)
+    others = [p for p in saved_checkpoints(directory) if p != latest]
+    return ([latest] if latest is not None else []) + others
+
+
+def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
+    """Delete the complete checkpoints beyond the newest `keep` (never the one `latest` names);
+    return the deleted folders. Call on one rank."""
+    latest = latest_checkpoint(directory)
+    stale = [p for p in saved_checkpoints(directory)[keep:] if p != latest]
+    for folder in stale:
+        shutil.rmtree(folder)
+    return stale
 
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:
@@ -89,13 +120,14 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
     try:
         return json.loads((folder / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"checkpoint {str(folder)!r} has an unreadable {STATE_FILE}: {error}") from error
+        raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is missing or incomplete: its {STATE_FILE} cannot be "
+                                f"read ({error})") from error
 
 
 def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, model_class: str) -> dict[str, Any]:
     """Load `folder` into the (possibly differently sharded) model and optimizer; return its
     trainer state. `model_class` names the model in errors. Raises ValueError for another
-    architecture or a corrupt checkpoint."""
+    architecture, `CorruptCheckpoint` for a damaged checkpoint."""
     state = read_trainer_state(folder)
     expected, found = model_signature(model), state.get("model_signature", {})
     if expected != found:
@@ -111,7 +143,7 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, m
     try:
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
     except (CheckpointException, OSError, RuntimeError) as error:  # CheckpointException is a BaseException
-        raise ValueError(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
+        raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
     set_model_state_dict(model, model_state)
     optimizer.load_state_dict(optimizer_state)
     return state

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -58,7 +60,11 @@ class TrainConfig:
     """Save a checkpoint every this many steps (0: only after the last step, when a dir is set)."""
 
     checkpoint_dir: str | None = None
-    """Directory of checkpoints (`step_00000100/` folders and a `latest` pointer); None: no saving."""
+    """Directory of checkpoints (`step_00000100/` folders and a `latest` pointer); None: no saving.
+    A path-like value is kept as its str."""
+
+    keep_checkpoints: int = 3
+    """Newest checkpoints kept in `checkpoint_dir`; older ones are deleted after each save."""
 
     resume: bool = False
     """Continue from `checkpoint_dir/latest` when it exists."""
@@ -68,3 +74,51 @@ class TrainConfig:
 
     progress: bool = True
     """Show a progress bar on rank 0."""
+
+    def __post_init__(self) -> None:
+        for name in ("checkpoint_dir", "output_dir"):  # paths are kept as str: the config is saved as JSON
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
+        for field in fields(self):
+            value = getattr(self, field.name)
+            kind = _KINDS[field.name]
+            if not _is_kind(value, kind):
+                raise TypeError(f"TrainConfig.{field.name} must be {_KIND_NAMES[kind]}; got {value!r}")
+        for name, (accepts, expected) in _RULES.items():
+            value = getattr(self, name)
+            values = value if isinstance(value, tuple) else (value,)
+            if not all(math.isfinite(v) and accepts(v) for v in values):
+                raise ValueError(f"TrainConfig.{name} must be {expected}; got {value!r}")
+
+
+_KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
+          "warmup_steps": int, "weight_decay": float, "betas": "pair", "eps": float, "grad_clip": float, "seed": int,
+          "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
+          "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool}
+_KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",
+               "path": "a str or None"}
+_POSITIVE = (lambda v: v > 0, "> 0")
+_NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+_RULES = {
+    "global_batch_size": _POSITIVE, "micro_batch_size": _POSITIVE, "max_steps": _POSITIVE, "lr": _POSITIVE,
+    "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"), "warmup_steps": _NON_NEGATIVE,
+    "weight_decay": _NON_NEGATIVE, "betas": (lambda v: 0 <= v < 1, "a pair in [0, 1)"), "eps": _POSITIVE,
+    "grad_clip": _NON_NEGATIVE, "seed": _NON_NEGATIVE, "log_every": _POSITIVE, "eval_every": _NON_NEGATIVE,
+    "eval_batches": _POSITIVE, "checkpoint_every": _NON_NEGATIVE, "keep_checkpoints": _POSITIVE,
+}
+"""Each numeric field's (test, what it must be); every value must also be finite."""
+
+
+def _is_kind(value, kind) -> bool:
+    """Whether `value` is of the field kind `kind` (bools are not ints here, ints are numbers)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    if kind == "path":
+        return value is None or isinstance(value, str)
+    return isinstance(value, tuple) and len(value) == 2 and all(_is_kind(v, float) for v in value)

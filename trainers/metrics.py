@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
+def keep_records_up_to(path: Path, step: int) -> None:
+    """Drop the records of steps after `step` from the JSONL file at `path` (if any), atomically: a run
+    resumed at `step` writes those steps again, and a fresh run (step 0) starts an empty file."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text("".join(kept))
+    os.replace(staging, path)
+
+
 class MetricsSink:
-    """Rank 0's writer of one JSON object per record to `output_dir/metrics.jsonl`. Other ranks
-    construct it inactive, so callers need no rank checks."""
+    """Rank 0's writer of one JSON object per record to `output_dir/metrics.jsonl`, which holds the
+    records of steps 1 .. start_step from before and then this run's. Other ranks construct it
+    inactive, so callers need no rank checks."""
 
     def __init__(self, output_dir: str, *, active: bool, total_steps: int, start_step: int, progress: bool) -> None:
         self.active = active
@@ -22,7 +39,8 @@ class MetricsSink:
             return
         path = Path(output_dir)
         path.mkdir(parents=True, exist_ok=True)
-        self.file = (path / "metrics.jsonl").open("a")
+        keep_records_up_to(path / METRICS_FILE, start_step)
+        self.file = (path / METRICS_FILE).open("a")
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # TensorBoard is optional.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import resource
 import time
@@ -17,8 +18,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
-from trainers.checkpoint import ensure_writable, full_state_dict, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
+                                 resume_candidates, save_checkpoint)
 from trainers.config import TrainConfig
+from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, run_settings, saved_settings
 from trainers.data import MicroBatch, StepSampler, check_batch_sizes
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
@@ -30,6 +33,7 @@ from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
 
 Batch = Mapping[str, Any]
+log = logging.getLogger("trainers")
 MEMORY_PROBE_STEP = 1
 """Which step of a `fit` is measured for `memory_report()`: the second it runs (0-based 1), when
 optimizer state already exists; the first when it runs only one."""
@@ -61,9 +65,6 @@ class Trainer:
         strategy = Strategy() if strategy is None else strategy
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
-        for name in ("global_batch_size", "micro_batch_size", "max_steps"):
-            if getattr(config, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(config, name)}")
         self.config, self.strategy = config, strategy
         self.env = setup_distributed()
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.world_size)
@@ -93,6 +94,8 @@ class Trainer:
         collate = collate_fn or default_collate
         sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
                               env.world_size, env.rank, config.seed)
+        if eval_dataset is not None and len(eval_dataset) == 0:
+            raise ValueError("eval_dataset is empty; pass None to train without evaluation")
         if config.resume:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
@@ -166,21 +169,55 @@ class Trainer:
             "config": asdict(self.config),
             "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
         }
-        return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state)
+        return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state,
+                               keep=self.config.keep_checkpoints)
 
-    def resume(self, folder: str | Path | None = None) -> bool:
-        """Load `folder` (default: `checkpoint_dir/latest`); False when there is nothing to load."""
+    def resume(self, folder: str | Path | None = None, *, strict: bool = True) -> bool:
+        """Load `folder`, or by default the newest intact checkpoint of `checkpoint_dir`: the one
+        `latest` names, else (with a warning for each damaged one) the newest complete older one.
+        Returns False when nothing has been saved yet.
+
+        strict: refuse a checkpoint saved under settings that make the rest of the run another
+        computation (`trainers.continuation.REFUSED`: optimizer, schedule, global batch, seed,
+        precision) before loading anything; False loads it anyway and logs the differences. Changes
+        that keep the run correct (`REPORTED`: more steps, another world size or ZeRO stage) are logged.
+        """
         if folder is None:
             if self.checkpoint_dir is None:
                 raise ValueError("TrainConfig.checkpoint_dir is not set; there is nothing to resume")
-            folder = latest_checkpoint(self.checkpoint_dir)
-            if folder is None:
+            candidates = resume_candidates(self.checkpoint_dir)
+            if not candidates:
                 return False
-        state = load_checkpoint(Path(folder), self.model, self.optimizer, self.model_class)
-        self.step = int(state["step"])
-        if self.loss_scaler is not None and state.get("loss_scaler"):
-            self.loss_scaler = DynamicLossScaler(**state["loss_scaler"])
-        return True
+        else:
+            candidates = [Path(folder)]
+        damaged = []
+        for candidate in candidates:
+            try:
+                self._check_settings(read_trainer_state(candidate), candidate, strict)
+                state = load_checkpoint(candidate, self.model, self.optimizer, self.model_class)
+            except CorruptCheckpoint as error:
+                damaged.append(str(error))
+                if self.env.is_main and candidate != candidates[-1]:
+                    log.warning("%s; falling back to an older checkpoint", error)
+                continue
+            self.step = int(state["step"])
+            if self.loss_scaler is not None and state.get("loss_scaler"):
+                self.loss_scaler = DynamicLossScaler(**state["loss_scaler"])
+            if self.env.is_main:
+                log.info("resumed from %s (step %d)", candidate, self.step)
+            return True
+        raise CorruptCheckpoint("no intact checkpoint to resume from: " + "; ".join(damaged))
+
+    def _check_settings(self, state: dict[str, Any], folder: Path, strict: bool) -> None:
+        """Refuse (strict) or log the settings that changed since the checkpoint was saved."""
+        saved = saved_settings(state)
+        current = run_settings(self.config, self.strategy, self.env.world_size)
+        if strict:
+            changes = check_continuation(saved, current, str(folder))
+        else:
+            changes = changed_settings(saved, current, REFUSED + REPORTED)
+        if changes and self.env.is_main:
+            log.warning("resuming from %s with changed settings: %s", folder, "; ".join(changes))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`

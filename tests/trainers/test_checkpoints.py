@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -70,14 +72,14 @@ def replace(source, target):
         os.kill(os.getpid(), signal.SIGKILL)
     return real_replace(source, target)
 checkpoint.os.replace = replace
-config = TrainConfig(global_batch_size=8, micro_batch_size=8, max_steps=4, checkpoint_every=1, progress=False,
-                     checkpoint_dir={ckpt!r}, output_dir={run!r})
+config = TrainConfig(global_batch_size=8, micro_batch_size=8, max_steps=4, lr=1e-2, warmup_steps=1, checkpoint_every=1,
+                     progress=False, log_every=1, checkpoint_dir={ckpt!r}, output_dir={run!r})
 Trainer(tiny_gpt(), config).fit(lm_examples(64))
 """
 
 
 @pytest.mark.timeout(180)
-def test_kill_during_save_leaves_previous_checkpoint_as_latest(tmp_path):
+def test_kill_during_save_leaves_previous_checkpoint_as_latest(tmp_path, caplog):
     ckpt = tmp_path / "ckpt"
     script = KILL_DURING_SAVE.format(tests=str(Path(__file__).parents[1]), ckpt=str(ckpt), run=str(tmp_path / "run"))
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=150)
@@ -86,11 +88,18 @@ def test_kill_during_save_leaves_previous_checkpoint_as_latest(tmp_path):
     assert (ckpt / ".step_00000003.partial").is_dir()
     assert not (ckpt / "step_00000003").exists()
 
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
+
+    caplog.set_level(logging.INFO, logger="trainers")
     trainer = Trainer(tiny_gpt(seed=5), config(tmp_path, max_steps=4, micro_batch_size=8, resume=True))
     history = trainer.fit(lm_examples(64))
     assert [r["step"] for r in history] == [3, 4]
+    assert f"resumed from {ckpt / 'step_00000002'} (step 2)" in caplog.text
     assert (ckpt / "latest").read_text() == "step_00000004"
     assert not (ckpt / ".step_00000003.partial").exists()
+    # Step 3 ran twice (before the kill and after the resume); the metrics hold it once.
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_bad_strategy_and_batch_sizes_are_named():
@@ -126,8 +135,76 @@ def test_corrupt_checkpoint_gives_a_clear_error(tmp_path):
     folder = tmp_path / "ckpt" / "step_00000001"
     shard = next(folder.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
-    with pytest.raises(ValueError, match="is corrupt or incomplete"):
+    with pytest.raises(ValueError, match="no intact checkpoint to resume from: .* is corrupt or incomplete"):
         Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).resume()
     shutil.rmtree(folder)
-    with pytest.raises(ValueError, match="missing or incomplete"):
+    with pytest.raises(ValueError, match="no intact checkpoint to resume from: .*step_00000001' is missing or incomplete"):
         Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).resume()
+
+
+@pytest.mark.timeout(120)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
+    straight = Trainer(tiny_gpt(), config(tmp_path, max_steps=3, checkpoint_every=1))
+    straight.fit(lm_examples(64))
+    newest = tmp_path / "ckpt" / "step_00000003"
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    resumed = Trainer(tiny_gpt(seed=9), config(tmp_path, max_steps=3))
+    assert resumed.resume()
+    assert resumed.step == 2
+    assert "step_00000003' is corrupt or incomplete" in caplog.text and "falling back" in caplog.text
+    resumed.fit(lm_examples(64))
+    for name, value in straight.full_state_dict().items():
+        assert torch.equal(resumed.full_state_dict()[name], value), name
+
+
+@pytest.mark.timeout(120)
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=5, checkpoint_every=1, keep_checkpoints=2)).fit(lm_examples(64))
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["latest", "step_00000004", "step_00000005"]
+
+
+@pytest.mark.timeout(120)
+def test_resume_refuses_other_settings_and_logs_allowed_changes(tmp_path, caplog):
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=2)).fit(lm_examples(64))
+    folder = tmp_path / "ckpt" / "step_00000002"
+    before = sorted((p.name, p.stat().st_size) for p in folder.iterdir())
+    changed = Trainer(tiny_gpt(seed=4), config(tmp_path, lr=2e-2, seed=3, global_batch_size=16), Strategy(precision="bf16"))
+    with pytest.raises(ValueError, match=r"cannot resume from .* as an exact continuation; these settings changed: "
+                                         r"config.global_batch_size: 8 -> 16; config.lr: 0.01 -> 0.02; config.seed: 0 -> 3; "
+                                         r"strategy.precision: 'fp32' -> 'bf16'\. Restore them"):
+        changed.resume()
+    assert changed.step == 0 and sorted((p.name, p.stat().st_size) for p in folder.iterdir()) == before
+    caplog.set_level(logging.INFO, logger="trainers")
+    longer = Trainer(tiny_gpt(seed=4), config(tmp_path, max_steps=4, micro_batch_size=2), Strategy(zero=2))
+    assert longer.resume() and longer.step == 2
+    assert ("changed settings: config.max_steps: 2 -> 4; config.micro_batch_size: 4 -> 2; strategy.zero: 0 -> 2"
+            in caplog.text)
+    relaxed = Trainer(tiny_gpt(seed=4), config(tmp_path, lr=2e-2))
+    assert relaxed.resume(strict=False) and "config.lr: 0.01 -> 0.02" in caplog.text
+
+
+BAD_CONFIGS = [
+    (dict(log_every=0), ValueError, "TrainConfig.log_every must be > 0; got 0"),
+    (dict(micro_batch_size=0), ValueError, "TrainConfig.micro_batch_size must be > 0; got 0"),
+    (dict(lr=-1.0), ValueError, "TrainConfig.lr must be > 0; got -1.0"),
+    (dict(lr=float("nan")), ValueError, "TrainConfig.lr must be > 0; got nan"),
+    (dict(eval_batches=0), ValueError, "TrainConfig.eval_batches must be > 0; got 0"),
+    (dict(min_lr_ratio=1.5), ValueError, "TrainConfig.min_lr_ratio must be in \\[0, 1\\]; got 1.5"),
+    (dict(betas=(0.9, 1.0)), ValueError, "TrainConfig.betas must be a pair in \\[0, 1\\); got \\(0.9, 1.0\\)"),
+    (dict(keep_checkpoints=0), ValueError, "TrainConfig.keep_checkpoints must be > 0; got 0"),
+    (dict(max_steps=2.5), TypeError, "TrainConfig.max_steps must be an int; got 2.5"),
+    (dict(resume="yes"), TypeError, "TrainConfig.resume must be a bool; got 'yes'"),
+    (dict(checkpoint_dir=3), TypeError, "TrainConfig.checkpoint_dir must be a str or None; got 3"),
+]
+
+
+@pytest.mark.parametrize("fields, error, message", BAD_CONFIGS, ids=[next(iter(c[0])) + str(i) for i, c in enumerate(BAD_CONFIGS)])
+def test_every_train_config_field_is_checked_at_construction(fields, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**fields)
+
+
+def test_an_empty_eval_set_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="eval_dataset is empty; pass None to train without evaluation"):
+        Trainer(tiny_gpt(), config(tmp_path, max_steps=1)).fit(lm_examples(64), [])
