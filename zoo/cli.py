@@ -7,8 +7,11 @@ import os
 import subprocess
 import sys
 
+from zoo.recipe_options import help_text
 from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import CARD_FILE, list_models, locate, read_config
+
+TRAIN_USAGE = "zoo train RECIPE [--nproc N] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)"
 
 
 def _parse_overrides(words: list[str]) -> dict[str, str]:
@@ -42,7 +45,13 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
+    if args.recipe is None:
+        print(TRAIN_USAGE + "\nrecipes:\n" + "".join(f"  {name:18s} {r.description}\n" for name, r in recipes().items()))
+        return
     recipe = get_recipe(args.recipe)
+    if args.help:
+        print(help_text(recipe.name, recipe.description, recipe.config_class()), end="")
+        return
     config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
     if args.nproc > 1 and "RANK" not in os.environ:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
@@ -101,8 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("list", help="models and recipes")
     info = commands.add_parser("info", help="show a model's card")
     info.add_argument("name")
-    train = commands.add_parser("train", help="run a recipe: zoo train RECIPE [--field value ...] [--nproc N]")
-    train.add_argument("recipe")
+    # The recipe's own options come after its name; --help then lists them (see zoo.recipe_options).
+    train = commands.add_parser("train", help="run a recipe: zoo train RECIPE [--field value ...] [--nproc N]",
+                                add_help=False, usage=TRAIN_USAGE)
+    train.add_argument("recipe", nargs="?")
+    train.add_argument("-h", "--help", action="store_true", help="list the recipe's options")
     train.add_argument("--nproc", type=int, default=1, help="processes (ranks); >1 launches torchrun")
     generate = commands.add_parser("generate", help="continue a prompt with a language model")
     generate.add_argument("name")

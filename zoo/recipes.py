@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from zoo.recipe_options import closest_options, options
+
 ENTRY_POINT_GROUP = "memzoo.recipes"
 
 
@@ -83,17 +85,20 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
 def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
     """Set dotted fields (`train.max_steps`, `strategy.zero`) of a nested dataclass from strings,
     converted to each field's annotated type; returns a new config. Each dataclass is rebuilt once
-    with all of its new values, so its __post_init__ validates them together (in any flag order)."""
+    with all of its new values, so its __post_init__ validates them together (in any flag order).
+    A name that is no option is refused with the closest ones."""
+    known = {option.name for option in options(config)}
+    for dotted in overrides:
+        if dotted not in known:
+            close = closest_options(dotted, config)
+            hint = f"; did you mean {', '.join('--' + name for name in close)}?" if close else ""
+            raise ValueError(f"unknown option --{dotted}{hint} (zoo train RECIPE --help lists them all)")
     tree: dict[str, Any] = {}
-    for dotted, text in overrides.items():
+    for dotted, text in overrides.items():  # every name is a leaf option: no name is another's section
         *path, leaf = dotted.split(".")
         branch = tree
         for part in path:
             branch = branch.setdefault(part, {})
-            if not isinstance(branch, dict):
-                raise ValueError(f"--{dotted}: {part!r} is set itself by another flag")
-        if isinstance(branch.get(leaf), dict):
-            raise ValueError(f"--{dotted}: its fields are set by other flags")
         branch[leaf] = text
     return _rebuilt(config, tree, "")
 
@@ -104,7 +109,7 @@ def _rebuilt(owner: Any, tree: dict[str, Any], prefix: str) -> Any:
     changes = {}
     for name, item in tree.items():
         dotted = prefix + name
-        current = _field_value(owner, name, dotted)
+        current = getattr(owner, name)
         changes[name] = (_rebuilt(current, item, dotted + ".") if isinstance(item, dict)
                          else _convert(item, typing.get_type_hints(type(owner))[name], dotted))
     return dataclasses.replace(owner, **changes)
@@ -132,10 +137,3 @@ def _differences(config: Any, default: Any, prefix: str) -> list[tuple[str, Any]
 def _as_word(value: Any) -> str:
     text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else str(value)
     return repr(text) if not text or any(c.isspace() for c in text) else text
-
-
-def _field_value(owner: Any, name: str, dotted: str) -> Any:
-    if not dataclasses.is_dataclass(owner) or name not in {f.name for f in dataclasses.fields(owner)}:
-        fields = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
-        raise ValueError(f"--{dotted}: {type(owner).__name__} has no field {name!r}; fields: {fields}")
-    return getattr(owner, name)

@@ -34,6 +34,24 @@ def test_generate_continues_the_prompt_reproducibly():
     assert first.stdout.startswith("ROMEO.") and len(first.stdout.strip()) == len("ROMEO.") + 60
 
 
+def test_train_help_lists_every_option_with_type_default_and_docstring():
+    result = zoo_cli("train", "gpt_shakespeare", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: zoo train gpt_shakespeare" in result.stdout
+    assert "--strategy.zero {0 | 1 | 2 | 3}  (default: 3)" in result.stdout
+    assert "--train.max_steps {int}  (default: " in result.stdout
+    assert "Optimizer steps to run (counting from step 0, also when resuming)." in result.stdout
+    assert "--model.n_kv_head {int or none}  (default: None)" in result.stdout
+
+
+@pytest.mark.parametrize("flag, suggestion", [("--train.max_step", "--train.max_steps"), ("--max_steps", "--train.max_steps"),
+                                              ("--strategy.zeroo", "--strategy.zero")])
+def test_a_misspelled_option_is_refused_with_the_closest_names(flag, suggestion):
+    result = zoo_cli("train", "gpt_shakespeare", flag, "3")
+    assert result.returncode == 2
+    assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in result.stderr
+
+
 def test_bad_override_is_reported_without_a_traceback():
     result = zoo_cli("train", "gpt_shakespeare", "--strategy.zero", "4")
     assert result.returncode == 2
