@@ -21,7 +21,7 @@ from nlp.bert import Bert, BertConfig
 from nlp.gpt import GPT, GPTConfig
 from nlp.gpt.model import NORM_EPS
 from zoo.hf import StateReader, read_hf_config, read_hf_state
-from zoo.store import write_model_folder
+from zoo.model_folder import write_model_folder
 
 GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 GPT2_END_OF_TEXT = 50256

@@ -16,7 +16,7 @@ import torch
 
 from vision.vit import ViT, ViTConfig
 from zoo.hf import StateReader, read_hf_config, read_hf_state
-from zoo.store import write_model_folder
+from zoo.model_folder import write_model_folder
 
 _LAYER = {"layernorm_before": "norm1", "attention.output.dense": "attn.out", "layernorm_after": "norm2",
           "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}

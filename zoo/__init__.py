@@ -1,4 +1,4 @@
-"""memzoo's floor: the model registry, model folders on disk, and (later) the fused layers.
+"""memzoo's floor: the model registry, model folders on disk, and the fused layers and kernels (`zoo.nn`).
 
     zoo.create("gpt", n_layer=4)        a fresh model of a registered architecture
     zoo.load("gpt-shakespeare-char")    a trained model by zoo name or folder path

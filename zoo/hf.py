@@ -1,6 +1,6 @@
 """Hugging Face model folders: read their safetensors weights as stored in the file, hand them to
 the importer of their `model_type`, and hand a model to the exporter of its architecture (which
-writes a folder transformers' `from_pretrained` loads, with `zoo.store.write_model_folder`).
+writes a folder transformers' `from_pretrained` loads, with `zoo.model_folder.write_model_folder`).
 
 Importers are found through the `memzoo.hf` entry points (name = HF model_type, value = a function
 folder -> nn.Module), exporters through `memzoo.hf_export` (name = zoo architecture, value = a
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from zoo.registry import arch_of
-from zoo.store import CONFIG_FILE, WEIGHTS_FILE
+from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE
 
 ENTRY_POINT_GROUP = "memzoo.hf"
 EXPORT_ENTRY_POINT_GROUP = "memzoo.hf_export"

@@ -1,9 +1,6 @@
 """Model folders on disk: `save`, `load`, `locate`, `list_models`.
 
-A model folder holds
-    model.safetensors   the weights (never a pickle)
-    config.json         {"arch", "config", and whatever else the recipe records: tokenizer, metrics}
-    README.md           the model card: what it is, the command that made it, its metrics
+A model folder holds the files `zoo.model_folder` names (weights, config.json, model card).
 Shipped entries live in `zoo/weights/NAME`; entries made by recipes in `$MEMZOO_HOME/zoo/NAME`
 (default ~/.cache/memzoo/zoo/NAME).
 """
@@ -13,21 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from zoo.hf import is_hf_folder, load_hf
+from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, write_model_folder
 from zoo.registry import arch_of, get_architecture
+from zoo.sources import package_folder
 
 SHIPPED_DIR = Path(__file__).parent / "weights"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-CARD_FILE = "README.md"
 
 
 def user_zoo_dir() -> Path:
@@ -70,8 +65,6 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
     folder = locate(name_or_path)
     config = read_config(folder)
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
-        from zoo.hf import is_hf_folder, load_hf  # local import: zoo.hf builds on this module
-        from zoo.sources import package_folder
 
         source = package_folder(config["source"]) if "source" in config else folder
         if not is_hf_folder(source):
@@ -97,35 +90,3 @@ def save(model: nn.Module, directory: str | os.PathLike, *, card: str, extra: di
     config = {"arch": architecture.name, "config": dataclasses.asdict(model.config), **(extra or {})}
     tensors = state_dict if state_dict is not None else model.state_dict()
     return write_model_folder(directory, tensors, config, card, files)
-
-
-def write_model_folder(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict[str, Any],
-                       card: str | None = None, files: dict[str, bytes] | None = None) -> Path:
-    """Write model.safetensors, config.json (and README.md, and `files`, name -> content) into
-    `directory` atomically: they are written to a hidden sibling folder that then replaces
-    `directory` whole."""
-    reserved = {WEIGHTS_FILE, CONFIG_FILE, CARD_FILE} & set(files or {})
-    if reserved or any(Path(name).name != name for name in files or {}):
-        raise ValueError(f"files must be plain file names other than {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}; "
-                         f"got {sorted(files or {})}")
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; a model folder is not
-    save_file(tensors, str(staging / WEIGHTS_FILE))
-    (staging / CONFIG_FILE).write_text(json.dumps(config, indent=1))
-    if card is not None:
-        (staging / CARD_FILE).write_text(card)
-    for name, content in (files or {}).items():
-        (staging / name).write_bytes(content)
-    if target.exists():
-        retired = staging.with_name(staging.name + ".old")
-        os.replace(target, retired)
-        os.replace(staging, target)
-        shutil.rmtree(retired)
-    else:
-        os.replace(staging, target)
-    return target

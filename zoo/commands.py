@@ -1,0 +1,37 @@
+"""Verbs of the `zoo` command line that the domain packages add (`zoo generate`, `zoo transcribe`, ...).
+
+A domain announces its verbs as `memzoo.commands` entry points (pyproject.toml) naming a `Command`,
+so the CLI finds them without importing any domain itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+ENTRY_POINT_GROUP = "memzoo.commands"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One verb of the `zoo` command line."""
+
+    name: str
+    """The verb: `zoo NAME ...`."""
+    help: str
+    """One line for `zoo --help`."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """Declares the verb's arguments on its sub-parser."""
+    run: Callable[[argparse.Namespace], None]
+    """Runs the verb; raises ValueError (or OSError) with a message for the user on bad input."""
+
+
+def commands() -> dict[str, Command]:
+    """Every installed domain verb by name."""
+    found = {}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        command = entry.load()
+        found[command.name] = command
+    return found
