@@ -268,6 +268,18 @@ class AudioError(ValueError):
         self.reason = reason
 
 
+def pcm_to_float(samples: torch.Tensor) -> torch.Tensor:
+    """Integer PCM samples (int8/16/32/64 full scale, or uint8 offset by 128) -> float64 in [-1, 1);
+    floating samples are returned in float64 as they are."""
+    if samples.is_floating_point():
+        return samples.double()
+    if samples.dtype == torch.bool or samples.is_complex():
+        raise TypeError(f"audio samples must be integer PCM or floating point; got {samples.dtype}")
+    if samples.dtype == torch.uint8:
+        return samples.double() / 128.0 - 1.0
+    return samples.double() / float(2 ** (8 * samples.element_size() - 1))
+
+
 def read_audio(path: str | Path, sample_rate: int) -> torch.Tensor:
     """A WAV file -> (N,) float32 in [-1, 1) at `sample_rate` (mono: channels averaged; other
     rates of at least 8 kHz resampled). AudioError naming the file for anything unusable."""
@@ -277,11 +289,7 @@ def read_audio(path: str | Path, sample_rate: int) -> torch.Tensor:
         rate, samples = wavfile.read(path)
     except (OSError, ValueError) as error:
         raise AudioError("unreadable audio", f"unreadable audio {str(path)!r}: {error}") from error
-    waveform = torch.from_numpy(samples.astype("float64"))
-    if samples.dtype.kind == "i":
-        waveform = waveform / float(2 ** (8 * samples.dtype.itemsize - 1))
-    elif samples.dtype.kind == "u":
-        waveform = waveform / 128.0 - 1.0
+    waveform = pcm_to_float(torch.from_numpy(samples))
     if waveform.ndim == 2:
         waveform = waveform.mean(1)
     if waveform.numel() == 0:

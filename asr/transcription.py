@@ -14,9 +14,9 @@ from typing import Literal
 
 import torch
 
-from asr.data import read_audio
+from asr.data import pcm_to_float, read_audio
 from asr.decoding import greedy_search, modified_beam_search
-from asr.features import FeatureConfig, log_mel
+from asr.features import FeatureConfig, log_mel, resample
 from asr.language_model import LanguageModel
 from asr.model import Transducer
 from asr.text import TranscriptTokenizer
@@ -61,16 +61,39 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
 
 
 @torch.no_grad()
+def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rate: int,
+                      tensor_rate: int) -> list[torch.Tensor]:
+    """(N,) float32 waveforms at `rate` Hz from WAV files and from tensors at `tensor_rate` Hz
+    (see `transcribe`); TypeError or ValueError naming the bad item."""
+    if isinstance(waveforms, torch.Tensor):
+        raise TypeError("waveforms must be a list of WAV files or (N,) tensors; got one tensor: pass [waveform]")
+    if isinstance(waveforms, (str, os.PathLike)):
+        raise TypeError(f"waveforms must be a list of WAV files or (N,) tensors; got the single path "
+                        f"{str(waveforms)!r}: pass [{str(waveforms)!r}]")
+    prepared = []
+    for index, item in enumerate(waveforms):
+        if not isinstance(item, torch.Tensor):
+            prepared.append(read_audio(item, rate))
+            continue
+        if item.ndim != 1 or item.numel() == 0:
+            raise ValueError(f"waveforms[{index}] must be a non-empty (N,) tensor; got shape {tuple(item.shape)}")
+        prepared.append(resample(pcm_to_float(item.detach().cpu()), tensor_rate, rate).float())
+    return prepared
+
+
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
                method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
                batch_size: int = 16, language_model: LanguageModel | None = None,
-               lm_weight: float | None = None, ilm_weight: float | None = None) -> list[str]:
+               lm_weight: float | None = None, ilm_weight: float | None = None,
+               sample_rate: int | None = None) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
     `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
-    a zoo name/folder. waveforms: (N,) tensors at the front end's sample rate, or WAV files.
+    a zoo name/folder. waveforms: a list of WAV files (any rate of at least 8 kHz, resampled) or of
+    (N,) tensors: float in [-1, 1] or integer PCM (int16 and the like, scaled from full scale), at
+    `sample_rate` Hz (default: the front end's, 16 kHz), resampled when it differs.
     beam: a zoo model's own by default, else DEFAULT_BEAM.
     language_model, lm_weight, ilm_weight: shallow fusion in beam search, less the internal language
     model (`modified_beam_search`); a zoo model brings its own (lm_weight=0 turns it off)."""
@@ -89,7 +112,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         raise ValueError("a Transducer needs its tokenizer (or pass a zoo model name, which brings its own)")
     features = FeatureConfig() if features is None else features
     beam = DEFAULT_BEAM if beam is None else beam
-    waveforms = [w if isinstance(w, torch.Tensor) else read_audio(w, features.sample_rate) for w in waveforms]
+    waveforms = prepare_waveforms(waveforms, features.sample_rate, sample_rate or features.sample_rate)
     model.eval()
     texts = []
     for start in range(0, len(waveforms), batch_size):

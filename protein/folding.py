@@ -42,6 +42,8 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
     """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read).
     profile: (L, 20) amino-acid frequencies when one is known (else the model folds from the
     sequence alone); recycles: None = the model's max_recycles."""
+    if recycles is not None and (isinstance(recycles, bool) or not isinstance(recycles, int) or recycles < 0):
+        raise ValueError(f"recycles must be an int >= 0 (or None for the model's own); got {recycles!r}")
     folding = model if isinstance(model, FoldingModel) else load(model)
     if not isinstance(folding, FoldingModel):
         raise ValueError(f"model {str(model)!r} is not a folding model; got a {type(folding).__name__}")

@@ -54,11 +54,17 @@ class ImageProcessor:
         return (x - self.mean) / self.std
 
     def load(self, path: str | Path) -> torch.Tensor:
-        """An image file -> (1, C, image_size, image_size) pixel_values."""
-        from PIL import Image
+        """An image file -> (1, C, image_size, image_size) pixel_values; ValueError naming the file
+        when it is missing or not a readable image."""
+        from PIL import Image, UnidentifiedImageError
 
-        with Image.open(path) as opened:
-            image = opened.convert("L" if self.num_channels == 1 else "RGB")
+        if not Path(path).is_file():
+            raise ValueError(f"image {str(path)!r} does not exist (or is not a file)")
+        try:
+            with Image.open(path) as opened:
+                image = opened.convert("L" if self.num_channels == 1 else "RGB")
+        except (UnidentifiedImageError, OSError) as error:
+            raise ValueError(f"{str(path)!r} is not a readable image: {error}") from error
             pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
             pixels = pixels.reshape(image.height, image.width, self.num_channels).permute(2, 0, 1)
         if not self.digit_frame:

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
+from typing import Any
 
-from zoo.recipe_options import help_text
-from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.commands import commands as domain_commands
 from zoo.model_folder import CARD_FILE
+from zoo.recipe_options import help_text
+from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import list_models, locate, read_config
 
 TRAIN_USAGE = "zoo train RECIPE [--nproc N] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)"
@@ -47,6 +49,31 @@ def cmd_info(args: argparse.Namespace) -> None:
     print((locate(args.name) / CARD_FILE).read_text())
 
 
+def check_ranks(config: Any, nproc: int) -> None:
+    """Before any process starts: --nproc must be >= 1 and split every TrainConfig's global batch
+    into whole micro batches per rank; more ranks than cores is allowed, with a warning."""
+    from trainers import TrainConfig
+    from trainers.data import check_batch_sizes
+
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1; got {nproc}")
+    cores = os.cpu_count() or 1
+    if nproc > cores:
+        print(f"zoo: warning: --nproc {nproc} is more than this machine's {cores} cores; the ranks will share them",
+              file=sys.stderr)
+    for train in (value for value in _dataclass_values(config) if isinstance(value, TrainConfig)):
+        try:
+            check_batch_sizes(train.global_batch_size, train.micro_batch_size, nproc)
+        except ValueError as error:
+            raise ValueError(f"--nproc {nproc}: {error}") from None
+
+
+def _dataclass_values(config: Any) -> list[Any]:
+    """`config` and every dataclass nested in it."""
+    nested = [getattr(config, f.name) for f in dataclasses.fields(config)]
+    return [config] + [item for value in nested if dataclasses.is_dataclass(value) for item in _dataclass_values(value)]
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     if args.recipe is None:
         print(TRAIN_USAGE + "\nrecipes:\n" + "".join(f"  {name:18s} {r.description}\n" for name, r in recipes().items()))
@@ -56,6 +83,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
         print(help_text(recipe.name, recipe.description, recipe.config_class()), end="")
         return
     config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
+    check_ranks(config, args.nproc)
     if args.nproc > 1 and "RANK" not in os.environ:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                    "-m", "zoo.cli", "train", args.recipe, *rest]
@@ -107,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         built_in = {"list": cmd_list, "info": cmd_info, "export": cmd_export}
         run = built_in[args.command] if args.command in built_in else domain_commands()[args.command].run
         run(args)
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # bad input, or a file the user named that cannot be used
         parser.exit(2, f"zoo: error: {error}\n")
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from zoo.registry import arch_of
-from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE
+from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, read_safetensors
 
 ENTRY_POINT_GROUP = "memzoo.hf"
 EXPORT_ENTRY_POINT_GROUP = "memzoo.hf_export"
@@ -58,7 +57,7 @@ def read_hf_state(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise ValueError(f"{str(folder)!r} has no {WEIGHTS_FILE} or {INDEX_FILE} (only safetensors are read); found {found}")
     state = {}
     for file in files:
-        for name, tensor in load_file(str(file)).items():
+        for name, tensor in read_safetensors(file).items():
             stem, _, leaf = name.rpartition(".")
             state[f"{stem}.{LEGACY_NAMES[leaf]}" if stem and leaf in LEGACY_NAMES else name] = tensor
     return state

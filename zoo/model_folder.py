@@ -16,11 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
+
+
+def read_safetensors(path: str | os.PathLike, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; ValueError naming the file when it is missing or damaged."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"weights file {str(path)!r} is missing")
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"weights file {str(path)!r} is damaged or not a safetensors file: {error}") from error
 
 
 def write_model_folder(directory: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict[str, Any],

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from zoo.hf import is_hf_folder, load_hf
-from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, write_model_folder
+from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, read_safetensors, write_model_folder
 from zoo.registry import arch_of, get_architecture
 from zoo.sources import package_folder
 
@@ -41,6 +40,8 @@ def list_models() -> dict[str, Path]:
 
 def locate(name_or_path: str | os.PathLike) -> Path:
     """The folder of a model given by name or path; ValueError saying how to get it otherwise."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a zoo model name or a model folder path; got {name_or_path!r}")
     path = Path(name_or_path)
     if (path / CONFIG_FILE).exists():
         return path
@@ -72,7 +73,7 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
         return load_hf(source).to(device).eval()
     architecture = get_architecture(config["arch"])
     model = architecture.model_class(architecture.config_class(**config["config"]))
-    state = load_file(str(folder / WEIGHTS_FILE), device=str(device))
+    state = read_safetensors(folder / WEIGHTS_FILE, device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights in {str(folder)!r} do not fit {config['arch']!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")

