@@ -221,7 +221,7 @@ Shakespeare sentences (public domain), spoken by {_voices(training_voices)}, spe
 |---|---|---|---|---|---|
 {rows}
 
-## Memory per rank (measured in training step 2, bytes)
+## Memory per rank (measured in training step 2)
 
 {memory}
 

@@ -158,7 +158,7 @@ in the vaderSentiment source archive, MIT).
 - Test accuracy on {metrics['accuracy_examples']['test']:,} of the {metrics['sizes']['test']:,} `{config.test_source}` snippets (a source never trained on):
   {metrics['test_accuracy']:.4f}; majority-class baseline {metrics['test_majority_baseline']:.4f}
 
-## Memory per rank (measured in training step 2, bytes)
+## Memory per rank (measured in training step 2)
 
 {memory}
 

@@ -145,7 +145,7 @@ distogram and pLDDT heads, up to {model.config.max_recycles} recycles; {paramete
 |---|---|---|---|---|
 {rows}
 
-## Memory per rank (measured in training step 2, bytes)
+## Memory per rank (measured in training step 2)
 
 {memory}
 

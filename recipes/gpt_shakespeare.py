@@ -123,7 +123,7 @@ trained on the complete works of Shakespeare (42 Project Gutenberg texts, public
 - Training: {metrics['steps']} steps of {config.train.global_batch_size} x {model_config.block_size} tokens ({metrics['tokens_seen']:,} tokens)
 - Validation (last {config.validation_fraction:.0%} of the corpus): loss {metrics['validation_loss']:.4f}, perplexity {metrics['validation_perplexity']:.3f} per token, {metrics['validation_bits_per_character']:.3f} bits per character
 
-## Memory per rank (measured in training step 2, bytes)
+## Memory per rank (measured in training step 2)
 
 {memory}
 

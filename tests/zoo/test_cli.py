@@ -69,6 +69,8 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
                      "--sample_tokens", "20", "--output", str(out), timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation perplexity" in result.stdout and "| ZeRO paper |" in result.stdout
+    assert "| rank | parameters MiB | gradients MiB | optimizer MiB | other MiB | activation_peak MiB | peak MiB |" in result.stdout
+    assert "Under bf16 the paper counts 2 bytes a parameter" in result.stdout  # the recipe trains in bf16
     config = json.loads((out / "config.json").read_text())
     assert config["tokenizer"]["kind"] == tokenizer and config["metrics"]["steps"] == 4
     assert config["config"]["vocab_size"] == vocab
