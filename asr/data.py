@@ -226,10 +226,13 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
         return {"audio": str(path), "text": text, "voice": voice.name, "speed": voice.speed, "pitch": voice.pitch,
                 "seconds": round(seconds, 3)}
 
+    log.info("synthesising the speech corpus %s with espeak-ng: %d clips (once; later runs reuse it)", folder,
+             sum(len(items) for items in plan.values()))
     with ThreadPoolExecutor(workers) as pool:
         for split, items in plan.items():
             rows = list(pool.map(render, [(split, i, text, voice) for i, (text, voice) in enumerate(items)]))
             write_atomically(folder / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+            log.info("%s: %d clips, %.0f s of speech", split, len(rows), sum(row["seconds"] for row in rows))
     return folder
 
 

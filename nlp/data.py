@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import torch
 
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, pip_source_archive, write_atomically
+
+log = logging.getLogger(__name__)
 
 VADER_PACKAGE = "vaderSentiment==3.3.2"
 VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "amazonReviewSnippets",
@@ -32,6 +35,7 @@ def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
         return [json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines()]
     root.mkdir(parents=True, exist_ok=True)
     snippets = []
+    log.info("reading the VADER snippets from the %s package's source (once; cached as %s)", VADER_PACKAGE, cached)
     with tarfile.open(pip_source_archive(VADER_PACKAGE, root)) as archive:
         inner = archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")))
         with tarfile.open(fileobj=io.BytesIO(inner.read())) as ratings:

@@ -85,6 +85,9 @@ class FoldingModel(nn.Module):
     """forward(input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
     atom_mask=None, recycles=None) -> dict (see the module docstring)."""
 
+    input_ids_unit = "residues"
+    """What one element of `input_ids` is, for the trainer's throughput (residues per second)."""
+
     def __init__(self, config: FoldConfig) -> None:
         super().__init__()
         self.config = config

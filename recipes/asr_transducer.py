@@ -17,6 +17,7 @@ the user's zoo as `asr-transducer-tiny`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
+
+log = logging.getLogger(__name__)
 
 EVALUATED = ("validation", "test_sentences", "test_voices", "test_accent", "librivox", "cards")
 
@@ -148,6 +151,8 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in SPLITS}
     tokenizer = (TranscriptTokenizer("char") if config.tokens == "char"
                  else TranscriptTokenizer.train_bpe(manifests["train"]["text"], config.bpe_vocab_size))
+    log.info("reading and checking %d training and %d validation clips", len(manifests["train"]["text"]),
+             len(manifests["validation"]["text"]))
     train = SpeechExamples(manifests["train"], tokenizer, features)
     validation = SpeechExamples(manifests["validation"], tokenizer, features)
     torch.manual_seed(config.train.seed)

@@ -13,6 +13,7 @@ card) into the user's zoo as `bert-sentiment`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,8 @@ from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
+
+log = logging.getLogger(__name__)
 
 Source = Literal["movie", "tweets", "amazon", "nyt"]
 
@@ -106,6 +109,8 @@ def run(config: BertSentimentConfig) -> dict[str, Any]:
                  "labels": torch.tensor(int(s["rating"] > 0))} for s in snippets]
 
     data = {name: encode(snippets) for name, snippets in splits.items()}
+    log.info("VADER snippets: %s (test: %s, never trained on)", ", ".join(f"{len(v)} {k}" for k, v in data.items()),
+             config.test_source)
     collate = pad_collate(tokenizer.pad_id)
     torch.manual_seed(config.train.seed)
     model = classifier_from(zoo.load(config.base))

@@ -13,6 +13,7 @@ zoo as `fold-tiny`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
+
+log = logging.getLogger(__name__)
 
 EVALUATED = ("validation", "test")
 
@@ -86,6 +89,7 @@ def structure_scores(model: FoldingModel, chains: list[ProteinChain]) -> dict[st
 def run(config: FoldTinyConfig) -> dict[str, Any]:
     """Train, evaluate, report memory, save the model. Call on every rank."""
     train_chains, validation_chains = load_chains("train"), load_chains("validation")
+    log.info("ProMod3 chains: %d training, %d validation", len(train_chains), len(validation_chains))
     torch.manual_seed(config.train.seed)
     model = FoldingModel(config.model)
     trainer = Trainer(model, config.train, config.strategy)

@@ -11,6 +11,7 @@ generated sample; writes the model folder (weights, config with tokenizer, card)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import json
 import math
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from trainers import Strategy, TrainConfig, Trainer
 from zoo.corpora import shakespeare_text
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,6 +74,8 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
     split = int(ids.numel() * (1.0 - config.validation_fraction))
     block = config.model.block_size
     train_set, validation_set = TokenBlocks(ids[:split], block), TokenBlocks(ids[split:], block)
+    log.info("Shakespeare: %s characters, %s %s tokens; %d training and %d validation blocks of %d tokens",
+             f"{len(text):,}", f"{ids.numel():,}", config.tokenizer, len(train_set), len(validation_set), block)
 
     model_config = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
     torch.manual_seed(config.train.seed)

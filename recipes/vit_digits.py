@@ -15,6 +15,7 @@ zoo as `vit-digits`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from vision.preprocess import ClassificationCollate, ImageProcessor, LabelledIma
 from vision.vit import ViT
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
+
+log = logging.getLogger(__name__)
 
 LABELS = [str(digit) for digit in range(10)]
 
@@ -101,6 +104,7 @@ def run(config: ViTDigitsConfig) -> dict[str, Any]:
     """Fine-tune, evaluate, report memory, save the model. Call on every rank."""
     processor = ImageProcessor(image_size=config.image_size)
     sets = digit_sets(config, processor)
+    log.info("digits: %s", ", ".join(f"{len(images)} {name}" for name, images in sets.items()))
     torch.manual_seed(config.train.seed)
     model = vit_from_onnx(num_channels=1, image_size=config.image_size, num_hidden_layers=config.layers,
                           head="classification", num_labels=len(LABELS))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 
 METRICS_FILE = "metrics.jsonl"
@@ -60,6 +62,10 @@ class MetricsSink:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.board.add_scalar(key, value, record["step"])
+
+    def routing_logs(self) -> AbstractContextManager:
+        """While the progress bar shows, log lines are written above it instead of through it."""
+        return logging_redirect_tqdm() if self.bar is not None else nullcontext()
 
     def advance(self, postfix: dict[str, str]) -> None:
         """Move the progress bar one step and show `postfix`."""

@@ -54,7 +54,9 @@ class Trainer:
     """Train `model` with `config` under `strategy`.
 
     Run it under torchrun for several ranks, or as plain python for one; every rank builds the same
-    model (or builds it on the meta device) and calls `fit` with the same datasets.
+    model (or builds it on the meta device) and calls `fit` with the same datasets. Progress goes to
+    the "trainers" logger; throughput is counted in examples and, where batches hold `input_ids`, in
+    the model's `input_ids_unit` (default "tokens"; "residues" for folding).
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None) -> None:
@@ -72,6 +74,7 @@ class Trainer:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
         self.model_class = type(model).__name__
+        self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
         self.model = parallelize(model, strategy, self.env)
         self.optimizer = TrainOptimizer(
             self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer"
@@ -100,7 +103,20 @@ class Trainer:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
                            start_step=self.step, progress=config.progress)
+        if env.is_main:
+            log.info("training %s (%s parameters) on %d rank(s) with %s: steps %d-%d of %d examples (%d a micro "
+                     "batch), %d training examples%s", self.model_class, f"{self.num_parameters():,}", env.world_size,
+                     self.strategy, self.step + 1, config.max_steps, config.global_batch_size,
+                     config.micro_batch_size, len(train_dataset),
+                     "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
         self.model.train()  # a model fresh from zoo.load is in eval mode
+        with sink.routing_logs():
+            self._fit_steps(train_dataset, eval_dataset, sampler, collate, eval_collate_fn, sink)
+        return self.history
+
+    def _fit_steps(self, train_dataset, eval_dataset, sampler, collate, eval_collate_fn, sink) -> None:
+        """The steps of `fit` from `self.step` on: train, evaluate, log, checkpoint."""
+        config, unit = self.config, self.input_ids_unit
         try:
             while self.step < config.max_steps:
                 started = time.perf_counter()
@@ -108,23 +124,30 @@ class Trainer:
                 batches = self._seeded_batches(train_dataset, micro_batches, collate)
                 record = self._train_step(batches, len(micro_batches))
                 record["step_seconds"] = time.perf_counter() - started
-                if "tokens" in record:
-                    record["tokens_per_second"] = record["tokens"] / record["step_seconds"]
+                record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
+                if unit in record:
+                    record[f"{unit}_per_second"] = record[unit] / record["step_seconds"]
                 self.step += 1
                 last = self.step == config.max_steps
                 if eval_dataset is not None and ((config.eval_every and self.step % config.eval_every == 0) or last):
                     record.update(self.evaluate(eval_dataset, collate_fn=eval_collate_fn or collate))
+                rate = (f"{record[f'{unit}_per_second']:,.0f} {unit}/s" if unit in record
+                        else f"{record['examples_per_second']:,.1f} examples/s")
+                memory = f"{record.get('cuda_max_allocated_bytes', record['peak_rss_bytes']) / 2**20:,.0f} MiB"
                 if self.step % config.log_every == 0 or last or "eval_loss" in record:
                     self.history.append(record)
                     sink.write(record)
-                sink.advance({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
-                              "tok/s": f"{record.get('tokens_per_second', 0):.0f}",
-                              "mem": f"{record.get('cuda_max_allocated_bytes', record['peak_rss_bytes']) / 2**20:.0f}MiB"})
+                    if self.env.is_main:
+                        log.info("step %d/%d loss %.4f%s lr %.2e grad norm %.3g, %s, %s", self.step, config.max_steps,
+                                 record["loss"], f" eval loss {record['eval_loss']:.4f}" if "eval_loss" in record
+                                 else "", record["lr"], record["grad_norm"], rate, memory)
+                sink.advance({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}", "rate": rate, "mem": memory})
                 if self.checkpoint_dir is not None and ((config.checkpoint_every and self.step % config.checkpoint_every == 0) or last):
-                    self.save()
+                    folder = self.save()
+                    if self.env.is_main:
+                        log.info("saved checkpoint %s", folder)
         finally:
             sink.close()
-        return self.history
 
     @torch.no_grad()
     def evaluate(self, dataset: Sequence[Batch], collate_fn: Callable[[list[Batch]], Batch] | None = None) -> dict[str, float]:
@@ -150,6 +173,10 @@ class Trainer:
             self.model.train()
         dist.all_reduce(totals)
         return {"eval_loss": (totals[0] / totals[1].clamp(min=1)).item()}
+
+    def num_parameters(self) -> int:
+        """Trainable parameters of the whole model (every shard counted once)."""
+        return sum(slot.param.numel() for slot in self.optimizer.slots)
 
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
@@ -265,7 +292,7 @@ class Trainer:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         loss_sum = torch.zeros((), device=env.device)
-        tokens = 0
+        units = 0
         for index, batch in enumerate(batches):
             batch = _to_device(batch, env.device)
             if self.strategy.zero <= 1:
@@ -278,7 +305,7 @@ class Trainer:
             (loss * (scale / accumulation)).backward()
             loss_sum += loss.detach().float()
             if isinstance(batch.get("input_ids"), torch.Tensor):
-                tokens += batch["input_ids"].numel()
+                units += batch["input_ids"].numel()
         if probe is not None:
             probe.after_backward()
 
@@ -306,8 +333,8 @@ class Trainer:
             "skipped": not take_step,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
-        if tokens:
-            record["tokens"] = tokens * env.world_size
+        if units:
+            record[self.input_ids_unit] = units * env.world_size
         if self.loss_scaler:
             record["loss_scale"] = self.loss_scaler.scale
         if env.device.type == "cuda":

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from zoo.commands import commands as domain_commands
+from zoo.logs import LEVELS, configure_logging
 from zoo.model_folder import CARD_FILE
 from zoo.recipe_options import help_text
 from zoo.recipes import apply_overrides, get_recipe, recipes
@@ -105,6 +106,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zoo", description="memzoo: train and use memory-lean models")
+    parser.add_argument("--log-level", choices=LEVELS, default=None,
+                        help="least severe log records shown (default: info, or $MEMZOO_LOG_LEVEL)")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="models and recipes")
     info = commands.add_parser("info", help="show a model's card")
@@ -126,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    configure_logging(args.log_level)  # torchrun's ranks inherit the level through the environment
     try:
         if args.command == "train":
             cmd_train(args, rest)

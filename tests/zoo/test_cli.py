@@ -71,6 +71,10 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
     assert "validation perplexity" in result.stdout and "| ZeRO paper |" in result.stdout
     assert "| rank | parameters MiB | gradients MiB | optimizer MiB | other MiB | activation_peak MiB | peak MiB |" in result.stdout
     assert "Under bf16 the paper counts 2 bytes a parameter" in result.stdout  # the recipe trains in bf16
+    # What happens is logged once, by rank 0: the data, the run, each logged step and the checkpoint-free finish.
+    assert result.stderr.count("rank 0 recipes.gpt_shakespeare INFO: Shakespeare: ") == 1
+    assert result.stderr.count("rank 0 trainers INFO: training GPT (") == 1
+    assert "rank 0 trainers INFO: step 4/4 loss" in result.stderr and "rank 1 trainers INFO" not in result.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["tokenizer"]["kind"] == tokenizer and config["metrics"]["steps"] == 4
     assert config["config"]["vocab_size"] == vocab
