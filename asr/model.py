@@ -105,7 +105,7 @@ class Transducer(nn.Module):
 
     def parallel_plan(self) -> ModelPlan:
         """Each Conformer block is one shard and recompute unit; its feed-forward and attention
-        linears column-/row-parallel."""
+        linears are declared column-/row-parallel for tensor parallelism, not applied yet."""
         blocks = "encoder.blocks.*"
         return ModelPlan(blocks=(blocks,), colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{blocks}.attn.attn.qkv"),
                          rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{blocks}.attn.attn.out"))

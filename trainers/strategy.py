@@ -19,8 +19,8 @@ Recompute = Literal["none", "blocks", "selective"]
 class Strategy:
     """Memory strategy applied to any model by the `Trainer`.
 
-    The data-parallel ranks form one dimension of a `DeviceMesh` (`trainers.mesh`); tensor, sequence
-    and pipeline parallelism add their own dimensions to that mesh.
+    The ranks form the one data-parallel dimension, "dp", of the job's `DeviceMesh`
+    (`trainers.distributed.DistEnv.mesh`); tensor, sequence and pipeline parallelism are not built yet.
     """
 
     zero: ZeroStage = 0

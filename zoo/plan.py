@@ -28,10 +28,11 @@ class ModelPlan:
 
     colwise: tuple[str, ...] = ()
     """Patterns of the `nn.Linear`s to split by output features under tensor parallelism
-    (attention qkv, the first feed-forward linear)."""
+    (attention qkv, the first feed-forward linear). A declaration only: `trainers` applies no tensor
+    parallelism yet, and `linear_names` just checks that the patterns name linears."""
     rowwise: tuple[str, ...] = ()
     """Patterns of the `nn.Linear`s to split by input features (attention output, second
-    feed-forward linear), each following a column-parallel one."""
+    feed-forward linear), each following a column-parallel one. A declaration only, like `colwise`."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         """Names of the modules of `model` matched by `blocks`, in `named_modules()` order.

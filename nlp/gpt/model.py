@@ -52,7 +52,8 @@ class GPT(nn.Module):
             self.init_weights()
 
     def parallel_plan(self) -> ModelPlan:
-        """Each block is one shard and recompute unit; qkv/fc1 column-, out/fc2 row-parallel."""
+        """Each block is one shard and recompute unit; qkv/fc1 and out/fc2 are declared column- and
+        row-parallel for tensor parallelism, which the trainer does not apply yet."""
         return block_plan("blocks.*")
 
     @torch.no_grad()

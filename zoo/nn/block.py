@@ -69,7 +69,8 @@ class TransformerBlockConfig:
 class TransformerBlock(nn.Module):
     """One block: `attn` (qkv, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
     key_padding_mask (B, S) bool or None) -> (B, S, W). It is one shard and recompute unit; its
-    qkv/fc1 are column-parallel and out/fc2 row-parallel linears (see `block_plan`)."""
+    plan declares qkv/fc1 column- and out/fc2 row-parallel (see `block_plan`), which no trainer
+    applies yet."""
 
     def __init__(self, config: TransformerBlockConfig) -> None:
         super().__init__()
