@@ -65,8 +65,8 @@ class ImageProcessor:
                 image = opened.convert("L" if self.num_channels == 1 else "RGB")
         except (UnidentifiedImageError, OSError) as error:
             raise ValueError(f"{str(path)!r} is not a readable image: {error}") from error
-            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-            pixels = pixels.reshape(image.height, image.width, self.num_channels).permute(2, 0, 1)
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        pixels = pixels.reshape(image.height, image.width, self.num_channels).permute(2, 0, 1)
         if not self.digit_frame:
             return self.prepare(pixels.unsqueeze(0))
         grey = pixels[0]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+
+from zoo.plugins import named_entry_points
 
 ENTRY_POINT_GROUP = "memzoo.commands"
 
@@ -30,8 +31,4 @@ class Command:
 
 def commands() -> dict[str, Command]:
     """Every installed domain verb by name."""
-    found = {}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        command = entry.load()
-        found[command.name] = command
-    return found
+    return named_entry_points(ENTRY_POINT_GROUP)

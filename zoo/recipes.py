@@ -8,9 +8,9 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any
 
+from zoo.plugins import named_entry_points
 from zoo.recipe_options import closest_options, options
 
 ENTRY_POINT_GROUP = "memzoo.recipes"
@@ -34,11 +34,7 @@ class Recipe:
 
 def recipes() -> dict[str, Recipe]:
     """Every installed recipe by name."""
-    found = {}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        recipe = entry.load()
-        found[recipe.name] = recipe
-    return found
+    return named_entry_points(ENTRY_POINT_GROUP)
 
 
 def get_recipe(name: str) -> Recipe:
