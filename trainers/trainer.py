@@ -31,6 +31,7 @@ from trainers.optim import TrainOptimizer, local_tensor
 from trainers.parallelize import parallelize
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
+from zoo.nn.logits import loss_only
 
 Batch = Mapping[str, Any]
 log = logging.getLogger("trainers")
@@ -253,7 +254,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        output = self.model(**batch)
+        with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
+            output = self.model(**batch)
         if not isinstance(output, Mapping) or "loss" not in output:
             raise TypeError(f"{self.model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
         loss = output["loss"]

@@ -4,7 +4,7 @@ post-LN `TransformerBlock`s with exact GELU, and one of three heads:
     "none":           {"last_hidden_state" (B, S, W), "pooler_output" (B, W) = tanh(dense(h[:, 0]))}
     "mlm":            dense + GELU + LayerNorm, then the decoder tied to the word embedding (+ bias):
                       {"logits" (B, S, V)} (+ "loss" with labels, as Hugging Face's BertForMaskedLM);
-                      when skipping logits (by default in training with labels) only the labelled
+                      when skipping logits (by default with labels in training or `loss_only()`) only the labelled
                       positions are projected, fused with the cross-entropy: {"loss"}
     "classification": pooler, dropout, linear: {"logits" (B, num_labels)} (+ "loss" with labels, by
                       `BertConfig.problem_type`)
@@ -23,6 +23,7 @@ from nlp.bert.config import BertConfig
 from zoo.nn import (Embeddings, Norm, TransformerBlock, TransformerBlockConfig, bias_act_dropout, block_plan,
                     dropout, linear_cross_entropy)
 from zoo.nn.cross_entropy import IGNORE_INDEX
+from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
@@ -99,12 +100,12 @@ class Bert(nn.Module):
                 skip_logits: bool | None = None) -> dict[str, torch.Tensor]:
         """labels: (B, S) token ids with -100 where unmasked (mlm); (B,) class ids, (B,) float
         targets (regression) or (B, num_labels) 0/1 targets (multi-label) (classification).
-        skip_logits (mlm only): return only the fused loss; None skips when training with labels."""
+        skip_logits (mlm only): return only the fused loss; None skips when there are labels and the
+        model trains or runs inside `zoo.nn.logits.loss_only()`."""
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
         head = self.config.head
         if head == "mlm":
-            skip = (self.training and labels is not None) if skip_logits is None else skip_logits
-            return self._masked_lm(hidden, labels, skip)
+            return self._masked_lm(hidden, labels, decide_skip_logits(skip_logits, self.training, labels is not None))
         if skip_logits:
             raise ValueError(f"skip_logits applies to the mlm head; this BERT has head={head!r}")
         pooled = torch.tanh(self.pooler(hidden[:, 0]))
@@ -140,8 +141,6 @@ class Bert(nn.Module):
     def _masked_lm(self, hidden: torch.Tensor, labels: torch.Tensor | None, skip_logits: bool) -> dict[str, torch.Tensor]:
         if labels is not None and labels.shape != hidden.shape[:2]:
             raise ValueError(f"labels must have the shape of input_ids {tuple(hidden.shape[:2])}; got {tuple(labels.shape)}")
-        if skip_logits and labels is None:
-            raise ValueError("skip_logits=True returns only the loss, which needs labels; got labels=None")
         if skip_logits:
             selected = labels != IGNORE_INDEX
             hidden, labels = hidden[selected], labels[selected]  # only masked positions reach the vocabulary

@@ -5,8 +5,9 @@
 
 Batches follow Hugging Face's causal LMs: `labels` are unshifted (usually `input_ids` itself, -100
 ignored) and position t is scored on labels[:, t + 1]; the output holds "loss" and "logits". Training
-with labels takes the fused path instead (`skip_logits`, as Liger-Kernel does for HF models): the
-loss comes from `zoo.nn.linear_cross_entropy` and the (tokens x vocab) logits are never formed.
+with labels, or a caller that asks for the loss only (`zoo.nn.logits`), takes the fused path instead
+(`skip_logits`, as Liger-Kernel does for HF models): the loss comes from `zoo.nn.linear_cross_entropy`
+and the (tokens x vocab) logits are never formed.
 `generate` decodes with a `KVCache`.
 """
 
@@ -22,6 +23,7 @@ from nlp.gpt.config import GPTConfig
 from nlp.sampling import Sampling, next_token
 from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlockConfig, block_plan, linear_cross_entropy
 from zoo.nn.cross_entropy import IGNORE_INDEX
+from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.init import init_transformer_
 from zoo.plan import ModelPlan
 from zoo.registry import register
@@ -95,13 +97,12 @@ class GPT(nn.Module):
 
         Returns {"logits": (B, T, V)}, plus with labels {"loss"}: the mean cross-entropy in fp32 over
         the T - 1 predicted positions. skip_logits: return {"loss"} alone, from the fused linear +
-        cross-entropy that never forms the logits; None (default) skips them when training with labels.
+        cross-entropy that never forms the logits; None (default) skips them when there are labels and
+        the model trains or runs inside `zoo.nn.logits.loss_only()` (as the trainer's steps do).
         """
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(labels.shape)}")
-        skip = (self.training and labels is not None) if skip_logits is None else skip_logits
-        if skip and labels is None:
-            raise ValueError("skip_logits=True returns only the loss, which needs labels; got labels=None")
+        skip = decide_skip_logits(skip_logits, self.training, labels is not None)
         hidden = self.hidden_states(input_ids)
         weight = self.embeddings.word.weight
         targets = None if labels is None else labels[:, 1:].flatten()

@@ -134,6 +134,25 @@ def test_memory_report_and_metrics_file(tmp_path):
     assert len(lines) == 3 and '"tokens_per_second"' in lines[-1]
 
 
+class KeyRecordingGPT(GPT):
+    """A GPT that remembers the keys of each output it returns."""
+
+    def forward(self, *args, **kwargs):
+        output = super().forward(*args, **kwargs)
+        self.returned = getattr(self, "returned", []) + [sorted(output)]
+        return output
+
+
+def test_the_trainer_asks_for_the_loss_only_so_evaluation_forms_no_logits(tmp_path):
+    model = KeyRecordingGPT(dataclasses.replace(TINY))
+    trainer = Trainer(model, config(tmp_path, max_steps=1, eval_batches=2))
+    trainer.fit(lm_examples(64), lm_examples(8, seed=3))
+    assert model.returned and all(keys == ["loss"] for keys in model.returned)  # training and evaluation
+    model.eval()
+    ids = lm_examples(2)[0]["input_ids"][None]
+    assert sorted(model(ids, labels=ids)) == ["logits", "loss"]  # a direct call in eval: Hugging Face's output
+
+
 class ResidueCounter(torch.nn.Module):
     """A model whose input_ids are residues (as the folding model's are)."""
 
