@@ -90,7 +90,7 @@ def occupancies(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.T
     else:
         run = _modified_triton if resolve_backend(backend, blank) == "triton" else _modified_torch
     weights = [blank, label]  # handed over, so that the regular topology can free them once skewed
-    del blank, label
+    del blank, label, blank_mask, label_mask
     log_likelihood, blank_occupancy, label_occupancy = run(weights, logit_lengths, target_lengths)
     lost = ~torch.isfinite(log_likelihood)
     blank_occupancy = blank_occupancy.masked_fill(lost[:, None, None], 0.0)
@@ -121,10 +121,9 @@ def _regular_weights(weights, logit_lengths, target_lengths):
     """Skewed arc weights from [blank, label] (emptied: the unskewed ones are freed); the final blank
     leaves the lattice, so inside the recursion it becomes the "exit" weight of the last node
     (T_b - 1, U_b), at skewed position (T_b - 1 + U_b, U_b)."""
-    blank = weights.pop(0)
-    inner_blank = _skew(blank)
+    inner_blank = _skew(weights.pop(0))
     skewed_label = _skew(weights.pop(0))
-    rows = torch.arange(blank.shape[0], device=blank.device)
+    rows = torch.arange(inner_blank.shape[0], device=inner_blank.device)
     end_n = logit_lengths - 1 + target_lengths
     exit_weight = torch.full_like(inner_blank, NEG_INF)
     exit_weight[rows, end_n, target_lengths] = inner_blank[rows, end_n, target_lengths]
