@@ -60,7 +60,6 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
                       float(decoding.get("ilm_weight", 0.0)), int(decoding.get("beam", DEFAULT_BEAM)))
 
 
-@torch.no_grad()
 def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rate: int,
                       tensor_rate: int) -> list[torch.Tensor]:
     """(N,) float32 waveforms at `rate` Hz from WAV files and from tensors at `tensor_rate` Hz
@@ -81,6 +80,7 @@ def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rat
     return prepared
 
 
+@torch.no_grad()
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
                method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,

@@ -26,15 +26,13 @@ REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "str
 
 
 def run_settings(config: TrainConfig, strategy: Strategy, world_size: int) -> dict[str, Any]:
-    """The settings a checkpoint records, flat: {"config.lr": ..., "strategy.zero": ..., "world_size": ...}."""
-    flat = {f"config.{k}": v for k, v in asdict(config).items()}
-    flat.update({f"strategy.{k}": v for k, v in asdict(strategy).items()})
-    flat["world_size"] = world_size
-    return flat
+    """The settings a checkpoint's trainer state records: {"config", "strategy", "world_size"}."""
+    return {"config": asdict(config), "strategy": asdict(strategy), "world_size": world_size}
 
 
-def saved_settings(trainer_state: dict[str, Any]) -> dict[str, Any]:
-    """`run_settings` as a checkpoint's trainer state holds them ({} for a checkpoint without them)."""
+def flat_settings(trainer_state: dict[str, Any]) -> dict[str, Any]:
+    """`run_settings` (or a checkpoint's trainer state holding them) flat: {"config.lr": ...,
+    "strategy.zero": ..., "world_size": ...}; {} for a checkpoint saved without them."""
     flat = {f"config.{k}": v for k, v in trainer_state.get("config", {}).items()}
     flat.update({f"strategy.{k}": v for k, v in trainer_state.get("strategy", {}).items()})
     if "world_size" in trainer_state:
@@ -53,8 +51,8 @@ def changed_settings(saved: dict[str, Any], current: dict[str, Any], names: tupl
 
 
 def check_continuation(saved: dict[str, Any], current: dict[str, Any], folder: str) -> list[str]:
-    """ValueError naming every refused change between the `saved` and `current` run settings (see
-    `run_settings`); otherwise the reported changes, for the log."""
+    """ValueError naming every refused change between the `saved` and `current` flat run settings
+    (`flat_settings`); otherwise the reported changes, for the log."""
     refused = changed_settings(saved, current, REFUSED)
     if refused:
         raise ValueError(f"cannot resume from {folder!r} as an exact continuation; these settings changed: "

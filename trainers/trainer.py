@@ -21,7 +21,7 @@ from torch.utils.data import default_collate
 from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
                                  resume_candidates, save_checkpoint)
 from trainers.config import TrainConfig
-from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, run_settings, saved_settings
+from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, flat_settings, run_settings
 from trainers.data import MicroBatch, StepSampler, check_batch_sizes
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
@@ -192,9 +192,7 @@ class Trainer:
         state = {
             "step": self.step,
             "model_class": self.model_class,
-            "world_size": self.env.world_size,
-            "strategy": asdict(self.strategy),
-            "config": asdict(self.config),
+            **run_settings(self.config, self.strategy, self.env.world_size),
             "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
         }
         return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state,
@@ -238,8 +236,8 @@ class Trainer:
 
     def _check_settings(self, state: dict[str, Any], folder: Path, strict: bool) -> None:
         """Refuse (strict) or log the settings that changed since the checkpoint was saved."""
-        saved = saved_settings(state)
-        current = run_settings(self.config, self.strategy, self.env.world_size)
+        saved = flat_settings(state)
+        current = flat_settings(run_settings(self.config, self.strategy, self.env.world_size))
         if strict:
             changes = check_continuation(saved, current, str(folder))
         else:

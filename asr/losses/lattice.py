@@ -31,7 +31,8 @@ LATTICE_DTYPE = torch.float64
 """dtype of every lattice tensor (arc weights, alpha, beta, occupancies), whatever the logits' dtype. An
 occupancy is exp(alpha + weight + beta - log p) with alpha, beta and log p in the thousands: in float32
 each term carries its own rounding of ~1e-4 relative, which the gradient inherits. The (B, T, U+1)
-lattice costs ~V times less than the (B, T, U+1, V) logits, so float64 here is nearly free."""
+lattice is ~V times smaller than the full loss's (B, T, U+1, V) logits; beside a pruned loss's (B, T, S, V)
+logits it is not, and float64 costs the pruned step 1-7% of its peak (BENCHMARKS.md)."""
 
 
 @dataclass

@@ -36,6 +36,12 @@ def working_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
+def _finite_max(rows: torch.Tensor) -> torch.Tensor:
+    """(R, V) -> (R,) row maxima, 0 for a row of -inf (so that exp(x - max) stays 0, not nan)."""
+    top = rows.amax(-1)
+    return top.masked_fill_(top == float("-inf"), 0.0)
+
+
 def row_logsumexp(logits: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     """(..., V) -> (...) log sum_v exp(logits[..., v]) in `LATTICE_DTYPE` (float64): max + log(sum
     exp(x - max)) with the max and the sum in the working dtype and their combination in float64."""
@@ -49,11 +55,9 @@ def row_logsumexp(logits: torch.Tensor, backend: str | None = None) -> torch.Ten
         top = torch.empty(rows.shape[0], dtype=work, device=logits.device)
         total = torch.empty_like(top)
         for chunk in _row_chunks(*rows.shape):
-            x = rows[chunk].to(work)
-            top[chunk] = x.amax(-1)
-            safe = top[chunk].masked_fill(top[chunk] == float("-inf"), 0.0)
-            total[chunk] = torch.sub(x, safe[:, None]).exp_().sum(-1)  # x may be a view of the logits
-        top = top.masked_fill(top == float("-inf"), 0.0)
+            top[chunk] = _finite_max(rows[chunk])
+            # The subtraction promotes a half-precision chunk to `work`: no copy of the logits first.
+            total[chunk] = torch.sub(rows[chunk], top[chunk, None]).exp_().sum(-1)
     return (top.to(LATTICE_DTYPE) + total.to(LATTICE_DTYPE).log()).view(logits.shape[:-1])
 
 
@@ -97,7 +101,7 @@ def write_gradient(logits: torch.Tensor, normaliser: torch.Tensor | None, node: 
         if normaliser is None:
             rows = torch.zeros(logits[chunk].shape, dtype=work, device=logits.device)
         else:
-            rows = torch.sub(logits[chunk].to(work), high[chunk, None]).sub_(low[chunk, None])
+            rows = torch.sub(logits[chunk], high[chunk, None]).sub_(low[chunk, None])  # promoted to `work`
             rows.exp_().mul_(node[chunk, None])
         if clamp is not None:
             rows.clamp_(-clamp, clamp)

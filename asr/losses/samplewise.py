@@ -28,8 +28,8 @@ from asr.losses.rnnt import LossOptions, transducer_loss
 from asr.losses.simple import simple_rnnt_loss
 
 LATTICE_BYTES_PER_CELL = 160
-"""Lattice tensors per (t, u) cell (an upper bound): 16 float64 ones (weights, skewed alpha/beta,
-occupancies) and the row passes' per-row normaliser parts, node and exact entries."""
+"""Bytes per (t, u) cell of the lattice tensors alive at once (an upper bound): the float64 weights,
+skewed alpha/beta and occupancies, and the row passes' per-row normaliser parts, node and exact entries."""
 
 
 @dataclass

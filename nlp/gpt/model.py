@@ -105,13 +105,15 @@ class GPT(nn.Module):
         skip = decide_skip_logits(skip_logits, self.training, labels is not None)
         hidden = self.hidden_states(input_ids)
         weight = self.embeddings.word.weight
-        targets = None if labels is None else labels[:, 1:].flatten()
+        # Position t's target is labels[:, t + 1]; the last position gets none. Shifting the labels
+        # (as transformers does) keeps hidden states and logits whole: slicing them would copy them.
+        targets = None if labels is None else F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).flatten()
         if skip:
-            return {"loss": linear_cross_entropy(hidden[:, :-1].flatten(0, 1), weight, targets)}
+            return {"loss": linear_cross_entropy(hidden.flatten(0, 1), weight, targets)}
         logits = F.linear(hidden, weight)
         if labels is None:
             return {"logits": logits}
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}
 
     @torch.no_grad()

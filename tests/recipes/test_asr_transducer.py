@@ -125,3 +125,14 @@ def test_transcribe_reads_int16_and_other_rates_and_names_bad_waveforms(tmp_path
         transcribe("asr-transducer-tiny", [torch.zeros(2, 100)])
     with pytest.raises(TypeError, match="audio samples must be integer PCM or floating point; got torch.bool"):
         transcribe("asr-transducer-tiny", [torch.zeros(100, dtype=torch.bool)])
+
+
+def test_transcription_runs_without_autograd():
+    """Decoding builds no autograd graph: the encoder runs with gradients off."""
+    from asr.transcription import recogniser
+
+    found = recogniser("asr-transducer-tiny")
+    grad_modes = []
+    found.model.encoder.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
+    transcribe(found.model, [torch.randn(16000) * 0.1], found.tokenizer, found.features, method="greedy")
+    assert grad_modes == [False]
