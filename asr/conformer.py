@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.nn import FusedMLP, Norm, SelfAttention, attention, dropout_add
-from zoo.nn.rotary import apply_rotary, rotary_tables
+from zoo.nn import FusedMLP, Norm, SelfAttention, dropout_add
+from zoo.nn.rotary import rotary_tables
 
 
 @dataclass(frozen=True)
@@ -118,10 +118,7 @@ class RotaryAttention(nn.Module):
         self.attn = SelfAttention(config.width, config.heads, dropout=config.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        q, k, v = self.attn.project(self.norm(x))
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        y = attention(q, k, v, key_padding_mask=mask, dropout_p=self.attn.dropout, training=self.training)
-        return self.attn.out(y.transpose(1, 2).flatten(2))
+        return self.attn(self.norm(x), mask, rotary=rotary)
 
 
 class ConvModule(nn.Module):

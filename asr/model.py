@@ -104,11 +104,16 @@ class Transducer(nn.Module):
         self.training_step = 0
 
     def parallel_plan(self) -> ModelPlan:
-        """Each Conformer block is one shard and recompute unit; its feed-forward and attention
-        linears are declared column-/row-parallel for tensor parallelism, not applied yet."""
+        """Each Conformer block is one shard and recompute unit; its two feed-forwards and its
+        attention are tensor-parallel regions (fc1 and q, k, v column-, fc2 and out row-parallel)."""
         blocks = "encoder.blocks.*"
-        return ModelPlan(blocks=(blocks,), colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{blocks}.attn.attn.qkv"),
-                         rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{blocks}.attn.attn.out"))
+        attn = f"{blocks}.attn.attn"
+        return ModelPlan(blocks=(blocks,),
+                         colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{attn}.q", f"{attn}.k", f"{attn}.v"),
+                         rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{attn}.out"),
+                         regions=(f"{blocks}.ff1.mlp", f"{blocks}.ff2.mlp", attn),
+                         heads=tuple((f"{attn}.{name}", self.config.encoder.width // self.config.encoder.heads)
+                                     for name in "qkv"))
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: drives the pruned losses' warm-up."""

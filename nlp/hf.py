@@ -6,8 +6,8 @@ Names are those stored in the safetensors files: GPT-2's `Conv1D` weights are st
 (transposed here), its causal-mask buffers (`attn.bias`, `attn.masked_bias`) and BERT's
 `position_ids` are dropped, tied output weights (`lm_head.weight`, `cls.predictions.decoder.weight`)
 are usually absent and, when present, must equal the word embedding; the `transformer.` / `bert.`
-prefix may be present or not; legacy LayerNorm `gamma`/`beta` are read (see `zoo.hf`). BERT's
-separate query/key/value linears become our fused qkv.
+prefix may be present or not; legacy LayerNorm `gamma`/`beta` are read (see `zoo.hf`). GPT-2's
+fused `c_attn` splits into our attn.q, attn.k, attn.v; BERT's query/key/value linears are those.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def _check_tied(reader: StateReader, name: str, embedding: torch.Tensor) -> None
 
 # GPT-2 ---------------------------------------------------------------------------------------------
 
-_GPT2_BLOCK = {"ln_1": "norm1", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.out", "ln_2": "norm2",
-               "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-"""GPT-2's block parameter names (Conv1D weights stored [in, out]) and ours."""
+_GPT2_BLOCK = {"ln_1": "norm1", "attn.c_proj": "attn.out", "ln_2": "norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+"""GPT-2's block parameter names (Conv1D weights stored [in, out]) and ours; GPT-2's attn.c_attn
+holds our attn.q, attn.k and attn.v side by side."""
+_GPT2_QKV = ("attn.q", "attn.k", "attn.v")
 
 def gpt_config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     """Our GPTConfig of a GPT2Config dict (dropout: resid_pdrop, used for every dropout)."""
@@ -68,6 +69,10 @@ def gpt_state_from_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict
             weight = reader.take(f"h.{layer}.{theirs}.weight")
             out[f"blocks.{layer}.{ours}.weight"] = weight if theirs.startswith("ln") else weight.t()
             out[f"blocks.{layer}.{ours}.bias"] = reader.take(f"h.{layer}.{theirs}.bias")
+        fused = {"weight": reader.take(f"h.{layer}.attn.c_attn.weight").t(), "bias": reader.take(f"h.{layer}.attn.c_attn.bias")}
+        for kind, tensor in fused.items():
+            for ours, piece in zip(_GPT2_QKV, tensor.split(config.n_embd)):
+                out[f"blocks.{layer}.{ours}.{kind}"] = piece
     out["norm.weight"], out["norm.bias"] = reader.take("ln_f.weight"), reader.take("ln_f.bias")
     reader.finish()
     return out
@@ -94,6 +99,9 @@ def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
             weight = ours[f"blocks.{layer}.{mine}.weight"]
             state[f"transformer.h.{layer}.{theirs}.weight"] = weight if mine.startswith("norm") else weight.t()
             state[f"transformer.h.{layer}.{theirs}.bias"] = ours[f"blocks.{layer}.{mine}.bias"]
+        for kind in ("weight", "bias"):
+            fused = torch.cat([ours[f"blocks.{layer}.{mine}.{kind}"] for mine in _GPT2_QKV])
+            state[f"transformer.h.{layer}.attn.c_attn.{kind}"] = fused.t().contiguous() if kind == "weight" else fused
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
               "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
               "activation_function": "gelu_new", "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
@@ -119,7 +127,8 @@ def bert_config_from_hf(hf: dict[str, Any]) -> BertConfig:
                       num_labels=num_labels, problem_type=hf.get("problem_type"))
 
 
-_BERT_LAYER = {"attention.output.dense": "attn.out", "attention.output.LayerNorm": "norm1",
+_BERT_LAYER = {"attention.self.query": "attn.q", "attention.self.key": "attn.k", "attention.self.value": "attn.v",
+               "attention.output.dense": "attn.out", "attention.output.LayerNorm": "norm1",
                "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2", "output.LayerNorm": "norm2"}
 _BERT_EMBEDDINGS = {"word_embeddings": "word", "position_embeddings": "position", "token_type_embeddings": "token_type"}
 
@@ -135,8 +144,6 @@ def bert_state_from_hf(state: dict[str, torch.Tensor], config: BertConfig) -> di
     for layer in range(config.num_hidden_layers):
         prefix = f"encoder.layer.{layer}"
         for kind in ("weight", "bias"):
-            out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(
-                [reader.take(f"{prefix}.attention.self.{part}.{kind}") for part in ("query", "key", "value")])
             for theirs, ours in _BERT_LAYER.items():
                 out[f"blocks.{layer}.{ours}.{kind}"] = reader.take(f"{prefix}.{theirs}.{kind}")
     if config.head == "mlm":
@@ -176,8 +183,6 @@ def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
     for layer in range(c.num_hidden_layers):
         theirs_prefix = f"{prefix}encoder.layer.{layer}"
         for kind in ("weight", "bias"):
-            for part, piece in zip(("query", "key", "value"), ours[f"blocks.{layer}.attn.qkv.{kind}"].split(width)):
-                state[f"{theirs_prefix}.attention.self.{part}.{kind}"] = piece
             for theirs, mine in _BERT_LAYER.items():
                 state[f"{theirs_prefix}.{theirs}.{kind}"] = ours[f"blocks.{layer}.{mine}.{kind}"]
     if c.head == "mlm":

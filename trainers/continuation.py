@@ -4,7 +4,7 @@ The checkpoint stores the run's `TrainConfig`, `Strategy` and world size. On res
 the mathematics of the remaining steps depends on (the optimizer, the schedule's shape, the batch,
 the seed, the precision) is refused with the list of changes; a change that keeps the run correct
 but not bit-for-bit the same (more or fewer steps, which stretch the cosine schedule; another world
-size, micro batch or ZeRO stage with the same global batch) is reported for the log; the rest
+size, micro batch, ZeRO stage or tensor-parallel layout with the same global batch) is reported for the log; the rest
 (logging, evaluation, checkpoint cadence, paths) may change freely.
 """
 
@@ -21,7 +21,7 @@ REFUSED = ("config.global_batch_size", "config.lr", "config.min_lr_ratio", "conf
            "strategy.precision")
 """Settings whose change makes the rest of the run another computation."""
 REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "strategy.offload",
-            "strategy.recompute", "world_size")
+            "strategy.recompute", "strategy.tp", "strategy.sequence_parallel", "world_size")
 """Settings that may change on resume; the change is said in the log."""
 
 

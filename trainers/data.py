@@ -23,11 +23,12 @@ def _epoch_order(dataset_size: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size: int) -> None:
-    """ValueError unless the global batch splits into whole micro batches on every rank."""
+    """ValueError unless the global batch splits into whole micro batches on every one of
+    `world_size` data-parallel ranks (the world size over the tensor-parallel degree)."""
     per_round = micro_batch_size * world_size
     if global_batch_size % per_round:
         raise ValueError(
-            f"TrainConfig.global_batch_size must be divisible by micro_batch_size x world size "
+            f"TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks "
             f"({micro_batch_size} x {world_size} = {per_round}); got {global_batch_size}"
         )
 
@@ -53,9 +54,9 @@ class StepSampler:
     micro_batch_size: int
     """Examples per forward/backward on one rank."""
     world_size: int
-    """Number of data-parallel ranks."""
+    """Number of data-parallel ranks (tensor-parallel ranks share one micro batch)."""
     rank: int
-    """This rank."""
+    """This rank's data-parallel coordinate."""
     seed: int
     """Seed of the per-epoch shuffles."""
 

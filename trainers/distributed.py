@@ -22,8 +22,24 @@ class DistEnv:
     device: torch.device
     """Compute device of this rank (cuda:LOCAL_RANK when a GPU is present, else cpu)."""
     mesh: DeviceMesh
-    """The job's device mesh. One dimension today, "dp" (data parallel); tensor, sequence and
-    pipeline parallelism add their dimensions here."""
+    """The job's device mesh, dimensions ("pp", "dp", "tp"): pipeline stages (size 1 until
+    pipelining exists), data-parallel replicas or ZeRO shards, tensor-parallel ranks. Rank r sits
+    at tp = r % tp, dp = r // tp % dp: a tensor-parallel group is consecutive ranks (one node's)."""
+
+    @property
+    def dp_rank(self) -> int:
+        """Coordinate of this rank along "dp": which share of each global batch it runs."""
+        return self.mesh["dp"].get_local_rank()
+
+    @property
+    def dp_size(self) -> int:
+        """Number of data-parallel replicas (world size / tp / pp)."""
+        return self.mesh["dp"].size()
+
+    @property
+    def tp_size(self) -> int:
+        """Number of ranks that split each layer."""
+        return self.mesh["tp"].size()
 
     @property
     def is_main(self) -> bool:
@@ -41,9 +57,10 @@ def use_cuda() -> bool:
     return wanted != "cpu" and torch.cuda.is_available()
 
 
-def setup_distributed() -> DistEnv:
+def setup_distributed(tp: int = 1) -> DistEnv:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...), or form a
-    one-process group when run as plain `python`, so that one code path serves both."""
+    one-process group when run as plain `python`, so that one code path serves both; `tp` ranks
+    form each tensor-parallel group of the mesh."""
     cuda = use_cuda()
     if not dist.is_initialized():
         # gloo carries the collectives of CPU-resident (offloaded) state; NCCL those on the GPU.
@@ -56,7 +73,9 @@ def setup_distributed() -> DistEnv:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     world_size = dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+    if world_size % tp:
+        raise ValueError(f"Strategy.tp={tp} must divide the number of ranks; got {world_size} ranks")
+    mesh = init_device_mesh(device.type, (1, world_size // tp, tp), mesh_dim_names=("pp", "dp", "tp"))
     return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)
 
 

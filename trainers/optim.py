@@ -29,12 +29,24 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def _without_dp(value: DTensor) -> torch.Tensor:
+    """An owner's ZeRO-1 state as it is saved: its local tensor, spread over the mesh dimensions
+    other than "dp" (tensor-parallel shards) as a DTensor, or plain when there are none."""
+    names = value.device_mesh.mesh_dim_names or ()
+    keep = [i for i, name in enumerate(names) if name != "dp"]
+    if not keep:
+        return value.to_local()
+    mesh = value.device_mesh[tuple(names[i] for i in keep)] if len(keep) > 1 else value.device_mesh[names[keep[0]]]
+    return DTensor.from_local(value.to_local(), mesh, [value.placements[i] for i in keep], run_check=False,
+                              shape=value.shape, stride=value.stride())
+
+
 @dataclass
 class _Slot:
     fqn: str
     param: nn.Parameter
     owner: int
-    """Rank that holds this parameter's optimizer state and runs its update."""
+    """Data-parallel rank that holds this parameter's optimizer state and runs its update."""
     work: torch.Tensor | None
     """The tensor AdamW updates on the owner: the parameter, or its fp32 CPU master copy when
     offloaded. None on the other ranks."""
@@ -54,17 +66,21 @@ def partition_by_size(numels: list[int], world_size: int) -> list[int]:
 class TrainOptimizer:
     """AdamW with decoupled weight decay on matrices, driven by the `Trainer`.
 
-    shard_state (ZeRO-1): each parameter's state lives on one owner rank, chosen to balance bytes;
-        after its update the owner broadcasts the new values to the other ranks.
+    shard_state (ZeRO-1): each parameter's state lives on one owner among the data-parallel ranks
+        of `group`, chosen to balance bytes; after its update the owner broadcasts the new values to
+        the others. Tensor-parallel ranks hold different shards, so each tensor-parallel rank's
+        data-parallel group has its own owners.
     offload: the owner keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
         runs there on a CPU copy of the gradient, and the result is copied back to the device.
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool) -> None:
+    def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool,
+                 group: dist.ProcessGroup | None = None) -> None:
         named = [(clean_fqn(name), p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
-        self.rank, world_size = dist.get_rank(), dist.get_world_size()
+        self.group = group
+        self.rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         owners = partition_by_size([p.numel() for _, p in named], world_size) if shard_state else [self.rank] * len(named)
         self.shard_state, self.offload = shard_state, offload
         self.slots = [
@@ -97,7 +113,7 @@ class TrainOptimizer:
             self._local_step(lr)
         if self.shard_state:
             for slot in self.slots:
-                dist.broadcast(local_tensor(slot.param), src=slot.owner)
+                dist.broadcast(local_tensor(slot.param), group=self.group, group_src=slot.owner)
 
     def _local_step(self, lr: float) -> None:
         for group in self.inner.param_groups:
@@ -125,7 +141,7 @@ class TrainOptimizer:
             return value
         param = slot.param
         if isinstance(value, DTensor):
-            return value.to_local() if self.shard_state else value
+            return _without_dp(value) if self.shard_state else value
         if isinstance(param, DTensor) and not self.shard_state:
             return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
                                       shape=param.shape, stride=param.stride())
@@ -136,8 +152,10 @@ class TrainOptimizer:
             return value
         if self.offload:
             return local_tensor(value)
-        if isinstance(slot.param, DTensor) and not isinstance(value, DTensor):
-            return DTensor.from_local(value, slot.param.device_mesh, slot.param.placements, run_check=False)
+        param = slot.param
+        if isinstance(param, DTensor):
+            return DTensor.from_local(local_tensor(value), param.device_mesh, param.placements, run_check=False,
+                                      shape=param.shape, stride=param.stride())
         return value
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:

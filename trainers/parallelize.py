@@ -1,4 +1,5 @@
-"""Apply a `Strategy` to a model: recompute first, then data parallelism (FSDP2), then materialise.
+"""Apply a `Strategy` to a model: tensor parallelism first, then recompute, then data parallelism
+(FSDP2 on the "dp" mesh dimension), then materialise.
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from trainers.distributed import DistEnv
 from trainers.strategy import Strategy
+from trainers.tensor_parallel import apply_tensor_parallel
 from zoo.plan import model_plan
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -61,6 +63,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv) -> nn.Module
     shard, then initialised by its `init_weights()` method."""
     plan = model_plan(model)
     block_names = plan.block_names(model)
+    if strategy.tp > 1:
+        apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel)
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and not callable(getattr(model, "init_weights", None)):
         raise ValueError(

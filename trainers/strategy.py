@@ -19,8 +19,9 @@ Recompute = Literal["none", "blocks", "selective"]
 class Strategy:
     """Memory strategy applied to any model by the `Trainer`.
 
-    The ranks form the one data-parallel dimension, "dp", of the job's `DeviceMesh`
-    (`trainers.distributed.DistEnv.mesh`); tensor, sequence and pipeline parallelism are not built yet.
+    The ranks form the job's `DeviceMesh` (`trainers.distributed.DistEnv.mesh`) with dimensions
+    ("pp", "dp", "tp"): `tp` ranks split each layer, world / tp ranks hold the data-parallel
+    replicas (or ZeRO shards); pipeline parallelism is not built yet, so "pp" has size 1.
     """
 
     zero: ZeroStage = 0
@@ -43,7 +44,23 @@ class Strategy:
     recomputes the cheap element-wise ops. Selective pays off for unfused layers; `zoo.nn` blocks
     already keep no more than it would, so for them use "blocks" (or recompute_attention)."""
 
+    tp: int = 1
+    """Tensor-parallel degree: ranks that split each layer the model's plan names (attention heads,
+    feed-forward columns, vocabulary rows; see `zoo.plan.ModelPlan`). Must divide the world size."""
+
+    sequence_parallel: bool = False
+    """Under tensor parallelism, also split the activations between the split layers (norms,
+    dropout, residual adds) along the sequence, so each of the `tp` ranks keeps 1/tp of them:
+    all-gather / reduce-scatter at the layers' edges instead of all-reduce. Needs tp > 1."""
+
     def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"Strategy.tp must be an integer >= 1; got {self.tp!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
+                             "and needs Strategy.tp > 1; got tp=1")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:

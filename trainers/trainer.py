@@ -27,7 +27,8 @@ from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
-from trainers.optim import TrainOptimizer, local_tensor
+from trainers.gradients import scale_gradients, total_norm
+from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
@@ -69,8 +70,8 @@ class Trainer:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
         self.config, self.strategy = config, strategy
-        self.env = setup_distributed()
-        check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.world_size)
+        self.env = setup_distributed(strategy.tp)
+        check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.dp_size)
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
@@ -78,7 +79,8 @@ class Trainer:
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
         self.model = parallelize(model, strategy, self.env)
         self.optimizer = TrainOptimizer(
-            self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer"
+            self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
+            group=self.env.mesh["dp"].get_group(),
         )
         self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
         self.step = 0
@@ -97,7 +99,7 @@ class Trainer:
         config, env = self.config, self.env
         collate = collate_fn or default_collate
         sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
-                              env.world_size, env.rank, config.seed)
+                              env.dp_size, env.dp_rank, config.seed)
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("eval_dataset is empty; pass None to train without evaluation")
         if config.resume:
@@ -163,8 +165,9 @@ class Trainer:
         try:
             # Every rank runs the same number of forwards (sharded parameters are gathered
             # collectively); a rank past the end repeats the first chunk with weight 0.
-            for start in range(0, len(chunks), env.world_size):
-                index = start + env.rank
+            # Tensor-parallel ranks run the same chunk together.
+            for start in range(0, len(chunks), env.dp_size):
+                index = start + env.dp_rank
                 chunk = chunks[index] if index < len(chunks) else chunks[0]
                 weight = len(chunk) if index < len(chunks) else 0
                 loss = self._loss(_to_device(collate([dataset[i] for i in chunk]), env.device))
@@ -172,7 +175,7 @@ class Trainer:
                 totals[1] += weight
         finally:
             self.model.train()
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=env.mesh["dp"].get_group())
         return {"eval_loss": (totals[0] / totals[1].clamp(min=1)).item()}
 
     def num_parameters(self) -> int:
@@ -311,16 +314,13 @@ class Trainer:
 
         params = self.optimizer.params
         grads = [p.grad for p in params if p.grad is not None]
-        if scale != 1.0:
-            torch._foreach_mul_([local_tensor(g) for g in grads], 1.0 / scale)
-        grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        grad_norm = grad_norm.item()
+        scale_gradients(grads, 1.0 / scale)
+        grad_norm = total_norm(grads)
         take_step = self.loss_scaler.update(grad_norm) if self.loss_scaler else math.isfinite(grad_norm)
         lr = warmup_cosine_lr(self.step, config)
         if take_step:
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, config.grad_clip, torch.tensor(grad_norm))
+            if config.grad_clip > 0 and grad_norm > config.grad_clip:
+                scale_gradients(grads, config.grad_clip / (grad_norm + 1e-6))
             self.optimizer.step(lr)
         self.optimizer.zero_grad()
 
@@ -334,7 +334,7 @@ class Trainer:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
         if units:
-            record[self.input_ids_unit] = units * env.world_size
+            record[self.input_ids_unit] = units * env.dp_size
         if self.loss_scaler:
             record["loss_scale"] = self.loss_scaler.scale
         if env.device.type == "cuda":

@@ -3,7 +3,7 @@
 
 Names are those stored in the safetensors files (`vit.encoder.layer.N.attention.attention.query`,
 ...), which differ from transformers 5.x's in-memory names; the `vit.` prefix may be present or
-not. The separate query/key/value linears become our fused qkv.
+not. Their query/key/value linears are our attn.q, attn.k and attn.v.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from vision.vit import ViT, ViTConfig
 from zoo.hf import StateReader, read_hf_config, read_hf_state
 from zoo.model_folder import write_model_folder
 
-_LAYER = {"layernorm_before": "norm1", "attention.output.dense": "attn.out", "layernorm_after": "norm2",
+_LAYER = {"attention.attention.query": "attn.q", "attention.attention.key": "attn.k",
+          "attention.attention.value": "attn.v", "layernorm_before": "norm1", "attention.output.dense": "attn.out", "layernorm_after": "norm2",
           "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
 """ViT layer names as stored (after encoder.layer.N.) and ours (after blocks.N.)."""
 _ARCHITECTURES = {"none": "ViTModel", "classification": "ViTForImageClassification"}
@@ -51,8 +52,6 @@ def vit_state_from_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict
     for layer in range(config.num_hidden_layers):
         prefix = f"encoder.layer.{layer}"
         for kind in ("weight", "bias"):
-            out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(
-                [reader.take(f"{prefix}.attention.attention.{part}.{kind}") for part in ("query", "key", "value")])
             for theirs, ours in _LAYER.items():
                 out[f"blocks.{layer}.{ours}.{kind}"] = reader.take(f"{prefix}.{theirs}.{kind}")
     if config.head == "classification":
@@ -86,9 +85,6 @@ def vit_to_hf(model: ViT, directory: str | os.PathLike) -> Path:
     for layer in range(c.num_hidden_layers):
         theirs_prefix = f"{prefix}encoder.layer.{layer}"
         for kind in ("weight", "bias"):
-            pieces = ours[f"blocks.{layer}.attn.qkv.{kind}"].split(c.hidden_size)
-            for part, piece in zip(("query", "key", "value"), pieces):
-                state[f"{theirs_prefix}.attention.attention.{part}.{kind}"] = piece
             for theirs, mine in _LAYER.items():
                 state[f"{theirs_prefix}.{theirs}.{kind}"] = ours[f"blocks.{layer}.{mine}.{kind}"]
     for kind in ("weight", "bias"):

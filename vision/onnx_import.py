@@ -98,9 +98,9 @@ def onnx_backbone(path: str | os.PathLike, prefix: str = "backbone") -> tuple[di
              "norm.weight": named["layernorm.weight"], "norm.bias": named["layernorm.bias"]}
     for layer in range(layers):
         theirs, ours = f"encoder.layer.{layer}", f"blocks.{layer}"
-        bias = {part: named[f"{theirs}.attention.attention.{part}.bias"] for part in ("query", "key", "value")}
-        state[f"{ours}.attn.qkv.weight"] = torch.cat([linear_weights[f"{layer}.{p}"] for p in ("query", "key", "value")])
-        state[f"{ours}.attn.qkv.bias"] = torch.cat(list(bias.values()))
+        for part, mine in (("query", "q"), ("key", "k"), ("value", "v")):
+            state[f"{ours}.attn.{mine}.weight"] = linear_weights[f"{layer}.{part}"]
+            state[f"{ours}.attn.{mine}.bias"] = named[f"{theirs}.attention.attention.{part}.bias"]
         for norm in ("norm1", "norm2"):
             state[f"{ours}.{norm}.weight"], state[f"{ours}.{norm}.bias"] = (
                 named[f"{theirs}.{norm}.weight"], named[f"{theirs}.{norm}.bias"])

@@ -1,12 +1,24 @@
 """`ModelPlan`: what a model declares about itself so that `trainers/` can parallelise it.
 
-Models hold no distributed code. A model that wants per-block sharding and recompute defines
+Models hold no distributed code. A model declares, as patterns over its `named_modules()` names,
+which modules are its repeated blocks (sharding and recompute units) and how its layers split
+under tensor parallelism, and `trainers` applies the `Strategy` to them:
 
     def parallel_plan(self) -> ModelPlan:
-        return ModelPlan(blocks=("blocks.*",))
+        return ModelPlan(blocks=("blocks.*",), colwise=("blocks.*.fc1",), rowwise=("blocks.*.fc2",))
 
-and `trainers.parallelize` applies the `Strategy` to the modules the plan names. A model without
-a `parallel_plan` method trains as one unit.
+The tensor-parallel part is GSPMD's idea in Megatron's terms. A *region* is a module that runs on
+this rank's shards: it is called with the whole activation (its first argument) and returns this
+rank's partial sum of its output, which the trainer sums over the tensor-parallel group. Inside
+it, column-parallel linears hold some of the output features (attention heads, feed-forward
+columns), row-parallel ones the matching input features; their bias is added once, after the sum.
+A column-/row-parallel linear outside every region is a region of its own: a column-parallel one
+returns its shard of the features, the next row-parallel one takes it and returns the sum.
+
+Under sequence parallelism the activations between regions are split along the sequence (dim 1):
+`sequence_split` modules split their output, regions gather their input and reduce-scatter their
+output, `sequence_parallel` modules (norms) run on the shards, and `sequence_gather` modules
+gather their output whole again. A model without a `parallel_plan` method trains as one unit.
 """
 
 from __future__ import annotations
@@ -19,40 +31,83 @@ from torch import nn
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """Names of a model's parallelisation units, as patterns over `named_modules()` names."""
+    """How a model splits, as patterns over `named_modules()` names, matched segment by segment
+    with fnmatch ("blocks.*" matches "blocks.0" but not "blocks.0.attn")."""
 
     blocks: tuple[str, ...] = ()
-    """Patterns of the repeated blocks, matched segment by segment with fnmatch ("blocks.*" matches
-    "blocks.0" but not "blocks.0.attn"): each block is one FSDP unit (its parameters gathered
-    together) and one recompute unit."""
+    """The repeated blocks: each is one FSDP unit (its parameters gathered together) and one
+    recompute unit."""
 
     colwise: tuple[str, ...] = ()
-    """Patterns of the `nn.Linear`s to split by output features under tensor parallelism
-    (attention qkv, the first feed-forward linear). A declaration only: `trainers` applies no tensor
-    parallelism yet, and `linear_names` just checks that the patterns name linears."""
+    """`nn.Linear`s split by output features under tensor parallelism (attention q, k, v, the
+    first feed-forward linear): weight and bias rows are sharded."""
     rowwise: tuple[str, ...] = ()
-    """Patterns of the `nn.Linear`s to split by input features (attention output, second
-    feed-forward linear), each following a column-parallel one. A declaration only, like `colwise`."""
+    """`nn.Linear`s split by input features (attention output, second feed-forward linear), each
+    taking a column-parallel shard: weight columns are sharded, the bias is whole on every rank."""
+    replicated: tuple[str, ...] = ()
+    """`nn.Linear`s inside a region kept whole on every tensor-parallel rank (the one key/value
+    head of multi-query attention): each rank's shard of the region uses all of them, so their
+    gradients are summed over the group."""
+    regions: tuple[str, ...] = ()
+    """Modules that compute on tensor-parallel shards (attention, feed-forward): whole activation
+    in (first argument), partial sum out. Each holds exactly one row-parallel linear, whose output
+    is the region's."""
+    heads: tuple[tuple[str, int], ...] = ()
+    """(pattern, rows per head) of column-parallel or replicated linears whose output rows form
+    heads: the tensor-parallel degree must divide their number of heads."""
+    vocab_parallel: tuple[str, ...] = ()
+    """`nn.Embedding`s split by vocabulary rows (a word embedding, and through the tied weight the
+    output head): each rank looks up its rows, and the lookups are summed."""
+
+    sequence_parallel: tuple[str, ...] = ()
+    """Modules run on sequence shards under sequence parallelism (norms): their parameters'
+    gradients are summed over the tensor-parallel group."""
+    sequence_split: tuple[str, ...] = ()
+    """Modules whose output (B, S, ...) is split along S under sequence parallelism (embeddings)."""
+    sequence_gather: tuple[str, ...] = ()
+    """Modules whose output is gathered whole along S under sequence parallelism (the final norm)."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         """Names of the modules of `model` matched by `blocks`, in `named_modules()` order.
 
         Raises ValueError when a pattern matches nothing, so a renamed module cannot silently
         turn per-block sharding off."""
-        return _resolve(model, self.blocks, "blocks")
+        return resolve(model, self.blocks, "blocks")
 
-    def linear_names(self, model: nn.Module) -> tuple[list[str], list[str]]:
-        """(column-parallel, row-parallel) names of `model`'s linears; ValueError when a pattern
-        matches nothing or a match is not an `nn.Linear`."""
-        found = _resolve(model, self.colwise, "colwise"), _resolve(model, self.rowwise, "rowwise")
-        modules = dict(model.named_modules())
-        for name in found[0] + found[1]:
-            if not isinstance(modules[name], nn.Linear):
-                raise ValueError(f"ModelPlan names {name!r} as a parallel linear; it is a {type(modules[name]).__name__}")
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the plan splits any layer under tensor parallelism."""
+        return bool(self.colwise or self.rowwise or self.vocab_parallel)
+
+    def names(self, model: nn.Module, field: str) -> list[str]:
+        """Names of `model`'s modules matched by the patterns of `field` (a tuple-of-patterns field),
+        after checking the module types the field requires; ValueError naming the field otherwise."""
+        found = resolve(model, getattr(self, field), field)
+        wanted = _REQUIRED_TYPES.get(field)
+        if wanted is not None:
+            modules = dict(model.named_modules())
+            for name in found:
+                if not isinstance(modules[name], wanted):
+                    raise ValueError(f"ModelPlan.{field} names {name!r}, a {type(modules[name]).__name__}; "
+                                     f"it must name {wanted.__name__} modules")
         return found
 
+    def head_rows(self, model: nn.Module) -> dict[str, int]:
+        """{linear name: rows per head} from `heads`."""
+        rows: dict[str, int] = {}
+        for pattern, size in self.heads:
+            if size < 1:
+                raise ValueError(f"ModelPlan.heads gives {pattern!r} {size} rows per head; it must be >= 1")
+            rows.update(dict.fromkeys(resolve(model, (pattern,), "heads"), size))
+        return rows
 
-def _resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str]:
+
+_REQUIRED_TYPES = {"colwise": nn.Linear, "rowwise": nn.Linear, "replicated": nn.Linear, "vocab_parallel": nn.Embedding}
+
+
+def resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str]:
+    """Names of `model`'s modules matched by `patterns`, in `named_modules()` order; ValueError
+    naming `field` when a pattern matches nothing."""
     names = [name for name, _ in model.named_modules() if name]
     matched: set[str] = set()
     for pattern in patterns:

@@ -9,7 +9,7 @@ post-LN `TransformerBlock`s with exact GELU, and one of three heads:
     "classification": pooler, dropout, linear: {"logits" (B, num_labels)} (+ "loss" with labels, by
                       `BertConfig.problem_type`)
 
-State-dict names: embeddings.{word,position,token_type,norm}.*, blocks.N.{attn.qkv,attn.out,norm1,
+State-dict names: embeddings.{word,position,token_type,norm}.*, blocks.N.{attn.{q,k,v,out},norm1,
 mlp.fc1,mlp.fc2,norm2}.*, pooler.*, mlm_transform.*, mlm_norm.*, mlm_bias, classifier.*.
 """
 
@@ -62,9 +62,9 @@ class Bert(nn.Module):
             self.init_weights()
 
     def parallel_plan(self) -> ModelPlan:
-        """Each block is one shard and recompute unit; qkv/fc1 and out/fc2 are declared column- and
-        row-parallel for tensor parallelism, which the trainer does not apply yet."""
-        return block_plan("blocks.*")
+        """Each block is one shard and recompute unit and holds two tensor-parallel regions
+        (`block_plan`)."""
+        return block_plan("blocks.*", block_config(self.config))
 
     @torch.no_grad()
     def init_weights(self) -> None:

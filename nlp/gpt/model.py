@@ -14,6 +14,7 @@ and the (tokens x vocab) logits are never formed.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,7 @@ def block_config(config: GPTConfig) -> TransformerBlockConfig:
 @register("gpt", GPTConfig)
 class GPT(nn.Module):
     """`forward(input_ids, labels=None, skip_logits=None)`: see `forward`. State-dict names:
-    embeddings.{word,position}.weight, blocks.N.{norm1,attn.qkv,attn.out,norm2,mlp.fc1,mlp.fc2}.*, norm.*."""
+    embeddings.{word,position}.weight, blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -54,9 +55,13 @@ class GPT(nn.Module):
             self.init_weights()
 
     def parallel_plan(self) -> ModelPlan:
-        """Each block is one shard and recompute unit; qkv/fc1 and out/fc2 are declared column- and
-        row-parallel for tensor parallelism, which the trainer does not apply yet."""
-        return block_plan("blocks.*")
+        """Each block is one shard and recompute unit and holds two tensor-parallel regions
+        (`block_plan`); the word embedding, and through the tied weight the output head, split by
+        vocabulary rows. Under sequence parallelism the embeddings' output is split along the
+        sequence and the final norm's output gathered whole for the head."""
+        blocks = block_plan("blocks.*", block_config(self.config))
+        return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
+                       sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",))
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -8,6 +8,11 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
+    worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  train each model and layout 3 steps: params + losses
+    worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
+    worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
+    worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
+                                                   error of a sequence that sequence parallelism cannot split
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
 # The repository root first (tests/ mirrors its package names), then tests/ and tests/asr for the helpers.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
@@ -28,6 +35,7 @@ from tiny_transducer import tiny, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from trainers.optim import clean_fqn  # noqa: E402
+from zoo.plan import ModelPlan  # noqa: E402
 
 STEPS = 3
 
@@ -144,9 +152,126 @@ def dropout(out: str) -> None:
         torch.save({"params": params, "losses": [r["loss"] for r in history]}, out)
 
 
+class ResidualFeedForward(nn.Module):
+    """x + down(gelu(up(x))) in plain linears."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class FeedForwardLM(nn.Module):
+    """A model written here, not from the zoo, in plain torch.nn with its own tensor-parallel plan:
+    a vocabulary-parallel embedding, two residual feed-forward layers whose column- and
+    row-parallel linears are their own regions, a LayerNorm and a whole linear head."""
+
+    def __init__(self, vocab: int = 48, width: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(ResidualFeedForward(width, hidden) for _ in range(2))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.up",), rowwise=("layers.*.down",),
+                         vocab_parallel=("embed",))
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.head(self.norm(x))
+        return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}
+
+
+TP_MODELS = {"gpt": lambda: tiny_gpt(bias=True), "mqa": lambda: tiny_gpt(n_head=4, n_kv_head=1), "custom": FeedForwardLM}
+"""Models of the tensor-parallel parity runs (GPT with biases: row-parallel biases are added once)."""
+
+
+def tp_config(**overrides) -> TrainConfig:
+    """SGD-like conditions for parity: AdamW at lr 1e-3 does not amplify summation-order noise."""
+    return config(lr=1e-3, **overrides)
+
+
+def tensor_parallel(out: str, *runs: str) -> None:
+    results = {}
+    for run in runs:
+        model, tp, zero, sequence_parallel = run.split("/")
+        strategy = Strategy(zero=int(zero), tp=int(tp), sequence_parallel=sequence_parallel == "1")
+        trainer = Trainer(TP_MODELS[model](), tp_config(), strategy)
+        history = trainer.fit(lm_examples(64))
+        results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
+def tp_save(directory: str) -> None:
+    trainer = Trainer(TP_MODELS["gpt"](), tp_config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
+                      Strategy(zero=3, tp=2))
+    history = trainer.fit(lm_examples(64))
+    params = trainer.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "losses": [r["loss"] for r in history]}, Path(directory) / "run.pt")
+
+
+def tp_resume(directory: str, tp: str, zero: str, out: str) -> None:
+    trainer = Trainer(tiny_gpt(seed=123, bias=True), tp_config(max_steps=4, checkpoint_dir=directory),
+                      Strategy(zero=int(zero), tp=int(tp)))
+    trainer.resume(Path(directory) / "step_00000002")
+    loaded = {name: value.clone() for name, value in trainer.full_state_dict().items()}  # may alias the parameters
+    history = trainer.fit(lm_examples(64))
+    params = trainer.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"loaded": loaded, "params": params, "losses": [r["loss"] for r in history]}, out)
+
+
+def tp_checks(out: str) -> None:
+    """Draws inside a region come from each rank's own stream, outside from the shared one; a
+    sequence of 15 positions cannot be split over 2 ranks."""
+    draws = {}
+
+    class Recorder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(4, 8), nn.Linear(8, 4)
+
+        def parallel_plan(self) -> ModelPlan:
+            return ModelPlan(colwise=("up",), rowwise=("down",))
+
+        def forward(self, input_ids, labels):
+            draws["before"] = torch.rand(3)
+            hidden = self.up(input_ids.float()[..., :4])
+            draws["after"] = torch.rand(3)
+            return {"loss": self.down(hidden).sum()}
+
+    trainer = Trainer(Recorder(), tp_config(global_batch_size=2, micro_batch_size=2, max_steps=1), Strategy(tp=2))
+    hooked = {}
+
+    def draw_inside(*_) -> None:  # runs before the region's own exit hook: inside the region
+        hooked["inside"] = torch.rand(3)
+
+    trainer.model.up.register_forward_hook(draw_inside, prepend=True)
+    trainer.fit(lm_examples(4))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {**draws, **hooked})
+    trainer = Trainer(tiny_gpt(), tp_config(global_batch_size=2, micro_batch_size=2, max_steps=1),
+                      Strategy(tp=2, sequence_parallel=True))
+    try:
+        trainer.fit(lm_examples(4, length=15))
+    except ValueError as error:
+        message = str(error)
+    if dist.get_rank() == 0:
+        torch.save({"draws": gathered, "error": message}, out)
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
-     "transducer": transducer, "dropout": dropout}[command](*arguments)
+     "transducer": transducer, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
+     "tp_resume": tp_resume, "tp_checks": tp_checks}[command](*arguments)
     shutdown_distributed()
     exit_process(0)

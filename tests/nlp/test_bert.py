@@ -82,7 +82,8 @@ def test_training_mode_dropout_and_plan():
     assert a.item() == b.item() != c.item()
     plan = model.parallel_plan()
     assert plan.block_names(model) == ["blocks.0", "blocks.1"]
-    assert plan.linear_names(model)[0] == ["blocks.0.attn.qkv", "blocks.0.mlp.fc1", "blocks.1.attn.qkv", "blocks.1.mlp.fc1"]
+    assert plan.names(model, "colwise") == [f"blocks.{i}.{name}" for i in (0, 1)
+                                            for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1")]
 
 
 def test_bad_inputs_are_named():

@@ -24,7 +24,7 @@ def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:
     x = p["embeddings.word.weight"][ids] + p["embeddings.position.weight"][:length]
     for i in range(model.config.n_layer):
         b = f"blocks.{i}"
-        q, k, v = (norm(x, f"{b}.norm1") @ p[f"{b}.attn.qkv.weight"].T).split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
+        q, k, v = (norm(x, f"{b}.norm1") @ p[f"{b}.attn.{name}.weight"].T for name in "qkv")
         split = lambda t: t.unflatten(-1, (-1, dim)).transpose(1, 2)  # noqa: E731
         q, k, v = split(q), split(k).repeat_interleave(heads // kv_heads, 1), split(v).repeat_interleave(heads // kv_heads, 1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
@@ -43,10 +43,11 @@ def test_forward_matches_float64_reference(kv_heads):
     assert relative_error(model(ids)["logits"], reference_logits(model, ids)) < 1e-5
 
 
-@pytest.mark.parametrize("kv_heads,qkv_rows", [(None, 96), (2, 64), (1, 48)])
-def test_multi_and_grouped_query_shapes(kv_heads, qkv_rows):
+@pytest.mark.parametrize("kv_heads,kv_rows", [(None, 32), (2, 16), (1, 8)])
+def test_multi_and_grouped_query_shapes(kv_heads, kv_rows):
     model = tiny_gpt(n_head=4, n_kv_head=kv_heads)
-    assert model.blocks[0].attn.qkv.weight.shape == (qkv_rows, 32)
+    attn = model.blocks[0].attn
+    assert attn.q.weight.shape == (32, 32) and attn.k.weight.shape == attn.v.weight.shape == (kv_rows, 32)
     cache = model.new_cache(batch=2)
     assert cache.keys.shape == (2, 2, kv_heads or 4, 16, 8)
     with pytest.raises(ValueError, match="n_kv_head must divide n_head=4; got 3"):

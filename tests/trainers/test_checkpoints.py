@@ -107,7 +107,7 @@ def test_bad_strategy_and_batch_sizes_are_named():
         Strategy(zero=4)
     with pytest.raises(ValueError, match=r"Strategy.offload .* got 'gpu'"):
         Strategy(offload="gpu")
-    with pytest.raises(ValueError, match=r"global_batch_size must be divisible by micro_batch_size x world size \(3 x 1 = 3\); got 8"):
+    with pytest.raises(ValueError, match=r"global_batch_size must be divisible by micro_batch_size x data-parallel ranks \(3 x 1 = 3\); got 8"):
         Trainer(tiny_gpt(), TrainConfig(global_batch_size=8, micro_batch_size=3))
 
 

@@ -134,7 +134,7 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
          "recycles must be an int >= 0 (or None for the model's own); got -3"),
         (("train", "gpt_shakespeare", "--nproc", "-3"), "--nproc must be >= 1; got -3"),
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
-         "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x world size (12 x 1 = 12); got 32"),
+         "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
     ]
     for args, message in cases:
         result = zoo_cli(*args)
@@ -150,4 +150,4 @@ def test_more_ranks_than_cores_warns_and_a_batch_that_does_not_split_stops_befor
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"zoo: warning: --nproc {ranks} is more than this machine's") and "share them" in lines[0]
     assert lines[1:] == [f"zoo: error: --nproc {ranks}: TrainConfig.global_batch_size must be divisible by "
-                         f"micro_batch_size x world size (7 x {ranks} = {7 * ranks}); got 32"]  # once, no rank started
+                         f"micro_batch_size x data-parallel ranks (7 x {ranks} = {7 * ranks}); got 32"]  # once, no rank started

@@ -88,7 +88,7 @@ def test_chunked_dropout_saves_no_probabilities():
 
 def test_self_attention_layer_gqa_shapes_and_errors():
     layer = SelfAttention(64, heads=8, kv_heads=2, causal=True)
-    assert layer.qkv.out_features == (8 + 2 * 2) * 8
+    assert (layer.q.out_features, layer.k.out_features, layer.v.out_features) == (8 * 8, 2 * 8, 2 * 8)
     q, k, v = layer.project(torch.randn(3, 5, 64))
     assert q.shape == (3, 8, 5, 8) and k.shape == v.shape == (3, 2, 5, 8)
     assert layer(torch.randn(3, 5, 64)).shape == (3, 5, 64)
@@ -106,3 +106,16 @@ def test_self_attention_layer_gqa_shapes_and_errors():
         attention(q, k, v, key_padding_mask=torch.ones(2, 13))
     with pytest.raises(TypeError, match="share one floating dtype"):
         attention(q, k.double(), v)
+
+
+def test_self_attention_loads_a_fused_qkv_checkpoint():
+    """Checkpoints from before the projections were split hold one qkv.* with rows [q | k | v]."""
+    torch.manual_seed(5)
+    layer = SelfAttention(32, heads=4, kv_heads=2)
+    state = {k: v for k, v in layer.state_dict().items() if k.startswith("out.")}
+    for kind in ("weight", "bias"):
+        state[f"qkv.{kind}"] = torch.cat([layer.state_dict()[f"{name}.{kind}"] for name in "qkv"])
+    fresh = SelfAttention(32, heads=4, kv_heads=2)
+    fresh.load_state_dict(state)
+    x = torch.randn(2, 7, 32)
+    assert torch.equal(fresh(x), layer(x))

@@ -7,7 +7,7 @@
     "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels)
 
 State-dict names: patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W),
-blocks.N.{norm1,attn.qkv,attn.out,norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
+blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ class ViT(nn.Module):
             self.init_weights()
 
     def parallel_plan(self) -> ModelPlan:
-        """Each block is one shard and recompute unit; qkv/fc1 and out/fc2 are declared column- and
-        row-parallel for tensor parallelism, which the trainer does not apply yet."""
-        return block_plan("blocks.*")
+        """Each block is one shard and recompute unit and holds two tensor-parallel regions
+        (`block_plan`)."""
+        return block_plan("blocks.*", block_config(self.config))
 
     @torch.no_grad()
     def init_weights(self) -> None:

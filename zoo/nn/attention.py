@@ -16,9 +16,11 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from zoo.nn.dropout import SEED_BOUND, check_probability, draw_seed, keep_mask
 from zoo.nn.kv_cache import LayerKVCache
+from zoo.nn.rotary import apply_rotary
 
 SCORE_CHUNK_ELEMENTS = 1 << 23
 """Score elements per query chunk in `_ChunkedAttention` (32 MiB in float32)."""
@@ -149,12 +151,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention: one fused qkv projection (column-parallel), `attention()`, and
-    the output projection (row-parallel). `kv_heads` < `heads` gives grouped-query attention
-    (kv_heads = 1: multi-query). State-dict names: qkv.*, out.*."""
+    """Multi-head self-attention: query, key and value projections, `attention()`, and the output
+    projection. `kv_heads` < `heads` gives grouped-query attention (kv_heads = 1: multi-query).
+    State-dict names: q.*, k.*, v.*, out.* (a checkpoint with one fused qkv.* loads too).
+
+    The head counts of a call are read from the projections' output widths (`head_dim` columns a
+    head), so the layer also runs on a tensor-parallel shard that holds some of the heads."""
 
     def __init__(self, width: int, heads: int, kv_heads: int | None = None, *, bias: bool = True,
-                 causal: bool = False, dropout: float = 0.0) -> None:
+                 causal: bool = False, dropout: float = 0.0, recompute: bool = False) -> None:
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         if heads < 1 or width % heads:
@@ -163,22 +168,40 @@ class SelfAttention(nn.Module):
             raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
         check_probability("dropout", dropout)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
-        self.causal, self.dropout = causal, dropout
-        self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * self.head_dim, bias=bias)
+        self.causal, self.dropout, self.recompute = causal, dropout, recompute
+        self.q = nn.Linear(width, heads * self.head_dim, bias=bias)
+        self.k = nn.Linear(width, kv_heads * self.head_dim, bias=bias)
+        self.v = nn.Linear(width, kv_heads * self.head_dim, bias=bias)
         self.out = nn.Linear(width, width, bias=bias)
+        self._register_load_state_dict_pre_hook(self._split_fused_qkv)
+
+    def _split_fused_qkv(self, state_dict, prefix, *args) -> None:
+        """Checkpoints written before the projections were split hold qkv.* with rows [q | k | v]."""
+        for kind in ("weight", "bias"):
+            fused = state_dict.pop(f"{prefix}qkv.{kind}", None)
+            if fused is not None:
+                sizes = (self.q.out_features, self.k.out_features, self.v.out_features)
+                for name, piece in zip("qkv", fused.split(sizes)):
+                    state_dict[f"{prefix}{name}.{kind}"] = piece
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, S, W) -> q (B, heads, S, D), k and v (B, kv_heads, S, D): views of one projection."""
-        batch, length, _ = x.shape
-        qkv = self.qkv(x).view(batch, length, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
-        return qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
+        """x (B, S, W) -> q (B, Hq, S, D), k and v (B, Hkv, S, D), with the head counts those of
+        the projections' outputs."""
+        return tuple(self._heads(linear(x)) for linear in (self.q, self.k, self.v))
+
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:
+        return y.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
 
     def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-             cache: LayerKVCache | None = None) -> torch.Tensor:
-        """Projection and attention without the output projection: (B, S, W) -> (B, S, heads * D).
+             cache: LayerKVCache | None = None,
+             rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Projection and attention without the output projection: (B, S, W) -> (B, S, Hq * D).
         With `cache`, x holds the positions after the cached ones, whose keys and values join the
-        cache; key_padding_mask then covers all (B, cached + S) positions."""
+        cache; key_padding_mask then covers all (B, cached + S) positions. rotary: (cos, sin) tables
+        (S, D/2) rotating queries and keys (`zoo.nn.rotary`)."""
         q, k, v = self.project(x)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if cache is not None:
             k, v = cache.append(k, v)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
@@ -186,9 +209,18 @@ class SelfAttention(nn.Module):
         return y.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                cache: LayerKVCache | None = None) -> torch.Tensor:
-        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W)."""
-        return self.out(self.core(x, key_padding_mask, cache))
+                cache: LayerKVCache | None = None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W).
+
+        With `recompute` (and no cache), the projections and attention run again in backward
+        instead of keeping q, k, v: only x (which the preceding norm keeps anyway) is saved."""
+        if self.recompute and torch.is_grad_enabled() and cache is None:
+            y = checkpoint(self.core, x, key_padding_mask, None, rotary, use_reentrant=False)
+        else:
+            y = self.core(x, key_padding_mask, cache, rotary)
+        return self.out(y)
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, kv_heads={self.kv_heads}, causal={self.causal}, dropout={self.dropout}"
+        return (f"heads={self.heads}, kv_heads={self.kv_heads}, causal={self.causal}, dropout={self.dropout}, "
+                f"recompute={self.recompute}")

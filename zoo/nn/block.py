@@ -8,7 +8,7 @@ its output and a log-sum-exp:
              fc1 output (F), norm2 output (W, the next block's input)
 
 No dropout mask, no residual sum, no activation output and no norm input is kept.
-With `recompute_attention`, q, k, v are not kept either: the qkv projection and the attention
+With `recompute_attention`, q, k, v are not kept either: the q, k, v projections and the attention
 forward run again in backward (from the norm output the block keeps anyway), so a pre-LN block
 keeps 3W + F per token instead of 6W + 2 W_kv + F (plus one log-sum-exp per head).
 """
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from zoo.nn.activation import Activation
 from zoo.nn.attention import SelfAttention
@@ -58,8 +57,8 @@ class TransformerBlockConfig:
     eps: float = 1e-5
     """Normalisation epsilon."""
     recompute_attention: bool = False
-    """Recompute the qkv projection and attention in backward instead of keeping q, k, v
-    (about one extra qkv matmul and attention forward per step)."""
+    """Recompute the q, k, v projections and attention in backward instead of keeping q, k, v
+    (about one extra projection and attention forward per step)."""
 
     @property
     def mlp_width(self) -> int:
@@ -67,25 +66,19 @@ class TransformerBlockConfig:
 
 
 class TransformerBlock(nn.Module):
-    """One block: `attn` (qkv, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
-    key_padding_mask (B, S) bool or None) -> (B, S, W). It is one shard and recompute unit; its
-    plan declares qkv/fc1 column- and out/fc2 row-parallel (see `block_plan`), which no trainer
-    applies yet."""
+    """One block: `attn` (q, k, v, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
+    key_padding_mask (B, S) bool or None) -> (B, S, W). Its plan (`block_plan`) makes it one
+    shard and recompute unit, with attention and feed-forward as tensor-parallel regions."""
 
     def __init__(self, config: TransformerBlockConfig) -> None:
         super().__init__()
         self.config = config
         self.attn = SelfAttention(config.width, config.heads, config.kv_heads, bias=config.bias,
-                                  causal=config.causal, dropout=config.attention_dropout)
+                                  causal=config.causal, dropout=config.attention_dropout,
+                                  recompute=config.recompute_attention)
         self.mlp = FusedMLP(config.width, config.mlp_width, config.activation, bias=config.bias)
         self.norm1 = Norm(config.width, config.norm, config.eps, bias=config.bias)
         self.norm2 = Norm(config.width, config.norm, config.eps, bias=config.bias)
-
-    def _attend(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None,
-                cache: LayerKVCache | None) -> torch.Tensor:
-        if self.config.recompute_attention and torch.is_grad_enabled() and cache is None:
-            return checkpoint(self.attn.core, x, key_padding_mask, use_reentrant=False)
-        return self.attn.core(x, key_padding_mask, cache)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None) -> torch.Tensor:
@@ -93,14 +86,27 @@ class TransformerBlock(nn.Module):
         and values for incremental decoding (x then holds only the new positions)."""
         p = self.config.dropout
         if self.config.prenorm:
-            attended = self.attn.out(self._attend(self.norm1(x), key_padding_mask, cache))
+            attended = self.attn(self.norm1(x), key_padding_mask, cache)
             normed, residual = self.norm2(attended, x, p=p, prenorm=True)
             return dropout_add(self.mlp(normed), residual, p=p, training=self.training)
-        hidden = self.norm1(self.attn.out(self._attend(x, key_padding_mask, cache)), x, p=p)
+        hidden = self.norm1(self.attn(x, key_padding_mask, cache), x, p=p)
         return self.norm2(self.mlp(hidden), hidden, p=p)
 
 
-def block_plan(pattern: str) -> ModelPlan:
-    """The plan of a stack of `TransformerBlock`s whose names match `pattern` (e.g. "blocks.*")."""
-    return ModelPlan(blocks=(pattern,), colwise=(f"{pattern}.attn.qkv", f"{pattern}.mlp.fc1"),
-                     rowwise=(f"{pattern}.attn.out", f"{pattern}.mlp.fc2"))
+def block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
+    """The plan of a stack of `TransformerBlock`s of shape `config` whose names match `pattern`
+    (e.g. "blocks.*"): each block one shard and recompute unit; attention and feed-forward are the
+    tensor-parallel regions (q, k, v and fc1 column-, out and fc2 row-parallel; multi-query
+    attention's one key/value head is replicated), the norms run on sequence shards."""
+    kv = (f"{pattern}.attn.k", f"{pattern}.attn.v")
+    multi_query = config.heads > 1 and (config.kv_heads or config.heads) == 1
+    head_dim = config.width // config.heads
+    return ModelPlan(
+        blocks=(pattern,),
+        colwise=(f"{pattern}.attn.q", *(() if multi_query else kv), f"{pattern}.mlp.fc1"),
+        rowwise=(f"{pattern}.attn.out", f"{pattern}.mlp.fc2"),
+        replicated=kv if multi_query else (),
+        regions=(f"{pattern}.attn", f"{pattern}.mlp"),
+        heads=tuple((f"{pattern}.attn.{name}", head_dim) for name in "qkv"),
+        sequence_parallel=(f"{pattern}.norm1", f"{pattern}.norm2"),
+    )

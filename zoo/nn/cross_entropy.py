@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
 from zoo.nn.backend import Backend, resolve_backend
+from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy
 
 Reduction = Literal["mean", "sum"]
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
@@ -126,7 +128,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     chunk_size: tokens per chunk (default: about 8 M logit elements per chunk).
     backend: the chunk's loss and logit gradient by a Triton kernel or PyTorch (`zoo.nn.backend`).
     Returns the scalar float32 loss; its backward yields gradients for hidden, weight and bias.
+
+    A weight (and bias) split by vocabulary rows over a tensor-parallel group, a DTensor sharded
+    along dim 0 of a 1-D mesh, takes `zoo.nn.vocab_parallel`: each rank forms only its own logits
+    (PyTorch path), and the loss is the same on every rank.
     """
+    if isinstance(weight, DTensor):
+        return _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing, reduction, chunk_size)
     _check(hidden, weight, labels, bias, reduction, label_smoothing)
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
@@ -134,3 +142,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size,
                                      resolve_backend(backend, hidden))
+
+
+def _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing, reduction, chunk_size):
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is not None and (not isinstance(tensor, DTensor) or tensor.device_mesh.ndim != 1
+                                   or tuple(tensor.placements) != (Shard(0),)):
+            raise TypeError(f"a vocabulary-parallel {name} must be a DTensor sharded along dim 0 of a 1-D mesh; "
+                            f"got {type(tensor).__name__} {getattr(tensor, 'placements', '')}")
+    weight_local, bias_local = weight.to_local(), None if bias is None else bias.to_local()
+    _check(hidden, weight_local, labels, bias_local, reduction, label_smoothing)
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight_local.shape[0])
+    return VocabParallelLinearCrossEntropy.apply(hidden, weight_local, bias_local, labels, ignore_index,
+                                                 label_smoothing, reduction, chunk_size, weight.device_mesh.get_group())

@@ -1,0 +1,51 @@
+"""The global gradient norm and clipping over parameters split in different ways.
+
+Gradients may be plain tensors (whole on every rank), DTensors sharded over "dp" (ZeRO 2-3), over
+"tp" (tensor-parallel layers), or over both. Each rank squares and sums its local pieces, grouped
+by the mesh dimensions they are sharded over; one all-reduce per group over exactly those
+dimensions counts every element once (replicated copies are never added twice).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainers.optim import local_tensor
+
+
+def _sharded_groups(grad: torch.Tensor) -> tuple:
+    """The process groups of the mesh dimensions `grad` is sharded over (empty when whole)."""
+    if not isinstance(grad, DTensor):
+        return ()
+    mesh = grad.device_mesh
+    # Not `is_shard()`: FSDP2 under tensor parallelism shards along "dp" with a _StridedShard,
+    # which that test does not count.
+    return tuple(mesh.get_group(dim) for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
+
+
+def total_norm(grads: list[torch.Tensor]) -> float:
+    """The 2-norm of all of `grads` together, as if each were one whole tensor (collective)."""
+    sums: dict[tuple, torch.Tensor] = {}
+    for grad in grads:
+        groups = _sharded_groups(grad)
+        local = local_tensor(grad)
+        square = local.float().pow(2).sum() if local.numel() else torch.zeros((), device=local.device)
+        sums[groups] = sums[groups] + square if groups in sums else square
+    total = 0.0
+    for groups, value in sums.items():
+        value = value.double()
+        for group in groups:
+            dist.all_reduce(value, group=group)
+        total += value.item()
+    return math.sqrt(total)
+
+
+@torch.no_grad()
+def scale_gradients(grads: list[torch.Tensor], factor: float) -> None:
+    """Multiply every gradient in place by `factor` (their local pieces)."""
+    if factor != 1.0:
+        torch._foreach_mul_([local_tensor(g) for g in grads], factor)

@@ -1,0 +1,146 @@
+"""The autograd-aware collectives at the edges of tensor-parallel regions (Megatron's f, g and their
+sequence-parallel twins), over one process group, along one activation dimension.
+
+Each pairs a forward collective with the backward one that makes the gradient exact:
+
+    copy_to_group        identity          | all-reduce      region entry, whole activations
+    sum_over_group       all-reduce        | identity        region exit, whole activations
+    gather_from_shards   all-gather        | reduce-scatter  region entry, sequence shards
+    scatter_sum          reduce-scatter    | all-gather      region exit, sequence shards
+    split_to_shards      keep own shard    | all-gather      entering the sequence-sharded stretch
+    gather_whole         all-gather        | keep own shard  leaving it (the consumer's gradient is
+                                                             the same on every rank)
+    sum_gradient         identity          | all-reduce      a whole parameter used on shards
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((size * moved.shape[0], *moved.shape[1:]))
+    dist.all_gather_into_tensor(out, moved, group=group)
+    return out.movedim(0, dim)
+
+
+def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    moved = x.movedim(dim, 0).contiguous()
+    out = moved.new_empty((moved.shape[0] // size, *moved.shape[1:]))
+    dist.reduce_scatter_tensor(out, moved, group=group)
+    return out.movedim(0, dim)
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    x = x.contiguous().clone()
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _own_shard(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    return x.chunk(dist.get_world_size(group), dim)[dist.get_rank(group)].contiguous()
+
+
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _SumOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherFromShards(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _all_gather(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
+
+
+class _ScatterSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _reduce_scatter(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.dim, ctx.group), None, None
+
+
+class _SplitToShards(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _own_shard(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.dim, ctx.group), None, None
+
+
+class _GatherWhole(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group):
+        ctx.dim, ctx.group = dim, group
+        return _all_gather(x, dim, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _own_shard(grad, ctx.dim, ctx.group), None, None
+
+
+def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
+    """x, whole on every rank, entering a region whose ranks each use part of it."""
+    return _CopyToGroup.apply(x, group)
+
+
+def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:
+    """The sum over the group of each rank's partial x."""
+    return _SumOverGroup.apply(x, group)
+
+
+def gather_from_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Shards along `dim` (rank order) concatenated, entering a region."""
+    return _GatherFromShards.apply(x, dim, group)
+
+
+def scatter_sum(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """This rank's shard along `dim` of the sum over the group of each rank's partial x."""
+    return _ScatterSum.apply(x, dim, group)
+
+
+def split_to_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """This rank's shard along `dim` of x, whole and the same on every rank."""
+    return _SplitToShards.apply(x, dim, group)
+
+
+def gather_whole(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Shards along `dim` concatenated, leaving the sharded stretch for computation that is the
+    same on every rank."""
+    return _GatherWhole.apply(x, dim, group)
+
+
+def sum_gradient(x: torch.Tensor, group) -> torch.Tensor:
+    """x itself, whose gradient is summed over the group (a parameter each rank uses on its shard)."""
+    return _CopyToGroup.apply(x, group)
