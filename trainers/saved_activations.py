@@ -25,14 +25,15 @@ class SavedActivations(AbstractContextManager):
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
         self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
-        self._storages: dict[tuple[torch.device, int], int] = {}
+        self._storages: dict[tuple[torch.device, int], Any] = {}
+        """Storage (inside the context) or its bytes (after it) by (device, address)."""
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer not in self._excluded and pointer != 0:
-            self._storages[(tensor.device, pointer)] = storage.nbytes()
+            self._storages[(tensor.device, pointer)] = storage
         return tensor
 
     def __enter__(self) -> "SavedActivations":
@@ -41,11 +42,18 @@ class SavedActivations(AbstractContextManager):
 
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
+        # Sizes as the context ends: a storage given back and refilled in backward (a sequence-
+        # parallel region's gathered input) counts what it holds between forward and backward.
+        self._storages = {key: self._size(value) for key, value in self._storages.items()}
+
+    @staticmethod
+    def _size(storage) -> int:
+        return storage if isinstance(storage, int) else storage.nbytes()
 
     @property
     def bytes(self) -> int:
         """Total bytes of the distinct storages saved for backward."""
-        return sum(self._storages.values())
+        return sum(map(self._size, self._storages.values()))
 
     @property
     def count(self) -> int:

@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from trainers import tp_collectives as tpc
+from zoo.nn.vocab_parallel import vocab_first_row
 from zoo.plan import ModelPlan
 
 SEQUENCE_DIM = 1
@@ -101,6 +102,7 @@ class _Region:
     """Whether the output is a partial sum to reduce (and the row-parallel bias added after)."""
     swaps: list[_Swap] = field(default_factory=list)
     biases: list[torch.Tensor | None] = field(default_factory=list)
+    inputs: list[tpc.GatheredInput | None] = field(default_factory=list)
 
 
 def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bool) -> dict[str, list[str]]:
@@ -130,7 +132,9 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
         divides(name, modules[name].in_features, "input features")
     for name in names["vocab_parallel"]:
         embedding = modules[name]
-        divides(name, embedding.num_embeddings, "vocabulary rows")
+        if vocab_first_row(embedding.num_embeddings, tp, tp - 1) >= embedding.num_embeddings:
+            raise ValueError(f"Strategy.tp={tp} leaves a rank without rows of the {embedding.num_embeddings} "
+                             f"vocabulary rows of {name!r}")
         if embedding.padding_idx is not None or embedding.max_norm is not None:
             raise ValueError(f"ModelPlan.vocab_parallel names {name!r}, an nn.Embedding with padding_idx or "
                              "max_norm, which a vocabulary split does not support")
@@ -204,16 +208,6 @@ class TensorParallel:
             for name in names["sequence_gather"]:
                 modules[name].register_forward_hook(self._gather_output)
 
-    def _enter(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            return tpc.gather_from_shards(x, SEQUENCE_DIM, self.group)
-        return tpc.copy_to_group(x, self.group)
-
-    def _leave(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            return tpc.scatter_sum(x, SEQUENCE_DIM, self.group)
-        return tpc.sum_over_group(x, self.group)
-
     def _hook_region(self, module: nn.Module, region: _Region) -> None:
         def before(_module, args, kwargs):
             self.stream.enter()
@@ -233,17 +227,28 @@ class TensorParallel:
                 swap.put(linear, "bias", None)
             region.swaps.append(swap)
             region.biases.append(bias)
-            if region.enter:
-                args = (self._enter(args[0]), *args[1:])
+            gathered = None
+            if region.enter and self.sequence_parallel:
+                gathered = tpc.GatheredInput(args[0], SEQUENCE_DIM, self.group)
+                args = (gathered.full, *args[1:])
+            elif region.enter:
+                args = (tpc.copy_to_group(args[0], self.group), *args[1:])
+            region.inputs.append(gathered)
             return args, kwargs
 
         def after(_module, args, kwargs, output):
             self.stream.leave()
             region.swaps.pop().restore()
-            bias = region.biases.pop()
+            bias, gathered = region.biases.pop(), region.inputs.pop()
             if not region.leave:
                 return output
-            output = self._leave(output)
+            if self.sequence_parallel:
+                output = tpc.scatter_sum(output, SEQUENCE_DIM, self.group,
+                                         None if gathered is None or not torch.is_grad_enabled() else gathered.refill)
+                if gathered is not None:
+                    gathered.release()
+            else:
+                output = tpc.sum_over_group(output, self.group)
             if bias is None:
                 return output
             if self.sequence_parallel:  # added to this rank's tokens only: its gradient is partial
@@ -258,8 +263,8 @@ class TensorParallel:
         module.register_forward_hook(lambda *_: self.stream.leave(), always_call=True)
 
     def _hook_embedding(self, embedding: nn.Embedding) -> None:
-        rows = embedding.num_embeddings // self.size
-        first = self.mesh.get_local_rank() * rows
+        first = vocab_first_row(embedding.num_embeddings, self.size, self.mesh.get_local_rank())
+        rows = _local(embedding.weight).shape[0]
         state: list[tuple[_Swap, torch.Tensor]] = []
 
         def before(_module, args):

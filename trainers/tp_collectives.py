@@ -5,7 +5,8 @@ Each pairs a forward collective with the backward one that makes the gradient ex
 
     copy_to_group        identity          | all-reduce      region entry, whole activations
     sum_over_group       all-reduce        | identity        region exit, whole activations
-    gather_from_shards   all-gather        | reduce-scatter  region entry, sequence shards
+    GatheredInput        all-gather        | reduce-scatter  region entry, sequence shards (its
+                                                             storage freed between the passes)
     scatter_sum          reduce-scatter    | all-gather      region exit, sequence shards
     split_to_shards      keep own shard    | all-gather      entering the sequence-sharded stretch
     gather_whole         all-gather        | keep own shard  leaving it (the consumer's gradient is
@@ -24,7 +25,7 @@ def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((size * moved.shape[0], *moved.shape[1:]))
     dist.all_gather_into_tensor(out, moved, group=group)
-    return out.movedim(0, dim)
+    return out.movedim(0, dim).contiguous()
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -79,13 +80,40 @@ class _GatherFromShards(torch.autograd.Function):
 
 class _ScatterSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
+    def forward(ctx, x, dim, group, refill):
+        ctx.dim, ctx.group, ctx.refill = dim, group, refill
         return _reduce_scatter(x, dim, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad, ctx.dim, ctx.group), None, None
+        if ctx.refill is not None:
+            ctx.refill()
+        return _all_gather(grad, ctx.dim, ctx.group), None, None, None
+
+
+class GatheredInput:
+    """A region's all-gathered input whose storage is given back after the region's forward and
+    gathered again from this rank's shard when its backward starts (Megatron-LM's sequence
+    parallelism does the same): the region's layers save the whole input (B, S, W), but between
+    forward and backward each rank keeps only its shard (B, S/tp, W)."""
+
+    def __init__(self, shard: torch.Tensor, dim: int, group) -> None:
+        self.shard, self.dim, self.group = shard.detach(), dim, group
+        self.full = _GatherFromShards.apply(shard, dim, group)
+        self.nbytes = self.full.untyped_storage().nbytes()
+
+    def release(self) -> None:
+        """Free the storage (the tensor and the views the region saved keep their shapes)."""
+        self.full.untyped_storage().resize_(0)
+
+    def refill(self) -> None:
+        """Gather the shards into the storage again."""
+        if self.full.untyped_storage().nbytes():
+            return
+        gathered = _all_gather(self.shard, self.dim, self.group)
+        self.full.untyped_storage().resize_(self.nbytes)
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.full):
+            self.full.copy_(gathered)
 
 
 class _SplitToShards(torch.autograd.Function):
@@ -120,14 +148,10 @@ def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:
     return _SumOverGroup.apply(x, group)
 
 
-def gather_from_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Shards along `dim` (rank order) concatenated, entering a region."""
-    return _GatherFromShards.apply(x, dim, group)
-
-
-def scatter_sum(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """This rank's shard along `dim` of the sum over the group of each rank's partial x."""
-    return _ScatterSum.apply(x, dim, group)
+def scatter_sum(x: torch.Tensor, dim: int, group, refill=None) -> torch.Tensor:
+    """This rank's shard along `dim` of the sum over the group of each rank's partial x; `refill`
+    (a `GatheredInput.refill`) runs first in backward."""
+    return _ScatterSum.apply(x, dim, group, refill)
 
 
 def split_to_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:

@@ -168,7 +168,7 @@ class FeedForwardLM(nn.Module):
     a vocabulary-parallel embedding, two residual feed-forward layers whose column- and
     row-parallel linears are their own regions, a LayerNorm and a whole linear head."""
 
-    def __init__(self, vocab: int = 48, width: int = 32, hidden: int = 64) -> None:
+    def __init__(self, vocab: int = 49, width: int = 32, hidden: int = 64) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(vocab, width)
@@ -188,8 +188,11 @@ class FeedForwardLM(nn.Module):
         return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}
 
 
-TP_MODELS = {"gpt": lambda: tiny_gpt(bias=True), "mqa": lambda: tiny_gpt(n_head=4, n_kv_head=1), "custom": FeedForwardLM}
-"""Models of the tensor-parallel parity runs (GPT with biases: row-parallel biases are added once)."""
+TP_MODELS = {"gpt": lambda: tiny_gpt(bias=True), "mqa": lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49),
+             "custom": FeedForwardLM}
+"""Models of the tensor-parallel parity runs: GPT with biases (row-parallel biases are added once),
+multi-query GPT (keys and values replicated), the model above; the last two with 49 vocabulary rows,
+which split unevenly (25 + 24)."""
 
 
 def tp_config(**overrides) -> TrainConfig:

@@ -31,8 +31,9 @@ def test_gpt_plan_resolves_and_checks_divisibility():
         check_plan(model := tiny_gpt(), model.parallel_plan(), 4, False)
     with pytest.raises(ValueError, match=r"Strategy.tp=4 must divide the 2 heads of 'blocks.0.attn.k'"):
         check_plan(model := tiny_gpt(n_head=4, n_kv_head=2), model.parallel_plan(), 4, False)
-    with pytest.raises(ValueError, match=r"Strategy.tp=2 must divide the 49 vocabulary rows of 'embeddings.word'"):
-        check_plan(model := tiny_gpt(vocab_size=49), model.parallel_plan(), 2, False)
+    check_plan(model := tiny_gpt(vocab_size=49), model.parallel_plan(), 2, False)  # 25 + 24 rows
+    with pytest.raises(ValueError, match=r"Strategy.tp=4 leaves a rank without rows of the 3 vocabulary rows"):
+        check_plan(model := tiny_gpt(vocab_size=3, n_head=4), model.parallel_plan(), 4, False)
 
 
 def test_multi_query_keys_and_values_are_replicated():

@@ -17,7 +17,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from zoo.nn.backend import Backend, resolve_backend
-from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy
+from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy, vocab_first_row
 
 Reduction = Literal["mean", "sum"]
 DEFAULT_CHUNK_ELEMENTS = 1 << 23
@@ -154,5 +154,7 @@ def _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing,
     _check(hidden, weight_local, labels, bias_local, reduction, label_smoothing)
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight_local.shape[0])
-    return VocabParallelLinearCrossEntropy.apply(hidden, weight_local, bias_local, labels, ignore_index,
-                                                 label_smoothing, reduction, chunk_size, weight.device_mesh.get_group())
+    mesh, vocab = weight.device_mesh, weight.shape[0]
+    first = vocab_first_row(vocab, mesh.size(), mesh.get_local_rank())
+    return VocabParallelLinearCrossEntropy.apply(hidden, weight_local, bias_local, labels, first, vocab, ignore_index,
+                                                 label_smoothing, reduction, chunk_size, mesh.get_group())

@@ -1,8 +1,8 @@
 """The fused linear + cross-entropy over an output head split by vocabulary rows across a process
 group (tensor parallelism), never gathering the logits.
 
-Each rank holds rows [first, first + V/tp) of the weight and forms, chunk by chunk, only its own
-(C, V/tp) logits. Three all-reduces per chunk make the loss exact: the maximum of each row, then
+Each rank holds rows [first, first + R) of the weight (R about V/tp) and forms, chunk by chunk,
+only its own (C, R) logits. Three all-reduces per chunk make the loss exact: the maximum of each row, then
 (in one call) the sum of exponentials, the target's logit (held by one rank) and, with label
 smoothing, the sum of logits. The logit gradient (softmax - target) stays local; the hidden
 gradient, a sum over vocabulary shards, is all-reduced once at the end.
@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+
+def vocab_first_row(vocab: int, size: int, rank: int) -> int:
+    """First row held by `rank` of a vocabulary split over `size` ranks as DTensor's Shard(0) splits
+    it (torch.chunk: ceil(vocab / size) rows each, the last ranks fewer): any vocabulary size
+    splits, with no padding rows."""
+    return rank * -(-vocab // size)
 
 
 def _chunk(h, y, keep, weight_local, bias_local, first, vocab, label_smoothing, scale, group):
@@ -40,15 +47,15 @@ def _chunk(h, y, keep, weight_local, bias_local, first, vocab, label_smoothing, 
 
 
 class VocabParallelLinearCrossEntropy(torch.autograd.Function):
-    """forward(hidden (N, H), weight_local (V/tp, H), bias_local (V/tp,) or None, labels (N,),
+    """forward(hidden (N, H), weight_local (R, H), bias_local (R,) or None, labels (N,), first, vocab,
     ignore_index, label_smoothing, reduction, chunk_size, group) -> scalar float32 loss, the same on
-    every rank of `group`; hidden and labels are whole and the same on every rank."""
+    every rank of `group`: this rank holds rows [first, first + R) of the `vocab`; hidden and labels
+    are whole and the same on every rank."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size, group):
-        size, rank = dist.get_world_size(group), dist.get_rank(group)
+    def forward(ctx, hidden, weight, bias, labels, first, vocab, ignore_index, label_smoothing, reduction, chunk_size,
+                group):
         rows = weight.shape[0]
-        first, vocab = rank * rows, rows * size
         valid = labels != ignore_index
         count = valid.sum()
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -85,5 +92,5 @@ class VocabParallelLinearCrossEntropy(torch.autograd.Function):
             None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
             None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
             None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None,
         )
