@@ -149,19 +149,34 @@ def live_tensor_bytes() -> dict[str, int]:
     return dict(totals)
 
 
+def _split_over_tp(param: torch.Tensor) -> bool:
+    """Whether `param` is split over the "tp" mesh dimension (a tensor-parallel layer's weight)."""
+    if not isinstance(param, DTensor) or "tp" not in (param.device_mesh.mesh_dim_names or ()):
+        return False
+    return not param.placements[param.device_mesh.mesh_dim_names.index("tp")].is_replicate()
+
+
 def estimate_memory(model_or_numel: nn.Module | int, strategy: Strategy, world_size: int) -> dict[str, float]:
     """Model-state bytes per rank predicted by the ZeRO paper (Rajbhandari et al., 2020, sec. 5).
 
-    With Psi parameters and N ranks: fp32 training keeps 4 Psi parameter, 4 Psi gradient and
-    K = 8 Psi Adam bytes; mixed precision (bf16/fp16) keeps 2 Psi + 2 Psi and K = 12 Psi (fp32
+    With Psi parameters and N data-parallel ranks: fp32 training keeps 4 Psi parameter, 4 Psi gradient
+    and K = 8 Psi Adam bytes; mixed precision (bf16/fp16) keeps 2 Psi + 2 Psi and K = 12 Psi (fp32
     master copy and both moments). Stage 1 divides the optimizer term by N, stage 2 also the
     gradients, stage 3 also the parameters. Offloaded terms move from "device" to "cpu".
 
+    Under tensor parallelism N = world_size / strategy.tp and Psi counts one tensor-parallel rank's
+    parameters: a parallelised model's split parameters count 1/tp of their elements (an int
+    `model_or_numel` is taken as that count already).
+
     Returns bytes per rank: parameters, gradients, optimizer, total, and the device/cpu split.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1; got {world_size}")
-    numel = model_or_numel if isinstance(model_or_numel, int) else sum(p.numel() for p in model_or_numel.parameters())
+    if world_size < 1 or world_size % strategy.tp:
+        raise ValueError(f"world_size must be a positive multiple of Strategy.tp={strategy.tp}; got {world_size}")
+    if isinstance(model_or_numel, int):
+        numel = model_or_numel
+    else:
+        numel = sum(-(-p.numel() // strategy.tp) if _split_over_tp(p) else p.numel() for p in model_or_numel.parameters())
+    world_size //= strategy.tp
     param_bytes, grad_bytes, optim_bytes = (4, 4, 8) if strategy.precision == "fp32" else (2, 2, 12)
     shards = {
         "parameters": world_size if strategy.zero >= 3 else 1,

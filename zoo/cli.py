@@ -13,11 +13,12 @@ from typing import Any
 from zoo.commands import commands as domain_commands
 from zoo.logs import LEVELS, configure_logging
 from zoo.model_folder import CARD_FILE
-from zoo.recipe_options import help_text
+from zoo.recipe_options import help_text, options
 from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import list_models, locate, read_config
 
-TRAIN_USAGE = "zoo train RECIPE [--nproc N] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)"
+TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--OPTION VALUE ...]   "
+               "(zoo train RECIPE --help lists its options)")
 
 
 def _parse_overrides(words: list[str]) -> dict[str, str]:
@@ -51,22 +52,37 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def check_ranks(config: Any, nproc: int) -> None:
-    """Before any process starts: --nproc must be >= 1 and split every TrainConfig's global batch
-    into whole micro batches per rank; more ranks than cores is allowed, with a warning."""
-    from trainers import TrainConfig
+    """Before any process starts: --nproc must be >= 1, a multiple of the strategy's tensor-parallel
+    degree, and split every TrainConfig's global batch into whole micro batches per data-parallel
+    rank; more ranks than cores is allowed, with a warning."""
+    from trainers import Strategy, TrainConfig
     from trainers.data import check_batch_sizes
 
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {nproc}")
+    values = _dataclass_values(config)
+    tp = max((value.tp for value in values if isinstance(value, Strategy)), default=1)
+    if nproc % tp:
+        raise ValueError(f"--nproc {nproc} must be a multiple of the tensor-parallel degree --tp {tp}")
     cores = os.cpu_count() or 1
     if nproc > cores:
         print(f"zoo: warning: --nproc {nproc} is more than this machine's {cores} cores; the ranks will share them",
               file=sys.stderr)
-    for train in (value for value in _dataclass_values(config) if isinstance(value, TrainConfig)):
+    for train in (value for value in values if isinstance(value, TrainConfig)):
         try:
-            check_batch_sizes(train.global_batch_size, train.micro_batch_size, nproc)
+            check_batch_sizes(train.global_batch_size, train.micro_batch_size, nproc // tp)
         except ValueError as error:
-            raise ValueError(f"--nproc {nproc}: {error}") from None
+            raise ValueError(f"--nproc {nproc}{f' --tp {tp}' if tp > 1 else ''}: {error}") from None
+
+
+def parallel_overrides(args: argparse.Namespace, config: Any) -> list[str]:
+    """--tp and --sequence-parallel as the recipe options they stand for (strategy.tp,
+    strategy.sequence_parallel); ValueError for a recipe without a strategy."""
+    words = (["--strategy.tp", str(args.tp)] if args.tp is not None else []) + (
+        ["--strategy.sequence_parallel", "true"] if args.sequence_parallel else [])
+    if words and not any(option.name == "strategy.tp" for option in options(config)):
+        raise ValueError(f"--tp and --sequence-parallel set the recipe's strategy; {type(config).__name__} has none")
+    return words
 
 
 def _dataclass_values(config: Any) -> list[Any]:
@@ -83,9 +99,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     if args.help:
         print(help_text(recipe.name, recipe.description, recipe.config_class()), end="")
         return
+    rest = [*rest, *parallel_overrides(args, recipe.config_class())]
     config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
-    check_ranks(config, args.nproc)
-    if args.nproc > 1 and "RANK" not in os.environ:
+    launched = "RANK" in os.environ  # a rank torchrun started: the world is torchrun's
+    check_ranks(config, int(os.environ["WORLD_SIZE"]) if launched else args.nproc)
+    if args.nproc > 1 and not launched:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                    "-m", "zoo.cli", "train", args.recipe, *rest]
         environment = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
@@ -118,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("recipe", nargs="?")
     train.add_argument("-h", "--help", action="store_true", help="list the recipe's options")
     train.add_argument("--nproc", type=int, default=1, help="processes (ranks); >1 launches torchrun")
+    train.add_argument("--tp", type=int, default=None,
+                       help="tensor-parallel degree (--strategy.tp): ranks that split each layer; divides --nproc")
+    train.add_argument("--sequence-parallel", action="store_true",
+                       help="with --tp, split activations along the sequence too (--strategy.sequence_parallel)")
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")

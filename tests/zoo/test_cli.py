@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from zoo.model_folder import CARD_FILE
+
 ZOO = str(Path(sys.executable).parent / "zoo")  # the console script installed beside this python
 
 
@@ -60,10 +62,13 @@ def test_bad_override_is_reported_without_a_traceback():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("tokenizer,zero,vocab", [("char", "3", 84), ("gpt2", "1", 50257)])
-def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, vocab):
+@pytest.mark.parametrize("tokenizer,zero,vocab,parallel", [
+    ("char", "3", 84, ()), ("gpt2", "1", 50257, ()),
+    ("char", "3", 84, ("--tp", "2", "--sequence-parallel")),  # 84 characters: 42 vocabulary rows a rank
+])
+def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, vocab, parallel):
     out = tmp_path / "gpt"
-    result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", "--tokenizer", tokenizer, "--strategy.zero", zero,
+    result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", *parallel, "--tokenizer", tokenizer, "--strategy.zero", zero,
                      "--train.max_steps", "4", "--train.eval_batches", "2", "--train.progress", "false",
                      "--train.output_dir", str(tmp_path / "run"), "--model.n_layer", "1", "--model.n_embd", "32",
                      "--sample_tokens", "20", "--output", str(out), timeout=280)
@@ -87,6 +92,8 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
         assert 0.1 * metrics["validation_loss"] < metrics["validation_bits_per_character"] < metrics["validation_loss"]
     generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
+    if parallel:  # the card's command reproduces the layout
+        assert "--strategy.tp 2 --strategy.sequence_parallel true" in (out / CARD_FILE).read_text()
 
 
 def test_export_writes_a_folder_transformers_loads(tmp_path):
@@ -133,6 +140,10 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
         (("fold", "fold-tiny", "MKTAYIAKQR", "-o", str(tmp_path / "out.pdb"), "--recycles", "-3"),
          "recycles must be an int >= 0 (or None for the model's own); got -3"),
         (("train", "gpt_shakespeare", "--nproc", "-3"), "--nproc must be >= 1; got -3"),
+        (("train", "gpt_shakespeare", "--nproc", "3", "--tp", "2"),
+         "--nproc 3 must be a multiple of the tensor-parallel degree --tp 2"),
+        (("train", "gpt_shakespeare", "--nproc", "2", "--sequence-parallel"),
+         "Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks and needs Strategy.tp > 1"),
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
          "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
     ]
