@@ -15,6 +15,8 @@ mlp.fc1,mlp.fc2,norm2}.*, pooler.*, mlm_transform.*, mlm_norm.*, mlm_bias, class
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -63,8 +65,11 @@ class Bert(nn.Module):
 
     def parallel_plan(self) -> ModelPlan:
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
-        (`block_plan`)."""
-        return block_plan("blocks.*", block_config(self.config))
+        (`block_plan`); under sequence parallelism the blocks run on sequence shards, split after
+        the embeddings and gathered after the last block for the heads. The embeddings and heads
+        stay whole (the MLM bias is no module a plan can split)."""
+        blocks = block_plan("blocks.*", block_config(self.config))
+        return replace(blocks, sequence_split=("embeddings",), sequence_gather=(f"blocks.{len(self.blocks) - 1}",))
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -30,6 +30,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "asr")]
 
 from asr.data import collate_speech  # noqa: E402
+from nlp.bert import Bert, BertConfig  # noqa: E402
+from vision.vit import ViT, ViTConfig  # noqa: E402
 from helpers import lm_examples, tiny_gpt  # noqa: E402
 from tiny_transducer import tiny, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
@@ -188,11 +190,60 @@ class FeedForwardLM(nn.Module):
         return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}
 
 
-TP_MODELS = {"gpt": lambda: tiny_gpt(bias=True), "mqa": lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49),
-             "custom": FeedForwardLM}
-"""Models of the tensor-parallel parity runs: GPT with biases (row-parallel biases are added once),
-multi-query GPT (keys and values replicated), the model above; the last two with 49 vocabulary rows,
-which split unevenly (25 + 24)."""
+def mlm_examples(count: int) -> list[dict[str, torch.Tensor]]:
+    """BERT masked-LM examples of 16 tokens, the last ones of some padded, every fourth labelled."""
+    generator = torch.Generator().manual_seed(3)
+    examples = []
+    for index in range(count):
+        ids = torch.randint(1, 50, (16,), generator=generator)
+        mask = (torch.arange(16) < 16 - index % 5).long()
+        labels = torch.where((torch.arange(16) % 4 == 1) & (mask == 1), ids, -100)
+        examples.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return examples
+
+
+def digit_examples(count: int) -> list[dict[str, torch.Tensor]]:
+    """8x8 one-channel images of 3 classes (a bright row at the class's place, plus noise)."""
+    generator = torch.Generator().manual_seed(4)
+    examples = []
+    for index in range(count):
+        image = 0.1 * torch.randn(1, 8, 8, generator=generator)
+        image[0, 2 * (index % 3)] += 1.0
+        examples.append({"pixel_values": image, "labels": torch.tensor(index % 3)})
+    return examples
+
+
+def speech_examples(count: int) -> list[dict[str, torch.Tensor]]:
+    features, mask, labels = token_utterances(count, seed=5)
+    return [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
+
+
+TP_MODELS = {
+    "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
+    "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
+    "custom": (FeedForwardLM, lm_examples, None),
+    "bert": (lambda: tiny_bert(), mlm_examples, None),
+    "vit": (lambda: tiny_vit(), digit_examples, None),
+    "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
+}
+"""Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
+(row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
+(the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
+a ViT classifier, the Conformer transducer."""
+
+
+def tiny_bert() -> nn.Module:
+    torch.manual_seed(0)
+    return Bert(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=24, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, head="mlm"))
+
+
+def tiny_vit() -> nn.Module:
+    torch.manual_seed(0)
+    return ViT(ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, intermediate_size=64, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, num_labels=3))
 
 
 def tp_config(**overrides) -> TrainConfig:
@@ -205,15 +256,16 @@ def tensor_parallel(out: str, *runs: str) -> None:
     for run in runs:
         model, tp, zero, sequence_parallel = run.split("/")
         strategy = Strategy(zero=int(zero), tp=int(tp), sequence_parallel=sequence_parallel == "1")
-        trainer = Trainer(TP_MODELS[model](), tp_config(), strategy)
-        history = trainer.fit(lm_examples(64))
+        build, examples, collate = TP_MODELS[model]
+        trainer = Trainer(build(), tp_config(), strategy)
+        history = trainer.fit(examples(64), collate_fn=collate)
         results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
 
 
 def tp_save(directory: str) -> None:
-    trainer = Trainer(TP_MODELS["gpt"](), tp_config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
+    trainer = Trainer(TP_MODELS["gpt"][0](), tp_config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
                       Strategy(zero=3, tp=2))
     history = trainer.fit(lm_examples(64))
     params = trainer.full_state_dict()

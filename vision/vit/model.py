@@ -65,7 +65,7 @@ class ViT(nn.Module):
 
     def parallel_plan(self) -> ModelPlan:
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
-        (`block_plan`)."""
+        (`block_plan`). No sequence parallelism: 1 + (image / patch)^2 positions rarely split."""
         return block_plan("blocks.*", block_config(self.config))
 
     @torch.no_grad()
