@@ -84,3 +84,19 @@ def test_regions_draw_from_each_ranks_stream_and_short_sequences_are_refused(tmp
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["inside"], second["inside"])
     assert "sequence length must be divisible by it, got 15" in result["error"]
+
+
+def test_saved_activations_per_rank_follow_the_block_formula(tmp_path):
+    """GPT's pre-LN block keeps, per token in fp32: both norm outputs and their rstd (2W + 2), whole
+    on every rank under tp alone; q, k, v, the attention output, its log-sum-exp and fc1's output
+    (4W + F + a), split over tp; with sequence parallelism all of it split (the regions' gathered
+    inputs are given back between forward and backward). Width 32, F = 128, 4 heads, 32 tokens."""
+    saved = {}
+    for nproc in (1, 2, 4):
+        torchrun(nproc, "tp_activations", str(tmp_path / f"{nproc}.pt"))
+        saved[nproc] = torch.load(tmp_path / f"{nproc}.pt")
+    tokens, whole, split = 32, 2 * 32 + 2, 4 * 32 + 128 + 4
+    assert saved[1][False] == 4 * tokens * (whole + split)
+    for tp in (2, 4):
+        assert saved[tp][False] == 4 * tokens * (whole + split // tp)
+        assert saved[tp][True] == 4 * tokens * (whole + split) // tp

@@ -11,12 +11,14 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  train each model and layout 3 steps: params + losses
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
     worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
+    worker.py tp_activations OUT                   saved bytes of GPT's first block under tp = world (and + SP)
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    error of a sequence that sequence parallelism cannot split
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -284,6 +286,33 @@ def tp_resume(directory: str, tp: str, zero: str, out: str) -> None:
         torch.save({"loaded": loaded, "params": params, "losses": [r["loss"] for r in history]}, out)
 
 
+def tp_activations(out: str) -> None:
+    """Bytes autograd keeps for GPT's first block (width 32, 4 heads, 2 x 16 tokens), split over
+    all ranks by tensor parallelism, without and with sequence parallelism."""
+    from torch.distributed.tensor import DTensor
+
+    from trainers.distributed import setup_distributed
+    from trainers.saved_activations import SavedActivations
+    from trainers.tensor_parallel import apply_tensor_parallel
+    from zoo.plan import model_plan
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    env = setup_distributed(world)
+    results = {}
+    for sequence_parallel in (False, True) if world > 1 else (False,):
+        model = tiny_gpt(n_head=4)
+        if world > 1:
+            apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel)
+        saved = SavedActivations(exclude=[p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()])
+        model.blocks[0].register_forward_pre_hook(lambda *_: saved.__enter__() and None)
+        model.blocks[0].register_forward_hook(lambda *_: saved.__exit__(None, None, None))
+        ids = torch.stack([e["input_ids"] for e in lm_examples(2)])
+        model(ids, labels=ids)["loss"].backward()
+        results[sequence_parallel] = saved.bytes
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
 def tp_checks(out: str) -> None:
     """Draws inside a region come from each rank's own stream, outside from the shared one; a
     sequence of 15 positions cannot be split over 2 ranks."""
@@ -327,6 +356,6 @@ if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
      "transducer": transducer, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
-     "tp_resume": tp_resume, "tp_checks": tp_checks}[command](*arguments)
+     "tp_resume": tp_resume, "tp_checks": tp_checks, "tp_activations": tp_activations}[command](*arguments)
     shutdown_distributed()
     exit_process(0)
