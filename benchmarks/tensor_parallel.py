@@ -2,7 +2,8 @@
 
     python benchmarks/tensor_parallel.py [--ranks 1 2 4] [--out benchmarks/results/tensor_parallel.jsonl]
 
-For each world size it launches torchrun (gloo on CPU) running this file with --worker, which measures
+For each world size it launches torchrun (gloo on CPU; NCCL with MEMZOO_DEVICE=cuda on a machine
+with a GPU per rank) running this file with --worker, which measures
 for each layout that fits the world:
 - model states at ZeRO-3 (parameters, gradients, AdamW state at rest: the trainer's memory report
   after 2 steps) beside one process's divided by dp x tp;
@@ -96,7 +97,8 @@ def block_formula(shape: dict, tp: int, sequence_parallel: bool) -> int:
 
 
 def tp_model(shape: dict, tp: int, sequence_parallel: bool):
-    """GPT of `shape` split over the "tp" dimension of this job's mesh (no FSDP: only TP's traffic)."""
+    """GPT of `shape` split over the "tp" dimension of this job's mesh (no FSDP: only TP's traffic),
+    and the device it runs on."""
     from nlp.gpt import GPT, GPTConfig
     from trainers.distributed import setup_distributed
     from trainers.tensor_parallel import apply_tensor_parallel
@@ -104,10 +106,10 @@ def tp_model(shape: dict, tp: int, sequence_parallel: bool):
 
     env = setup_distributed(tp)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**shape, bias=False, dropout=0.0))
+    model = GPT(GPTConfig(**shape, bias=False, dropout=0.0)).to(env.device)
     if tp > 1:
         apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel)
-    return model
+    return model, env.device
 
 
 def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> dict:
@@ -116,9 +118,9 @@ def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> di
     from trainers.saved_activations import SavedActivations
     from zoo.nn.logits import loss_only
 
-    model = tp_model(shape, tp, sequence_parallel)
+    model, device = tp_model(shape, tp, sequence_parallel)
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, shape["vocab_size"], (BATCH, shape["block_size"]), generator=generator)
+    ids = torch.randint(0, shape["vocab_size"], (BATCH, shape["block_size"]), generator=generator).to(device)
     params = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
     saved = SavedActivations(exclude=params)
     block = model.blocks[0]
@@ -231,7 +233,9 @@ def main() -> None:
                        check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                                         "MEMZOO_DEVICE": os.environ.get("MEMZOO_DEVICE", "cpu")})
     rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
-    print(f"device: CPU ({os.cpu_count()} cores), gloo; torch {torch.__version__}; {time.time() - started:.0f} s\n")
+    on_gpu = os.environ.get("MEMZOO_DEVICE") == "cuda"
+    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL" if on_gpu else f"CPU ({os.cpu_count()} cores), gloo"
+    print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
     print(tables(rows))
 
 
