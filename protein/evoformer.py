@@ -13,6 +13,12 @@ independent in; `chunk_size` (None: whole) bounds the intermediate tensors, and 
 the LayerNorms run inside the chunks (`per_chunk`), so no normalised pair is kept for backward.
 Residual updates are added out of place when a gradient is needed, and in place into msa and
 pair otherwise (inference, the no-grad recycles): under no_grad the inputs are consumed.
+
+Dynamic axial parallelism (FastFold): under a trainer's tensor parallelism the MSA arrives split by
+rows and the pair by its first residue; the `zoo.axial` annotations mark the few places that need
+another layout (identities on one device): the pair biases gathered whole, column attention and
+the ending-node triangle attention on the transposed split (all-to-all), the outer product mean on
+MSA columns with b gathered, the triangle multiplications' b (and the incoming one's a) gathered.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import nn
 from protein.attention import GatedAttention, mask_bias
 from protein.chunking import chunked, per_chunk
 from protein.precision import LayerNorm, float32_einsum
+from zoo import axial
 from zoo.nn import dropout
 
 
@@ -102,7 +109,7 @@ class MSARowAttention(nn.Module):
     def forward(self, msa, pair, msa_mask, chunk_size=None):
         source, norm = per_chunk(self.pair_norm, pair, chunk_size)
         bias = chunked(lambda rows: self.pair_bias(norm(rows)), (source,), 1, chunk_size)
-        bias = bias.permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L)
+        bias = axial.gather(bias, 1).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L)
         return chunked(lambda m, mask, pair_bias: self.attention(self.norm(m), pair_bias + mask_bias(mask)),
                        (msa, msa_mask), 1, chunk_size, whole=(bias,))
 
@@ -116,9 +123,9 @@ class MSAColumnAttention(nn.Module):
         self.attention = GatedAttention(config.msa_dim, config.msa_heads, config.head_dim)
 
     def forward(self, msa, msa_mask, chunk_size=None):
-        columns, mask = msa.transpose(1, 2), msa_mask.transpose(1, 2)  # (B, L, S, Cm)
+        columns, mask = (axial.reshard(t.transpose(1, 2), 2, 1) for t in (msa, msa_mask))  # (B, L, S, Cm)
         update = chunked(lambda m, k: self.attention(self.norm(m), mask_bias(k)), (columns, mask), 1, chunk_size)
-        return update.transpose(1, 2)
+        return axial.reshard(update, 1, 2).transpose(1, 2)
 
 
 class OuterProductMean(nn.Module):
@@ -135,10 +142,11 @@ class OuterProductMean(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, msa, msa_mask, chunk_size=None):
-        m = self.norm(msa)
-        mask = msa_mask[..., None].to(m.dtype)
-        a, b = self.a(m) * mask, self.b(m) * mask  # (B, S, L, c)
-        count = float32_einsum("bsi,bsj->bij", msa_mask.float(), msa_mask.float())[..., None]  # (B, L, L, 1)
+        m = axial.reshard(self.norm(msa), 1, 2)  # split by residues i (columns), all MSA rows
+        columns_mask = axial.reshard(msa_mask, 1, 2)
+        mask = columns_mask[..., None].to(m.dtype)
+        a, b = self.a(m) * mask, axial.gather(self.b(m) * mask, 2)  # (B, S, L, c)
+        count = float32_einsum("bsi,bsj->bij", columns_mask.float(), axial.gather(columns_mask, 2).float())[..., None]
 
         def product(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             outer = float32_einsum("bsic,bsjd->bijcd", a_rows, b).flatten(-2)  # (B, i, L, c*c)
@@ -175,6 +183,9 @@ class TriangleMultiplication(nn.Module):
             z = norm(source)
             gated = F.linear(z, weight, bias) * torch.sigmoid(F.linear(z, gate_weight, gate_bias))
             a, b = (gated * pair_mask[..., None].to(gated.dtype)).chunk(2, dim=-1)
+            b = axial.gather(b, 1)  # every j: b_jk (outgoing), b_kj over every k (incoming)
+            if not self.outgoing:  # a_ki over every k, for this rank's i
+                a = axial.own_part(axial.gather(a, 1), 2)
             return float32_einsum(equation, a, b)
 
         hidden = self.out_norm.normalized_shape[0]
@@ -198,13 +209,13 @@ class TriangleAttention(nn.Module):
 
     def forward(self, pair, pair_mask, chunk_size=None):
         if not self.starting:
-            pair, pair_mask = pair.transpose(1, 2), pair_mask.transpose(1, 2)
+            pair, pair_mask = (axial.reshard(t.transpose(1, 2), 2, 1) for t in (pair, pair_mask))
         source, norm = per_chunk(self.norm, pair, chunk_size)
         triangle_bias = chunked(lambda rows: self.bias(norm(rows)), (source,), 1, chunk_size)
-        triangle_bias = triangle_bias.permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L): b_jk for every i
+        triangle_bias = axial.gather(triangle_bias, 1).permute(0, 3, 1, 2)[:, None]  # (B, 1, H, L, L): b_jk for every i
         update = chunked(lambda rows, mask, bias: self.attention(norm(rows), bias + mask_bias(mask)),
                          (source, pair_mask), 1, chunk_size, whole=(triangle_bias,))
-        return update if self.starting else update.transpose(1, 2)
+        return update if self.starting else axial.reshard(update, 1, 2).transpose(1, 2)
 
 
 class EvoformerBlock(nn.Module):

@@ -108,8 +108,9 @@ class FoldingModel(nn.Module):
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
 
     def parallel_plan(self) -> ModelPlan:
-        """Each Evoformer block is one shard and recompute unit."""
-        return ModelPlan(blocks=("evoformer.blocks.*",))
+        """Each Evoformer block is one shard and recompute unit; under tensor parallelism the
+        Evoformer runs with dynamic axial parallelism (MSA split by rows, pair by residues)."""
+        return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",))
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: seeds the draw of the recycles."""

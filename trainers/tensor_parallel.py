@@ -23,6 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from trainers import tp_collectives as tpc
+from trainers.axial_parallel import apply_axial_parallel
+from trainers.parameter_swap import ParameterSwap
 from zoo.nn.vocab_parallel import vocab_first_row
 from zoo.plan import ModelPlan
 
@@ -69,26 +71,6 @@ def _local(param: torch.Tensor | None) -> torch.Tensor | None:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
-class _Swap:
-    """Shows modules' forward code other tensors in place of some parameters for one call.
-
-    The stand-ins go into the instance `__dict__`, which attribute lookup consults before
-    `nn.Module.__getattr__` reaches `_parameters`: `module.weight` is the stand-in while
-    `named_parameters()` (FSDP2, memory trackers, the optimizer) still sees the parameter."""
-
-    def __init__(self) -> None:
-        self.shown: list[tuple[nn.Module, str]] = []
-
-    def put(self, module: nn.Module, name: str, value: torch.Tensor | None) -> None:
-        module.__dict__[name] = value
-        self.shown.append((module, name))
-
-    def restore(self) -> None:
-        while self.shown:
-            module, name = self.shown.pop()
-            module.__dict__.pop(name, None)
-
-
 @dataclass
 class _Region:
     """One region's linears and how its edges behave."""
@@ -100,7 +82,7 @@ class _Region:
     """Whether the first argument enters from whole (or sequence-sharded) activations."""
     leave: bool
     """Whether the output is a partial sum to reduce (and the row-parallel bias added after)."""
-    swaps: list[_Swap] = field(default_factory=list)
+    swaps: list[ParameterSwap] = field(default_factory=list)
     biases: list[torch.Tensor | None] = field(default_factory=list)
     inputs: list[tpc.GatheredInput | None] = field(default_factory=list)
 
@@ -110,9 +92,9 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     returns {field: names}. ValueError naming the plan field or `Strategy.tp` otherwise."""
     if not plan.tensor_parallel:
         raise ValueError(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
-                         "colwise, rowwise or vocab_parallel layers (parallel_plan() returning zoo.plan.ModelPlan)")
+                         "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan)")
     names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "replicated", "regions", "vocab_parallel",
-                                                         "sequence_parallel", "sequence_split", "sequence_gather")}
+                                                         "axial", "sequence_parallel", "sequence_split", "sequence_gather")}
     if sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
         raise ValueError(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
@@ -198,6 +180,8 @@ class TensorParallel:
             if name not in inside:
                 self._hook_region(modules[name], _Region([], [modules[name]], [], enter=False, leave=True))
 
+        if names["axial"]:
+            apply_axial_parallel(self.model, names["axial"], self.plan.block_names(self.model), self.mesh)
         if self.sequence_parallel:
             for name in self.plan.block_names(self.model):  # blocks run on sequence shards
                 self._hook_rank_stream(modules[name])
@@ -211,7 +195,7 @@ class TensorParallel:
     def _hook_region(self, module: nn.Module, region: _Region) -> None:
         def before(_module, args, kwargs):
             self.stream.enter()
-            swap = _Swap()
+            swap = ParameterSwap()
             for linear in region.colwise:
                 swap.put(linear, "weight", _local(linear._parameters["weight"]))
                 if linear.bias is not None:
@@ -265,12 +249,12 @@ class TensorParallel:
     def _hook_embedding(self, embedding: nn.Embedding) -> None:
         first = vocab_first_row(embedding.num_embeddings, self.size, self.mesh.get_local_rank())
         rows = _local(embedding.weight).shape[0]
-        state: list[tuple[_Swap, torch.Tensor]] = []
+        state: list[tuple[ParameterSwap, torch.Tensor]] = []
 
         def before(_module, args):
             ids = args[0]
             outside = (ids < first) | (ids >= first + rows)
-            swap = _Swap()
+            swap = ParameterSwap()
             swap.put(embedding, "weight", _local(embedding._parameters["weight"]))
             state.append((swap, outside))
             return ((ids - first).masked_fill(outside, 0), *args[1:])
@@ -284,10 +268,10 @@ class TensorParallel:
         embedding.register_forward_hook(after, always_call=True)
 
     def _hook_sequence_parallel(self, module: nn.Module) -> None:
-        swaps: list[_Swap] = []
+        swaps: list[ParameterSwap] = []
 
         def before(_module, args):
-            swap = _Swap()
+            swap = ParameterSwap()
             for name, param in list(module._parameters.items()):
                 if param is not None:
                     swap.put(module, name, tpc.sum_gradient(param, self.group))

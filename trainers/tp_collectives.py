@@ -7,6 +7,7 @@ Each pairs a forward collective with the backward one that makes the gradient ex
     sum_over_group       all-reduce        | identity        region exit, whole activations
     GatheredInput        all-gather        | reduce-scatter  region entry, sequence shards (its
                                                              storage freed between the passes)
+    gather_parts         all-gather        | reduce-scatter  axial parallelism's whole tensors
     scatter_sum          reduce-scatter    | all-gather      region exit, sequence shards
     split_to_shards      keep own shard    | all-gather      entering the sequence-sharded stretch
     gather_whole         all-gather        | keep own shard  leaving it (the consumer's gradient is
@@ -141,6 +142,12 @@ class _GatherWhole(torch.autograd.Function):
 def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
     """x, whole on every rank, entering a region whose ranks each use part of it."""
     return _CopyToGroup.apply(x, group)
+
+
+def gather_parts(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Every rank's part of x along `dim` concatenated, for computation on this rank's share: the
+    backward sums every rank's gradient of the whole and keeps this rank's part."""
+    return _GatherFromShards.apply(x, dim, group)
 
 
 def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:

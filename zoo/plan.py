@@ -59,6 +59,12 @@ class ModelPlan:
     """`nn.Embedding`s split by vocabulary rows (a word embedding, and through the tied weight the
     output head): each rank looks up its rows, and the lookups are summed."""
 
+    axial: tuple[str, ...] = ()
+    """Modules run with axial parallelism (FastFold's dynamic axial parallelism): their tensor
+    arguments are split along dim 1 over the tensor-parallel ranks on entry and their tensor
+    outputs gathered whole on exit; inside, the module's `zoo.axial` annotations redistribute, and
+    its parameters (whole on every rank) have their gradients summed over the ranks."""
+
     sequence_parallel: tuple[str, ...] = ()
     """Modules run on sequence shards under sequence parallelism (norms): their parameters'
     gradients are summed over the tensor-parallel group."""
@@ -77,7 +83,7 @@ class ModelPlan:
     @property
     def tensor_parallel(self) -> bool:
         """Whether the plan splits any layer under tensor parallelism."""
-        return bool(self.colwise or self.rowwise or self.vocab_parallel)
+        return bool(self.colwise or self.rowwise or self.vocab_parallel or self.axial)
 
     def names(self, model: nn.Module, field: str) -> list[str]:
         """Names of `model`'s modules matched by the patterns of `field` (a tuple-of-patterns field),

@@ -8,7 +8,8 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
-    worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  train each model and layout 3 steps: params + losses
+    worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  each model and layout: gradients on a probe
+                                                   batch, then 3 training steps: losses, params
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
     worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
     worker.py tp_activations OUT                   saved bytes of GPT's first block under tp = world (and + SP)
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import default_collate
 
 # The repository root first (tests/ mirrors its package names), then tests/ and tests/asr for the helpers.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
@@ -33,6 +35,10 @@ sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolv
 
 from asr.data import collate_speech  # noqa: E402
 from nlp.bert import Bert, BertConfig  # noqa: E402
+from protein.data import CropConfig, FoldingExamples, collate_folding, load_chains  # noqa: E402
+from protein.evoformer import EvoformerConfig  # noqa: E402
+from protein.model import FoldConfig, FoldingModel  # noqa: E402
+from protein.structure_module import StructureConfig  # noqa: E402
 from vision.vit import ViT, ViTConfig  # noqa: E402
 from helpers import lm_examples, tiny_gpt  # noqa: E402
 from tiny_transducer import tiny, token_utterances  # noqa: E402
@@ -220,18 +226,18 @@ def speech_examples(count: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
 
 
-TP_MODELS = {
-    "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
-    "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
-    "custom": (FeedForwardLM, lm_examples, None),
-    "bert": (lambda: tiny_bert(), mlm_examples, None),
-    "vit": (lambda: tiny_vit(), digit_examples, None),
-    "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
-}
-"""Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
-(row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
-(the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
-a ViT classifier, the Conformer transducer."""
+def tiny_fold() -> nn.Module:
+    torch.manual_seed(0)
+    evoformer = EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
+                                outer_product_dim=4, triangle_dim=16, msa_dropout=0.0, pair_dropout=0.0)
+    return FoldingModel(FoldConfig(evoformer=evoformer, structure=StructureConfig(single_dim=32, layers=2, heads=2,
+                                                                                 head_dim=8), max_recycles=1))
+
+
+def fold_examples(count: int):
+    """Crops of 16 residues and 4 MSA rows of real chains at least that long."""
+    chains = [chain for chain in load_chains("train") if len(chain.sequence) >= 16][:count]
+    return FoldingExamples(chains, CropConfig(crop_size=16, msa_rows=4, withhold_profile=0.0))
 
 
 def tiny_bert() -> nn.Module:
@@ -248,6 +254,22 @@ def tiny_vit() -> nn.Module:
                          attention_probs_dropout_prob=0.0, num_labels=3))
 
 
+TP_MODELS = {
+    "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
+    "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
+    "custom": (FeedForwardLM, lm_examples, None),
+    "bert": (tiny_bert, mlm_examples, None),
+    "vit": (tiny_vit, digit_examples, None),
+    "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
+    "fold": (tiny_fold, fold_examples, collate_folding),
+}
+"""Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
+(row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
+(the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
+a ViT classifier, the Conformer transducer, the folding model (Evoformer with dynamic axial
+parallelism: 4 MSA rows and 16 residues split over the ranks)."""
+
+
 def tp_config(**overrides) -> TrainConfig:
     """SGD-like conditions for parity: AdamW at lr 1e-3 does not amplify summation-order noise."""
     return config(lr=1e-3, **overrides)
@@ -260,8 +282,15 @@ def tensor_parallel(out: str, *runs: str) -> None:
         strategy = Strategy(zero=int(zero), tp=int(tp), sequence_parallel=sequence_parallel == "1")
         build, examples, collate = TP_MODELS[model]
         trainer = Trainer(build(), tp_config(), strategy)
-        history = trainer.fit(examples(64), collate_fn=collate)
-        results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
+        data = examples(64)
+        torch.manual_seed(7)  # the same probe batch on every rank (random crops draw from it)
+        probe = (collate or default_collate)([data[0], data[1]])
+        trainer.model.train()
+        trainer.model(**probe)["loss"].backward()
+        grads = {clean_fqn(n): full(p.grad) for n, p in trainer.model.named_parameters() if p.grad is not None}
+        trainer.optimizer.zero_grad()
+        history = trainer.fit(data, collate_fn=collate)
+        results[run] = {"params": trainer.full_state_dict(), "grads": grads, "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
 
