@@ -80,6 +80,17 @@ def residual_add(x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
     return x.add_(update.to(x.dtype))
 
 
+def pair_dropout(update: torch.Tensor, p: float, training: bool, shared: int) -> torch.Tensor:
+    """Dropout of a pair update (B, L, L, C) with one mask value shared along dim `shared` (1: rows,
+    2: columns). A mask shared along columns varies along the rows, which axial parallelism splits:
+    it is drawn whole (B, L, 1, C) and each rank keeps its rows, so the ranks drop what one device
+    would (a mask drawn per rank would repeat rank 0's on every rank)."""
+    if not training or p == 0 or shared == 1:
+        return dropout(update, p, training, shared_dims=(shared,))
+    whole = axial.gather(update.new_ones(update.shape[0], update.shape[1], 1, update.shape[3]), 1)
+    return update * axial.own_part(dropout(whole, p, training), 1)
+
+
 class Transition(nn.Module):
     """LayerNorm -> Linear (n x) -> ReLU -> Linear, on (..., C); chunked along dim 1."""
 
@@ -243,7 +254,7 @@ class EvoformerBlock(nn.Module):
         pair = residual_add(pair, self.outer_product_mean(msa, msa_mask, chunk_size))
         for update, shared in ((self.triangle_out, 1), (self.triangle_in, 2), (self.triangle_start, 1),
                                (self.triangle_end, 2)):
-            pair = residual_add(pair, dropout(update(pair, pair_mask, chunk_size), p_pair, training, shared_dims=(shared,)))
+            pair = residual_add(pair, pair_dropout(update(pair, pair_mask, chunk_size), p_pair, training, shared))
         pair = residual_add(pair, self.pair_transition(pair, chunk_size))
         return msa, pair
 

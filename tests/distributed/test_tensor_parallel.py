@@ -15,8 +15,9 @@ import torch
 
 from helpers import torchrun
 
-ONE = ("gpt/1/0/0", "mqa/1/0/0", "custom/1/0/0", "bert/1/0/0", "vit/1/0/0", "conformer/1/0/0", "fold/1/0/0")
-TWO = ("gpt/2/0/0", "gpt/2/0/1", "mqa/2/0/0", "bert/2/0/1", "fold/2/0/0")
+ONE = ("gpt/1/0/0", "mqa/1/0/0", "custom/1/0/0", "bert/1/0/0", "vit/1/0/0", "conformer/1/0/0", "fold/1/0/0",
+       "fold_dropout/1/0/0")
+TWO = ("gpt/2/0/0", "gpt/2/0/1", "mqa/2/0/0", "bert/2/0/1", "fold/2/0/0", "fold_dropout/2/0/0")
 FOUR = ("gpt/2/3/0", "gpt/2/2/1", "custom/2/1/0", "custom/2/3/0", "bert/2/3/0", "vit/2/1/0", "conformer/2/2/0")
 """model/tp/zero/sequence_parallel (models: tests/distributed/worker.py TP_MODELS): on 2 ranks
 dp=1 x tp=2, on 4 ranks dp=2 x tp=2."""
@@ -96,6 +97,8 @@ def test_regions_draw_from_each_ranks_stream_and_short_sequences_are_refused(tmp
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["inside"], second["inside"])
     assert "sequence length must be divisible by it, got 15" in result["error"]
+    assert ("axial parallelism over tp=2 ranks splits the inputs of Evoformer along dim 1 of a (2, 15, 15, 16) "
+            "tensor, which must be divisible by 2") in result["axial_error"]
 
 
 def test_saved_activations_per_rank_follow_the_block_formula(tmp_path):

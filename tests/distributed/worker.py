@@ -14,7 +14,8 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
     worker.py tp_activations OUT                   saved bytes of GPT's first block under tp = world (and + SP)
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
-                                                   error of a sequence that sequence parallelism cannot split
+                                                   errors of a sequence that sequence parallelism cannot
+                                                   split and of 15 residues axial parallelism cannot
 """
 
 from __future__ import annotations
@@ -226,10 +227,10 @@ def speech_examples(count: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
 
 
-def tiny_fold() -> nn.Module:
+def tiny_fold(dropout: float = 0.0) -> nn.Module:
     torch.manual_seed(0)
     evoformer = EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
-                                outer_product_dim=4, triangle_dim=16, msa_dropout=0.0, pair_dropout=0.0)
+                                outer_product_dim=4, triangle_dim=16, msa_dropout=dropout, pair_dropout=dropout)
     return FoldingModel(FoldConfig(evoformer=evoformer, structure=StructureConfig(single_dim=32, layers=2, heads=2,
                                                                                  head_dim=8), max_recycles=1))
 
@@ -262,12 +263,14 @@ TP_MODELS = {
     "vit": (tiny_vit, digit_examples, None),
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
     "fold": (tiny_fold, fold_examples, collate_folding),
+    "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
 (row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
 (the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
 a ViT classifier, the Conformer transducer, the folding model (Evoformer with dynamic axial
-parallelism: 4 MSA rows and 16 residues split over the ranks)."""
+parallelism: 4 MSA rows and 16 residues split over the ranks), with dropout 0.25 too (its masks,
+shared along rows or columns, are the same on any number of ranks)."""
 
 
 def tp_config(**overrides) -> TrainConfig:
@@ -377,8 +380,14 @@ def tp_checks(out: str) -> None:
         trainer.fit(lm_examples(4, length=15))
     except ValueError as error:
         message = str(error)
+    trainer = Trainer(tiny_fold(), tp_config(global_batch_size=2, micro_batch_size=2, max_steps=1), Strategy(tp=2))
+    chains = [chain for chain in load_chains("train") if len(chain.sequence) >= 15][:4]
+    try:
+        trainer.fit(FoldingExamples(chains, CropConfig(crop_size=15, msa_rows=4)), collate_fn=collate_folding)
+    except ValueError as error:
+        axial_message = str(error)
     if dist.get_rank() == 0:
-        torch.save({"draws": gathered, "error": message}, out)
+        torch.save({"draws": gathered, "error": message, "axial_error": axial_message}, out)
 
 
 if __name__ == "__main__":
