@@ -47,7 +47,7 @@ BATCH = 4
 
 class CollectiveBytes(TorchDispatchMode):
     """Payload bytes of every c10d collective called inside, by kind: the whole tensor of an
-    all-reduce, the gathered output of an all-gather, the input of a reduce-scatter."""
+    all-reduce, the gathered output of an all-gather, the input of a reduce-scatter or all-to-all."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,10 +57,10 @@ class CollectiveBytes(TorchDispatchMode):
         name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
         if name.startswith("c10d::"):
             kind = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
-                    "c10d::_reduce_scatter_base_": "reduce_scatter"}.get(name, name)
+                    "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::alltoall_base_": "all_to_all"}.get(name, name)
             tensors = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
             size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-            if kind == "reduce_scatter":
+            if kind in ("reduce_scatter", "all_to_all"):  # the input: what is reduced / sent
                 size = args[1].numel() * args[1].element_size()
             self.bytes[kind] = self.bytes.get(kind, 0) + size
         return func(*args, **(kwargs or {}))
