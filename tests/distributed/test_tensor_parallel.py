@@ -90,7 +90,7 @@ def test_checkpoint_of_dp2_tp2_resumes_at_tp2_and_continues_the_loss_curve(check
     assert error < 1e-5, name
 
 
-def test_regions_draw_from_each_ranks_stream_and_short_sequences_are_refused(tmp_path):
+def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_models_materialise(tmp_path):
     torchrun(2, "tp_checks", str(tmp_path / "checks.pt"))
     result = torch.load(tmp_path / "checks.pt")
     first, second = result["draws"]
@@ -99,6 +99,10 @@ def test_regions_draw_from_each_ranks_stream_and_short_sequences_are_refused(tmp
     assert "sequence length must be divisible by it, got 15" in result["error"]
     assert ("axial parallelism over tp=2 ranks splits the inputs of Evoformer along dim 1 of a (2, 15, 15, 16) "
             "tensor, which must be divisible by 2") in result["axial_error"]
+    # A GPT built on the meta device: q's 32 x 32 weight is 16 rows a tensor-parallel rank, initialised
+    # by its init_weights (N(0, 0.02)) after sharding, and it trains.
+    meta = result["meta"]
+    assert meta["local_shape"] == (16, 32) and 0.015 < meta["std"] < 0.025 and 3.0 < meta["loss"] < 5.0
 
 
 def test_saved_activations_per_rank_follow_the_block_formula(tmp_path):

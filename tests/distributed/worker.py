@@ -15,7 +15,8 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py tp_activations OUT                   saved bytes of GPT's first block under tp = world (and + SP)
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    errors of a sequence that sequence parallelism cannot
-                                                   split and of 15 residues axial parallelism cannot
+                                                   split and of 15 residues axial parallelism cannot;
+                                                   a GPT built on the meta device
 """
 
 from __future__ import annotations
@@ -386,8 +387,15 @@ def tp_checks(out: str) -> None:
         trainer.fit(FoldingExamples(chains, CropConfig(crop_size=15, msa_rows=4)), collate_fn=collate_folding)
     except ValueError as error:
         axial_message = str(error)
+    with torch.device("meta"):  # built without memory, each rank materialises only its shards
+        model = tiny_gpt()
+    trainer = Trainer(model, tp_config(global_batch_size=2, micro_batch_size=2, max_steps=1), Strategy(tp=2, zero=3))
+    history = trainer.fit(lm_examples(4))
+    weight = trainer.model.blocks[0].attn.q.weight
+    meta = {"local_shape": tuple(weight.to_local().shape), "std": weight.full_tensor().std().item(),
+            "loss": history[-1]["loss"]}
     if dist.get_rank() == 0:
-        torch.save({"draws": gathered, "error": message, "axial_error": axial_message}, out)
+        torch.save({"draws": gathered, "error": message, "axial_error": axial_message, "meta": meta}, out)
 
 
 if __name__ == "__main__":
