@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fold_memory import inputs  # noqa: E402
+from measure import launch_ranks  # noqa: E402
 from tensor_parallel import CollectiveBytes  # noqa: E402
 
 
@@ -81,12 +81,13 @@ def table(rows: list[dict]) -> str:
     lines = ["| crop | ranks | Evoformer saved | x one process | step peak | x one process | all-gather | all-to-all "
              "| all-reduce |", "|---|---|---|---|---|---|---|---|---|"]
     for crop in sorted({r["crop"] for r in rows}):
-        one = next(r for r in rows if r["crop"] == crop and r["ranks"] == 1)
+        one = next((r for r in rows if r["crop"] == crop and r["ranks"] == 1), None)  # absent without --ranks 1
         for r in sorted((r for r in rows if r["crop"] == crop), key=lambda r: r["ranks"]):
             cells = [f"{r['traffic'].get(kind, 0) / mib:.2f}" for kind in ("all_gather", "all_to_all", "all_reduce")]
             lines.append(f"| {crop} | {r['ranks']} | {r['evoformer_saved'] / mib:.2f} | "
-                         f"{r['evoformer_saved'] / one['evoformer_saved']:.3f} | {r['step_peak'] / mib:.2f} | "
-                         f"{r['step_peak'] / one['step_peak']:.3f} | " + " | ".join(cells) + " |")
+                         f"{r['evoformer_saved'] / one['evoformer_saved'] if one else float('nan'):.3f} | "
+                         f"{r['step_peak'] / mib:.2f} | "
+                         f"{r['step_peak'] / one['step_peak'] if one else float('nan'):.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -101,16 +102,9 @@ def main() -> None:
     if args.worker:
         worker(args.crops, args.rows, args.out)
         return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("")
     started = time.time()
-    for ranks in args.ranks:
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                        __file__, "--worker", "--rows", str(args.rows), "--out", args.out,
-                        "--crops", *map(str, args.crops)],
-                       check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                                        "MEMZOO_DEVICE": "cpu"})
-    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rows = launch_ranks(__file__, args.ranks, args.out, ["--rows", str(args.rows), "--crops", *map(str, args.crops)],
+                        {"MEMZOO_DEVICE": "cpu"})
     print(f"device: CPU ({os.cpu_count()} cores), gloo; torch {torch.__version__}; {time.time() - started:.0f} s\n")
     print(table(rows))
 

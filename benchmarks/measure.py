@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,3 +31,17 @@ def timed_peak(run: Callable[[], Any], device: torch.device) -> tuple[Any, float
     with TensorPeak() as tracked:
         result = run()
     return result, time.perf_counter() - started, tracked.peak
+
+
+def launch_ranks(script: str, ranks: list[int], out: str, arguments: list[str],
+                 environment: dict[str, str] | None = None) -> list[dict]:
+    """Run `script --worker --out OUT *arguments` under torchrun once per world size in `ranks`
+    (OMP_NUM_THREADS=1 unless set); the workers append JSON lines to `out`, emptied first. Returns
+    the rows read back."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(environment or {})}
+    for world in ranks:
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                        script, "--worker", "--out", out, *arguments], check=True, env=env)
+    return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]

@@ -29,13 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from measure import launch_ranks  # noqa: E402
 
 SIZES = {
     "gpt-3M": dict(vocab_size=4096, block_size=256, n_layer=4, n_head=8, n_embd=256),
@@ -188,8 +191,8 @@ def tables(rows: list[dict]) -> str:
     lines = []
     for size, shape in SIZES.items():
         mine = [r for r in rows if r["size"] == size]
-        one = next(r for r in mine if r["world_size"] == 1)
-        one_states = one["parameters"] + one["gradients"] + one["optimizer"]
+        one = next((r for r in mine if r["world_size"] == 1), None)  # absent when --ranks leaves out 1
+        one_states = one["parameters"] + one["gradients"] + one["optimizer"] if one else float("nan")
         lines += [f"### {size}: width {shape['n_embd']}, {shape['n_layer']} layers, {shape['n_head']} heads, "
                   f"vocabulary {shape['vocab_size']}, {BATCH} x {shape['block_size']} tokens", "",
                   "Model states per rank at ZeRO-3 (rank 0, MiB), beside one process's divided by dp x tp:", "",
@@ -224,15 +227,8 @@ def main() -> None:
     if args.worker:
         worker(args.out)
         return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("")
     started = time.time()
-    for ranks in args.ranks:
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                        __file__, "--worker", "--out", args.out],
-                       check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                                        "MEMZOO_DEVICE": os.environ.get("MEMZOO_DEVICE", "cpu")})
-    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rows = launch_ranks(__file__, args.ranks, args.out, [], {"MEMZOO_DEVICE": os.environ.get("MEMZOO_DEVICE", "cpu")})
     on_gpu = os.environ.get("MEMZOO_DEVICE") == "cuda"
     device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL" if on_gpu else f"CPU ({os.cpu_count()} cores), gloo"
     print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")

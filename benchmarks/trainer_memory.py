@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from measure import launch_ranks  # noqa: E402
 
 SIZES = {
     "gpt-5M": dict(vocab_size=8192, block_size=128, n_layer=4, n_head=4, n_embd=256),
@@ -122,14 +123,8 @@ def main() -> None:
     if args.worker:
         worker(args.steps, args.out)
         return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("")
     started = time.time()
-    for ranks in args.ranks:
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                        __file__, "--worker", "--steps", str(args.steps), "--out", args.out],
-                       check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    rows = launch_ranks(__file__, args.ranks, args.out, ["--steps", str(args.steps)])
     rows = [r for r in rows if r.get("rank", 0) == 0]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
     print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")

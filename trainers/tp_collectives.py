@@ -37,7 +37,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return out.movedim(0, dim)
 
 
-def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+def _all_reduce(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     x = x.contiguous().clone()
     dist.all_reduce(x, group=group)
     return x
@@ -47,49 +47,66 @@ def _own_shard(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     return x.chunk(dist.get_world_size(group), dim)[dist.get_rank(group)].contiguous()
 
 
-class _CopyToGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+def _identity(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    return x.view_as(x)
 
 
-class _SumOverGroup(torch.autograd.Function):
+class _Paired(torch.autograd.Function):
+    """forward_op(x, dim, group) forward and backward_op(grad, dim, group) backward, after the
+    optional `before_backward()` (a `GatheredInput.refill`)."""
+
     @staticmethod
-    def forward(ctx, x, group):
-        return _all_reduce(x, group)
+    def forward(ctx, x, dim, group, forward_op, backward_op, before_backward):
+        ctx.dim, ctx.group, ctx.backward_op, ctx.before_backward = dim, group, backward_op, before_backward
+        return forward_op(x, dim, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        if ctx.before_backward is not None:
+            ctx.before_backward()
+        return ctx.backward_op(grad, ctx.dim, ctx.group), None, None, None, None, None
 
 
-class _GatherFromShards(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _all_gather(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
+def _paired(x, dim, group, forward_op, backward_op, before_backward=None) -> torch.Tensor:
+    return _Paired.apply(x, dim, group, forward_op, backward_op, before_backward)
 
 
-class _ScatterSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group, refill):
-        ctx.dim, ctx.group, ctx.refill = dim, group, refill
-        return _reduce_scatter(x, dim, group)
+def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
+    """x, whole on every rank, entering a region whose ranks each use part of it."""
+    return _paired(x, 0, group, _identity, _all_reduce)
 
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.refill is not None:
-            ctx.refill()
-        return _all_gather(grad, ctx.dim, ctx.group), None, None, None
+
+def gather_parts(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Every rank's part of x along `dim` concatenated, for computation on this rank's share: the
+    backward sums every rank's gradient of the whole and keeps this rank's part."""
+    return _paired(x, dim, group, _all_gather, _reduce_scatter)
+
+
+def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:
+    """The sum over the group of each rank's partial x."""
+    return _paired(x, 0, group, _all_reduce, _identity)
+
+
+def scatter_sum(x: torch.Tensor, dim: int, group, refill=None) -> torch.Tensor:
+    """This rank's shard along `dim` of the sum over the group of each rank's partial x; `refill`
+    (a `GatheredInput.refill`) runs first in backward."""
+    return _paired(x, dim, group, _reduce_scatter, _all_gather, refill)
+
+
+def split_to_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """This rank's shard along `dim` of x, whole and the same on every rank."""
+    return _paired(x, dim, group, _own_shard, _all_gather)
+
+
+def gather_whole(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """Shards along `dim` concatenated, leaving the sharded stretch for computation that is the
+    same on every rank."""
+    return _paired(x, dim, group, _all_gather, _own_shard)
+
+
+def sum_gradient(x: torch.Tensor, group) -> torch.Tensor:
+    """x itself, whose gradient is summed over the group (a parameter each rank uses on its shard)."""
+    return _paired(x, 0, group, _identity, _all_reduce)
 
 
 class GatheredInput:
@@ -100,7 +117,7 @@ class GatheredInput:
 
     def __init__(self, shard: torch.Tensor, dim: int, group) -> None:
         self.shard, self.dim, self.group = shard.detach(), dim, group
-        self.full = _GatherFromShards.apply(shard, dim, group)
+        self.full = gather_parts(shard, dim, group)
         self.nbytes = self.full.untyped_storage().nbytes()
 
     def release(self) -> None:
@@ -115,63 +132,3 @@ class GatheredInput:
         self.full.untyped_storage().resize_(self.nbytes)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.full):
             self.full.copy_(gathered)
-
-
-class _SplitToShards(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _own_shard(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.dim, ctx.group), None, None
-
-
-class _GatherWhole(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _all_gather(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _own_shard(grad, ctx.dim, ctx.group), None, None
-
-
-def copy_to_group(x: torch.Tensor, group) -> torch.Tensor:
-    """x, whole on every rank, entering a region whose ranks each use part of it."""
-    return _CopyToGroup.apply(x, group)
-
-
-def gather_parts(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Every rank's part of x along `dim` concatenated, for computation on this rank's share: the
-    backward sums every rank's gradient of the whole and keeps this rank's part."""
-    return _GatherFromShards.apply(x, dim, group)
-
-
-def sum_over_group(x: torch.Tensor, group) -> torch.Tensor:
-    """The sum over the group of each rank's partial x."""
-    return _SumOverGroup.apply(x, group)
-
-
-def scatter_sum(x: torch.Tensor, dim: int, group, refill=None) -> torch.Tensor:
-    """This rank's shard along `dim` of the sum over the group of each rank's partial x; `refill`
-    (a `GatheredInput.refill`) runs first in backward."""
-    return _ScatterSum.apply(x, dim, group, refill)
-
-
-def split_to_shards(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """This rank's shard along `dim` of x, whole and the same on every rank."""
-    return _SplitToShards.apply(x, dim, group)
-
-
-def gather_whole(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    """Shards along `dim` concatenated, leaving the sharded stretch for computation that is the
-    same on every rank."""
-    return _GatherWhole.apply(x, dim, group)
-
-
-def sum_gradient(x: torch.Tensor, group) -> torch.Tensor:
-    """x itself, whose gradient is summed over the group (a parameter each rank uses on its shard)."""
-    return _CopyToGroup.apply(x, group)

@@ -17,6 +17,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from zoo.nn.backend import Backend, resolve_backend
+from zoo.nn.loss_gradients import GradientsFromForward
 from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy, vocab_first_row
 
 Reduction = Literal["mean", "sum"]
@@ -64,7 +65,7 @@ def _chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, keep: torch
     return token_loss.masked_fill_(~keep, 0.0)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
+class _LinearCrossEntropy(GradientsFromForward):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size, backend):
         tokens, vocab = hidden.shape[0], weight.shape[0]
@@ -100,19 +101,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(grad.t(), h.float())
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.other_inputs = 6
         return loss * scale
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        weight_dtype, bias_dtype = ctx.dtypes
-        scale = grad_loss.float()
-        return (
-            None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
-            None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
-            None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
-            None, None, None, None, None, None,
-        )
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None = None,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zoo.nn.loss_gradients import GradientsFromForward
+
 
 def vocab_first_row(vocab: int, size: int, rank: int) -> int:
     """First row held by `rank` of a vocabulary split over `size` ranks as DTensor's Shard(0) splits
@@ -46,7 +48,7 @@ def _chunk(h, y, keep, weight_local, bias_local, first, vocab, label_smoothing, 
     return token_loss.masked_fill_(~keep, 0.0), grad
 
 
-class VocabParallelLinearCrossEntropy(torch.autograd.Function):
+class VocabParallelLinearCrossEntropy(GradientsFromForward):
     """forward(hidden (N, H), weight_local (R, H), bias_local (R,) or None, labels (N,), first, vocab,
     ignore_index, label_smoothing, reduction, chunk_size, group) -> scalar float32 loss, the same on
     every rank of `group`: this rank holds rows [first, first + R) of the `vocab`; hidden and labels
@@ -81,16 +83,5 @@ class VocabParallelLinearCrossEntropy(torch.autograd.Function):
             grad_hidden = grad_hidden.to(hidden.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.other_inputs = 8
         return loss * scale
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        weight_dtype, bias_dtype = ctx.dtypes
-        scale = grad_loss.float()
-        return (
-            None if grad_hidden is None else grad_hidden * scale.to(grad_hidden.dtype),
-            None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
-            None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
-            None, None, None, None, None, None, None, None,
-        )
