@@ -16,7 +16,8 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    errors of a sequence that sequence parallelism cannot
                                                    split and of 15 residues axial parallelism cannot;
-                                                   a GPT built on the meta device
+                                                   a GPT built on the meta device; the vocabulary-
+                                                   parallel fused cross-entropy against float64
 """
 
 from __future__ import annotations
@@ -394,8 +395,38 @@ def tp_checks(out: str) -> None:
     weight = trainer.model.blocks[0].attn.q.weight
     meta = {"local_shape": tuple(weight.to_local().shape), "std": weight.full_tensor().std().item(),
             "loss": history[-1]["loss"]}
+    errors = vocab_parallel_loss()
     if dist.get_rank() == 0:
-        torch.save({"draws": gathered, "error": message, "axial_error": axial_message, "meta": meta}, out)
+        torch.save({"draws": gathered, "error": message, "axial_error": axial_message, "meta": meta,
+                    "vocab_parallel": errors}, out)
+
+
+def vocab_parallel_loss() -> dict[str, float]:
+    """The fused linear + cross-entropy over a 49-row head split 25 + 24 (with bias, label smoothing,
+    ignored labels, chunks of 5 tokens) against float64 F.cross_entropy of the whole logits:
+    relative errors of the loss and the gradients (hidden whole, weight and bias this rank's rows)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from trainers.distributed import setup_distributed
+    from zoo.nn import linear_cross_entropy
+
+    mesh = setup_distributed(2).mesh["tp"]
+    generator = torch.Generator().manual_seed(11)
+    hidden, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((13, 16), (49, 16), (49,)))
+    labels = torch.randint(0, 49, (13,), generator=generator)
+    labels[[2, 7]] = -100
+    reference = [t.double().requires_grad_() for t in (hidden, weight, bias)]
+    expected = F.cross_entropy(reference[0] @ reference[1].T + reference[2], labels, label_smoothing=0.1)
+    expected.backward()
+    local = hidden.clone().requires_grad_()
+    shards = [nn.Parameter(distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)) for t in (weight, bias)]
+    loss = linear_cross_entropy(local, shards[0], labels, shards[1], label_smoothing=0.1, chunk_size=5)
+    loss.backward()
+    rows = slice(25 * mesh.get_local_rank(), 25 * mesh.get_local_rank() + shards[0].to_local().shape[0])
+    error = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
+    return {"loss": abs(loss.item() - expected.item()) / expected.item(), "hidden": error(local.grad, reference[0].grad),
+            "weight": error(shards[0].grad.to_local(), reference[1].grad[rows]),
+            "bias": error(shards[1].grad.to_local(), reference[2].grad[rows])}
 
 
 if __name__ == "__main__":
