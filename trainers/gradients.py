@@ -28,20 +28,18 @@ def _sharded_groups(grad: torch.Tensor) -> tuple:
 
 
 def total_norm(grads: list[torch.Tensor]) -> float:
-    """The 2-norm of all of `grads` together, as if each were one whole tensor (collective)."""
-    sums: dict[tuple, torch.Tensor] = {}
+    """The 2-norm of all of `grads` together, as if each were one whole tensor (collective; one
+    host sync)."""
+    by_groups: dict[tuple, list[torch.Tensor]] = {}
     for grad in grads:
-        groups = _sharded_groups(grad)
-        local = local_tensor(grad)
-        square = local.float().pow(2).sum() if local.numel() else torch.zeros((), device=local.device)
-        sums[groups] = sums[groups] + square if groups in sums else square
-    total = 0.0
-    for groups, value in sums.items():
-        value = value.double()
+        by_groups.setdefault(_sharded_groups(grad), []).append(local_tensor(grad))
+    squares = []
+    for groups, locals_ in by_groups.items():
+        value = torch.stack(torch._foreach_norm(locals_, 2.0)).double().pow(2).sum()
         for group in groups:
             dist.all_reduce(value, group=group)
-        total += value.item()
-    return math.sqrt(total)
+        squares.append(value)
+    return math.sqrt(torch.stack(squares).sum().item()) if squares else 0.0
 
 
 @torch.no_grad()

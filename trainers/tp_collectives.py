@@ -21,12 +21,18 @@ import torch
 import torch.distributed as dist
 
 
-def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+def _gathered_view(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    """The parts along `dim` gathered, as a (not contiguous unless dim is 0) view of the buffer the
+    collective filled."""
     size = dist.get_world_size(group)
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((size * moved.shape[0], *moved.shape[1:]))
     dist.all_gather_into_tensor(out, moved, group=group)
-    return out.movedim(0, dim).contiguous()
+    return out.movedim(0, dim)
+
+
+def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
+    return _gathered_view(x, dim, group).contiguous()
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -128,7 +134,7 @@ class GatheredInput:
         """Gather the shards into the storage again."""
         if self.full.untyped_storage().nbytes():
             return
-        gathered = _all_gather(self.shard, self.dim, self.group)
+        gathered = _gathered_view(self.shard, self.dim, self.group)  # copied into place once, below
         self.full.untyped_storage().resize_(self.nbytes)
         with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.full):
             self.full.copy_(gathered)

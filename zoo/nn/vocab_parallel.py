@@ -33,13 +33,15 @@ def _chunk(h, y, keep, weight_local, bias_local, first, vocab, label_smoothing, 
     local_target = y - first
     mine = (local_target >= 0) & (local_target < rows) & keep
     target = torch.where(mine, logits.gather(1, local_target.clamp(0, rows - 1)[:, None]).squeeze(1), 0.0)
-    parts = torch.stack([logits.exp().sum(-1), target, logits.sum(-1) if label_smoothing else torch.zeros_like(target)])
+    smoothing = logits.sum(-1) if label_smoothing else torch.zeros_like(target)
+    numerators = logits.exp_()  # exp(logit - max), in place: the softmax's numerators, one pass
+    parts = torch.stack([numerators.sum(-1), target, smoothing])
     dist.all_reduce(parts, group=group)
     lse = parts[0].log()
     token_loss = lse - parts[1]
     if label_smoothing:
         token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse - parts[2] / vocab)
-    grad = logits.sub_(lse[:, None]).exp_()
+    grad = numerators.div_(parts[0][:, None])
     grad.scatter_add_(1, local_target.clamp(0, rows - 1)[:, None],
                       torch.where(mine, -(1 - label_smoothing), 0.0)[:, None].to(grad.dtype))
     if label_smoothing:
