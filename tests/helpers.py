@@ -38,10 +38,10 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm().clamp(min=1e-30)).item()
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run tests/distributed/worker.py under torchrun on gloo with OMP_NUM_THREADS=1; raise with
+def torchrun(nproc: int, *args: str, timeout: float = 300, script: str = "worker.py") -> subprocess.CompletedProcess:
+    """Run tests/distributed/`script` under torchrun on gloo with OMP_NUM_THREADS=1; raise with
     its output when it fails."""
-    worker = Path(__file__).parent / "distributed" / "worker.py"
+    worker = Path(__file__).parent / "distributed" / script
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(worker), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

@@ -40,9 +40,20 @@ class CorruptCheckpoint(ValueError):
     """A checkpoint folder that is missing, incomplete or unreadable (not merely another model's)."""
 
 
-def model_signature(model: nn.Module) -> dict[str, list[int]]:
-    """{parameter name: global shape}: what a checkpoint must match to load into `model`."""
-    return {name: list(t.shape) for name, t in get_model_state_dict(model).items()}
+def _union_over(group: dist.ProcessGroup | None, local: dict[str, Any]) -> dict[str, Any]:
+    """The union of every rank of `group`'s `local` dict, on each of them (collective)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return local
+    parts: list[dict[str, Any]] = [{} for _ in range(dist.get_world_size(group))]
+    dist.all_gather_object(parts, local, group=group)
+    return {name: value for part in parts for name, value in part.items()}
+
+
+def model_signature(model: nn.Module, pipeline: dist.ProcessGroup | None = None) -> dict[str, list[int]]:
+    """{parameter name: global shape}: what a checkpoint must match to load into `model`; with
+    `pipeline`, the whole model's over the pipeline ranks, which each hold some stages (collective)."""
+    signature = {name: list(t.shape) for name, t in get_model_state_dict(model).items()}
+    return dict(sorted(_union_over(pipeline, signature).items()))
 
 
 def ensure_writable(directory: str | os.PathLike) -> Path:
@@ -59,18 +70,19 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
 
 
 def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer, trainer_state: dict[str, Any],
-                    keep: int) -> Path:
+                    keep: int, pipeline: dist.ProcessGroup | None = None) -> Path:
     """Write the checkpoint of optimizer step `step` (steps done so far) on every rank, keep the newest
-    `keep`; return its folder."""
+    `keep`; return its folder. `pipeline`: this rank's pipeline group, when ranks hold different stages."""
     final = directory / STEP_FOLDER.format(step)
     partial = directory / f".step_{step:08d}.partial"
     if dist.get_rank() == 0:
         for stale in directory.glob(".step_*.partial"):  # left by a save that crashed
             shutil.rmtree(stale)
     dist.barrier()
+    signature = model_signature(model, pipeline)
     dcp.save({"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint_id=partial)
     if dist.get_rank() == 0:
-        state = dict(trainer_state, model_signature=model_signature(model))
+        state = dict(trainer_state, model_signature=signature)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -124,12 +136,13 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
                                 f"read ({error})") from error
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, model_class: str) -> dict[str, Any]:
-    """Load `folder` into the (possibly differently sharded) model and optimizer; return its
-    trainer state. `model_class` names the model in errors. Raises ValueError for another
-    architecture, `CorruptCheckpoint` for a damaged checkpoint."""
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, model_class: str,
+                    pipeline: dist.ProcessGroup | None = None) -> dict[str, Any]:
+    """Load `folder` into the (possibly differently sharded or pipelined) model and optimizer;
+    return its trainer state. `model_class` names the model in errors. Raises ValueError for
+    another architecture, `CorruptCheckpoint` for a damaged checkpoint."""
     state = read_trainer_state(folder)
-    expected, found = model_signature(model), state.get("model_signature", {})
+    expected, found = model_signature(model, pipeline), state.get("model_signature", {})
     if expected != found:
         missing = sorted(set(expected) - set(found))[:3]
         unexpected = sorted(set(found) - set(expected))[:3]
@@ -149,6 +162,16 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, m
     return state
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's parameters and buffers on the CPU of rank 0 (empty on other ranks)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def full_state_dict(model: nn.Module, pipeline: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
+    """The whole model's parameters and buffers on the CPU of rank 0 (empty on other ranks);
+    with `pipeline`, gathered from the pipeline ranks' stages (collective)."""
+    if pipeline is None or dist.get_world_size(pipeline) == 1:
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    local = {name: value.cpu() for name, value in
+             get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
+    parts: list[dict[str, torch.Tensor]] | None = [{} for _ in range(dist.get_world_size(pipeline))]
+    first = dist.get_global_rank(pipeline, 0)
+    dist.gather_object(local, parts if dist.get_rank() == first else None, dst=first, group=pipeline)
+    if dist.get_rank() != 0:
+        return {}
+    return {name: value for part in parts for name, value in part.items()}

@@ -33,6 +33,20 @@ def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size:
         )
 
 
+def pipeline_microbatches(global_batch_size: int, micro_batch_size: int, dp_size: int, microbatches: int | None) -> int:
+    """Micro batches per pipeline run: `microbatches` (Strategy.microbatches), or None for all of
+    a step's; ValueError unless it divides the step's count."""
+    per_step = global_batch_size // (micro_batch_size * dp_size)
+    if microbatches is None:
+        return per_step
+    if per_step % microbatches:
+        raise ValueError(
+            f"Strategy.microbatches={microbatches} must divide the micro batches of each step and data-parallel "
+            f"rank: TrainConfig.global_batch_size / (micro_batch_size x data-parallel ranks) = "
+            f"{global_batch_size} / ({micro_batch_size} x {dp_size}) = {per_step}")
+    return microbatches
+
+
 class MicroBatch(NamedTuple):
     """One forward/backward's share of an optimizer step."""
 

@@ -22,9 +22,9 @@ class DistEnv:
     device: torch.device
     """Compute device of this rank (cuda:LOCAL_RANK when a GPU is present, else cpu)."""
     mesh: DeviceMesh
-    """The job's device mesh, dimensions ("pp", "dp", "tp"): pipeline stages (size 1 until
-    pipelining exists), data-parallel replicas or ZeRO shards, tensor-parallel ranks. Rank r sits
-    at tp = r % tp, dp = r // tp % dp: a tensor-parallel group is consecutive ranks (one node's)."""
+    """The job's device mesh, dimensions ("pp", "dp", "tp"): pipeline ranks, data-parallel
+    replicas or ZeRO shards, tensor-parallel ranks. Rank r sits at tp = r % tp, dp = r // tp % dp,
+    pp = r // (tp * dp): a tensor-parallel group is consecutive ranks (one node's)."""
 
     @property
     def dp_rank(self) -> int:
@@ -33,8 +33,18 @@ class DistEnv:
 
     @property
     def dp_size(self) -> int:
-        """Number of data-parallel replicas (world size / tp / pp)."""
+        """Number of data-parallel replicas (world size / (tp * pp))."""
         return self.mesh["dp"].size()
+
+    @property
+    def pp_rank(self) -> int:
+        """Coordinate of this rank along "pp": which pipeline stages it runs."""
+        return self.mesh["pp"].get_local_rank()
+
+    @property
+    def pp_size(self) -> int:
+        """Number of pipeline ranks."""
+        return self.mesh["pp"].size()
 
     @property
     def tp_size(self) -> int:
@@ -57,10 +67,10 @@ def use_cuda() -> bool:
     return wanted != "cpu" and torch.cuda.is_available()
 
 
-def setup_distributed(tp: int = 1) -> DistEnv:
+def setup_distributed(tp: int = 1, pp: int = 1) -> DistEnv:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...), or form a
     one-process group when run as plain `python`, so that one code path serves both; `tp` ranks
-    form each tensor-parallel group of the mesh."""
+    form each tensor-parallel group of the mesh, `pp` ranks each pipeline."""
     cuda = use_cuda()
     if not dist.is_initialized():
         # gloo carries the collectives of CPU-resident (offloaded) state; NCCL those on the GPU.
@@ -73,9 +83,10 @@ def setup_distributed(tp: int = 1) -> DistEnv:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     world_size = dist.get_world_size()
-    if world_size % tp:
-        raise ValueError(f"Strategy.tp={tp} must divide the number of ranks; got {world_size} ranks")
-    mesh = init_device_mesh(device.type, (1, world_size // tp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    if world_size % (tp * pp):
+        degrees = f"Strategy.tp={tp}" if pp == 1 else f"Strategy.pp * Strategy.tp = {pp} * {tp}"
+        raise ValueError(f"{degrees} must divide the number of ranks; got {world_size} ranks")
+    mesh = init_device_mesh(device.type, (pp, world_size // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
     return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)
 
 

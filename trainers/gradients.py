@@ -27,9 +27,10 @@ def _sharded_groups(grad: torch.Tensor) -> tuple:
     return tuple(mesh.get_group(dim) for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
 
 
-def total_norm(grads: list[torch.Tensor]) -> float:
+def total_norm(grads: list[torch.Tensor], across: dist.ProcessGroup | None = None) -> float:
     """The 2-norm of all of `grads` together, as if each were one whole tensor (collective; one
-    host sync)."""
+    host sync). `across`: ranks holding other parameters (pipeline ranks), whose `grads` are
+    added in."""
     by_groups: dict[tuple, list[torch.Tensor]] = {}
     for grad in grads:
         by_groups.setdefault(_sharded_groups(grad), []).append(local_tensor(grad))
@@ -39,7 +40,11 @@ def total_norm(grads: list[torch.Tensor]) -> float:
         for group in groups:
             dist.all_reduce(value, group=group)
         squares.append(value)
-    return math.sqrt(torch.stack(squares).sum().item()) if squares else 0.0
+    total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
+    if across is not None:
+        total = total.to(grads[0].device if grads else "cpu")
+        dist.all_reduce(total, group=across)
+    return math.sqrt(total.item())
 
 
 @torch.no_grad()

@@ -75,14 +75,32 @@ def _total(per_device: dict[str, dict[str, int]], *categories: str) -> int:
     return sum(stats.get(category, 0) for stats in per_device.values() for category in categories)
 
 
+class _CategoryTracker(MemTracker):
+    """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
+    allow one forward per module between backwards, where pipeline schedules run several. Each
+    module's parameters (swapped in by FSDP when gathered) are still tracked, with their gradients."""
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        self._track_module_params_and_buffers(module, install_grad_hooks=True)
+
+    def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        pass
+
+    def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+        pass
+
+    def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+        pass
+
+
 class StepMemoryProbe(AbstractContextManager):
-    """Measure one training step. Use as a context around the step, call `before_forward()`
-    before each micro batch and `after_backward()` between backward and the optimizer step."""
+    """Measure one training step. Use as a context around the step and call `after_backward()`
+    between backward and the optimizer step."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: Iterable[torch.Tensor],
                  device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.tracker = MemTracker()
+        self.tracker = _CategoryTracker()
         self.tracker.track_external(model, *([optimizer] if optimizer is not None else []), *extra)
         self.gradients = 0
 
@@ -91,11 +109,6 @@ class StepMemoryProbe(AbstractContextManager):
             torch.cuda.reset_peak_memory_stats()
         self.tracker.__enter__()
         return self
-
-    def before_forward(self) -> None:
-        """Start a micro batch (the tracker's per-module records cover one forward each; its
-        peak spans the whole step)."""
-        self.tracker.reset_mod_stats()
 
     def after_backward(self) -> None:
         """Record the gradient bytes held now."""

@@ -1,5 +1,6 @@
-"""Apply a `Strategy` to a model: tensor parallelism first, then recompute, then data parallelism
-(FSDP2 on the "dp" mesh dimension), then materialise.
+"""Apply a `Strategy` to a model: the pipeline split first, then tensor parallelism, then
+recompute, then data parallelism (FSDP2 on the "dp" mesh dimension, per pipeline stage), then
+materialise.
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
@@ -13,7 +14,10 @@ offload work the same way at every stage:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,6 +27,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from trainers.distributed import DistEnv
+from trainers.pipeline_parallel import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
+from trainers.pipeline_stage import StageModule
 from trainers.strategy import Strategy
 from trainers.tensor_parallel import apply_tensor_parallel
 from zoo.plan import model_plan
@@ -56,13 +62,32 @@ def apply_recompute(model: nn.Module, block_names: list[str], mode: str) -> None
         setattr(parent, child, checkpoint_wrapper(getattr(parent, child), preserve_rng_state=True, **kwargs))
 
 
-def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv) -> nn.Module:
-    """Apply `strategy` to `model` in place and return it.
+@dataclass
+class PipelineParts:
+    """A pipelined model's pieces on this rank."""
+
+    layout: PipelineLayout
+    stages: list[StageModule]
+    """This rank's stages, ascending; each is an FSDP root over its blocks."""
+    tied: TiedCopies
+
+
+def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
+                microbatches: int = 1) -> tuple[nn.Module, PipelineParts | None]:
+    """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
+    rank's stages) and, when strategy.pp > 1, its `PipelineParts`. The pipeline split balances
+    the stages' costs on `example_batch` (one micro batch; None balances parameter counts), with
+    `microbatches` per optimizer step spreading the optimizer's cost.
 
     A model built on the meta device is materialised after sharding, each rank allocating only its
     shard, then initialised by its `init_weights()` method."""
     plan = model_plan(model)
-    block_names = plan.block_names(model)
+    layout = None
+    if strategy.pp > 1:
+        layout = split_for_pipeline(model, plan, strategy, env, example_batch, microbatches)
+        block_names = [name for stage in layout.local_stages for name in layout.stage_modules(stage)[0]]
+    else:
+        block_names = plan.block_names(model)
     if strategy.tp > 1:
         apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel)
     on_meta = any(p.is_meta for p in model.parameters())
@@ -90,12 +115,19 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv) -> nn.Module
         wrap = partial(replicate, **common)
     else:
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
+    stages = [] if layout is None else build_stages(model, layout)
     for name in block_names:
         wrap(model.get_submodule(name))
-    wrap(model)
+    for root in stages or [model]:
+        wrap(root)
 
     if on_meta:
         model.to_empty(device="cpu" if strategy.offload == "params" else env.device)
         with torch.no_grad():
             model.init_weights()
-    return model
+    if layout is None:
+        return model, None
+    tied = TiedCopies(model, layout, env)
+    if on_meta:
+        tied.sync_values()
+    return model, PipelineParts(layout, stages, tied)

@@ -13,6 +13,9 @@ ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Recompute = Literal["none", "blocks", "selective"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"]
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "looped_bfs")
+"""Schedules that run several pipeline stages on each rank (`Strategy.stages_per_rank` > 1)."""
 
 
 @dataclass
@@ -20,8 +23,10 @@ class Strategy:
     """Memory strategy applied to any model by the `Trainer`.
 
     The ranks form the job's `DeviceMesh` (`trainers.distributed.DistEnv.mesh`) with dimensions
-    ("pp", "dp", "tp"): `tp` ranks split each layer, world / tp ranks hold the data-parallel
-    replicas (or ZeRO shards); pipeline parallelism is not built yet, so "pp" has size 1.
+    ("pp", "dp", "tp"): `pp` ranks each run a slice of the model's blocks (pipeline stages), `tp`
+    ranks split each layer, and world / (pp * tp) ranks hold the data-parallel replicas (or ZeRO
+    shards) of each stage. The model is split for the pipeline first, then each stage for tensor
+    parallelism, recompute and data parallelism.
     """
 
     zero: ZeroStage = 0
@@ -53,14 +58,34 @@ class Strategy:
     dropout, residual adds) along the sequence, so each of the `tp` ranks keeps 1/tp of them:
     all-gather / reduce-scatter at the layers' edges instead of all-reduce. Needs tp > 1."""
 
+    pp: int = 1
+    """Pipeline-parallel degree: ranks that each hold a consecutive slice of the model's blocks
+    (the first also the modules before them, the last those after them; see
+    `zoo.plan.PipelineSplit`). Must divide the world size together with `tp`."""
+
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Order in which each pipeline rank runs the forward and backward passes of the micro batches.
+    "gpipe": all forwards, then all backwards (holds every micro batch's activations);
+    "1f1b": after pp - rank warm-up forwards, one forward, one backward (holds at most pp);
+    "interleaved_1f1b": 1F1B over `stages_per_rank` stages per rank placed in a loop (Megatron's
+    virtual stages; the bubble shrinks by stages_per_rank); "looped_bfs": the same looping
+    placement, each stage running all its micro batches breadth-first (Lamy-Poirier 2022), so a
+    stage's data-parallel gradient reduction starts when its last backward ends and ZeRO-3
+    gathers its parameters once per pass; "zero_bubble": 1F1B with each backward split into the
+    input-gradient pass (on the critical path) and the weight-gradient pass (deferred into the
+    bubbles; Qi et al. 2023, ZB-H1)."""
+
+    microbatches: int | None = None
+    """Micro batches per pipeline run. None: all of a step's micro batches (the global batch over
+    TrainConfig.micro_batch_size and the data-parallel ranks) go through the pipeline in one run;
+    a number must divide that count, and the step runs the pipeline count / microbatches times."""
+
+    stages_per_rank: int = 1
+    """Pipeline stages on each pipeline rank (virtual stages): the model's blocks are cut into
+    pp * stages_per_rank stages, stage s placed on pipeline rank s % pp. Needs a schedule of
+    `MULTI_STAGE_SCHEDULES` when > 1."""
+
     def __post_init__(self) -> None:
-        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
-            raise ValueError(f"Strategy.tp must be an integer >= 1; got {self.tp!r}")
-        if not isinstance(self.sequence_parallel, bool):
-            raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
-                             "and needs Strategy.tp > 1; got tp=1")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
@@ -68,6 +93,28 @@ class Strategy:
                     f"Strategy.{name} must be one of {', '.join(map(repr, allowed))}; "
                     f"got {value!r}"
                 )
+        for name in ("tp", "pp", "stages_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Strategy.{name} must be an integer >= 1; got {value!r}")
+        if self.microbatches is not None and (isinstance(self.microbatches, bool)
+                                              or not isinstance(self.microbatches, int) or self.microbatches < 1):
+            raise ValueError(f"Strategy.microbatches must be None or an integer >= 1; got {self.microbatches!r}")
+        if self.pp_schedule in MULTI_STAGE_SCHEDULES and self.pp > 1 and self.stages_per_rank == 1:
+            raise ValueError(f"Strategy.pp_schedule={self.pp_schedule!r} runs several stages per rank and needs "
+                             "Strategy.stages_per_rank > 1; got 1")
+        if self.stages_per_rank > 1 and self.pp_schedule not in MULTI_STAGE_SCHEDULES:
+            raise ValueError(f"Strategy.stages_per_rank={self.stages_per_rank} needs a schedule that runs several "
+                             f"stages per rank ({', '.join(map(repr, MULTI_STAGE_SCHEDULES))}); "
+                             f"got pp_schedule={self.pp_schedule!r}")
+        if self.stages_per_rank > 1 and self.pp == 1:
+            raise ValueError(f"Strategy.stages_per_rank={self.stages_per_rank} places stages on pipeline ranks "
+                             "and needs Strategy.pp > 1; got pp=1")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
+                             "and needs Strategy.tp > 1; got tp=1")
 
 
 _CHOICES = {
@@ -75,4 +122,5 @@ _CHOICES = {
     "offload": get_args(Offload),
     "precision": get_args(Precision),
     "recompute": get_args(Recompute),
+    "pp_schedule": get_args(PipelineSchedule),
 }

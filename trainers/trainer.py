@@ -22,7 +22,7 @@ from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_
                                  resume_candidates, save_checkpoint)
 from trainers.config import TrainConfig
 from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, flat_settings, run_settings
-from trainers.data import MicroBatch, StepSampler, check_batch_sizes
+from trainers.data import MicroBatch, StepSampler, check_batch_sizes, pipeline_microbatches
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import StepMemoryProbe, gather_reports
@@ -30,6 +30,10 @@ from trainers.metrics import MetricsSink
 from trainers.gradients import scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
+from trainers.pipeline_comm import PipelineLink
+from trainers.pipeline_runtime import Pipeline
+from trainers.pipeline_schedules import check_schedule, schedule_orders, stage_rank
+from trainers.pipeline_sharding import StageSharding
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
@@ -61,7 +65,10 @@ class Trainer:
     the model's `input_ids_unit` (default "tokens"; "residues" for folding).
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None) -> None:
+    def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None,
+                 example_batch: Batch | None = None) -> None:
+        """example_batch: one micro batch, from which a pipeline split (strategy.pp > 1) estimates
+        each block's cost; without it the stages balance parameter counts."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
         if not isinstance(config, TrainConfig):
@@ -70,14 +77,27 @@ class Trainer:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
         self.config, self.strategy = config, strategy
-        self.env = setup_distributed(strategy.tp)
+        self.env = setup_distributed(strategy.tp, strategy.pp)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.dp_size)
+        microbatches = pipeline_microbatches(config.global_batch_size, config.micro_batch_size, self.env.dp_size,
+                                             strategy.microbatches)
+        if strategy.pp > 1:
+            check_schedule(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
-        self.model = parallelize(model, strategy, self.env)
+        self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches)
+        self.pipeline = None
+        if self.pipeline_parts is not None:
+            layout = self.pipeline_parts.layout
+            link = PipelineLink(self.env.mesh["pp"].get_group(), layout.num_stages, self.env.device)
+            order = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank,
+                                    microbatches)[self.env.pp_rank]
+            self.pipeline = Pipeline(self.pipeline_parts.stages, order, strategy.pp, link,
+                                     StageSharding(order, strategy.zero, strategy.pp_schedule))
+        self.microbatches = microbatches
         self.optimizer = TrainOptimizer(
             self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
             group=self.env.mesh["dp"].get_group(),
@@ -106,9 +126,10 @@ class Trainer:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
                            start_step=self.step, progress=config.progress)
+        parameters = self.num_parameters()
         if env.is_main:
             log.info("training %s (%s parameters) on %d rank(s) with %s: steps %d-%d of %d examples (%d a micro "
-                     "batch), %d training examples%s", self.model_class, f"{self.num_parameters():,}", env.world_size,
+                     "batch), %d training examples%s", self.model_class, f"{parameters:,}", env.world_size,
                      self.strategy, self.step + 1, config.max_steps, config.global_batch_size,
                      config.micro_batch_size, len(train_dataset),
                      "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
@@ -125,7 +146,7 @@ class Trainer:
                 started = time.perf_counter()
                 micro_batches = sampler.micro_batches(self.step)
                 batches = self._seeded_batches(train_dataset, micro_batches, collate)
-                record = self._train_step(batches, len(micro_batches))
+                record = self._train_step(batches, micro_batches)
                 record["step_seconds"] = time.perf_counter() - started
                 record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
                 if unit in record:
@@ -179,8 +200,15 @@ class Trainer:
         return {"eval_loss": (totals[0] / totals[1].clamp(min=1)).item()}
 
     def num_parameters(self) -> int:
-        """Trainable parameters of the whole model (every shard counted once)."""
-        return sum(slot.param.numel() for slot in self.optimizer.slots)
+        """Trainable parameters of the whole model (every shard, and a pipeline's tied copies,
+        counted once; collective under pipeline parallelism)."""
+        if self.pipeline is None:
+            return sum(slot.param.numel() for slot in self.optimizer.slots)
+        tied = self.pipeline_parts.tied
+        skip = set() if tied.counted_here else {id(p) for p in tied.params}
+        count = torch.tensor(sum(s.param.numel() for s in self.optimizer.slots if id(s.param) not in skip))
+        dist.all_reduce(count, group=self.env.mesh["pp"].get_group())
+        return int(count)
 
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
@@ -199,7 +227,7 @@ class Trainer:
             "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
         }
         return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state,
-                               keep=self.config.keep_checkpoints)
+                               keep=self.config.keep_checkpoints, pipeline=self._pipeline_group)
 
     def resume(self, folder: str | Path | None = None, *, strict: bool = True) -> bool:
         """Load `folder`, or by default the newest intact checkpoint of `checkpoint_dir`: the one
@@ -223,7 +251,7 @@ class Trainer:
         for candidate in candidates:
             try:
                 self._check_settings(read_trainer_state(candidate), candidate, strict)
-                state = load_checkpoint(candidate, self.model, self.optimizer, self.model_class)
+                state = load_checkpoint(candidate, self.model, self.optimizer, self.model_class, self._pipeline_group)
             except CorruptCheckpoint as error:
                 damaged.append(str(error))
                 if self.env.is_main and candidate != candidates[-1]:
@@ -251,10 +279,18 @@ class Trainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`
         (collective: call on every rank)."""
-        return full_state_dict(self.model)
+        return full_state_dict(self.model, self._pipeline_group)
+
+    @property
+    def _pipeline_group(self) -> dist.ProcessGroup | None:
+        """This rank's pipeline group when the model is pipelined."""
+        return None if self.pipeline is None else self.env.mesh["pp"].get_group()
 
     # ---------------------------------------------------------------- one step
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        if self.pipeline is not None:
+            with loss_only():
+                return self.pipeline.evaluate(batch)
         with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
             output = self.model(**batch)
         if not isinstance(output, Mapping) or "loss" not in output:
@@ -273,7 +309,7 @@ class Trainer:
             torch.manual_seed(micro_batch_seed(self.config.seed, self.step, micro.index))
             yield collate([dataset[i] for i in micro.examples])
 
-    def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
+    def _train_step(self, batches: Iterator[Batch], micro_batches: list[MicroBatch]) -> dict[str, Any]:
         config, env = self.config, self.env
         follow_step = getattr(self.model, "set_training_step", None)
         if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
@@ -284,26 +320,46 @@ class Trainer:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
         with probe or nullcontext():
-            record = self._forward_backward_step(batches, accumulation, probe)
+            record = self._forward_backward_step(batches, micro_batches, probe)
         if probe is not None:
             self._memory = gather_reports(probe.report(env.rank))
         self._steps_run += 1
         return record
 
-    def _forward_backward_step(self, batches: Iterator[Batch], accumulation: int,
+    def _pipeline_passes(self, batches: Iterator[Batch], micro_batches: list[MicroBatch],
+                         scale: float) -> tuple[torch.Tensor, int]:
+        """Forward and backward of the step's micro batches through the pipeline, `microbatches`
+        per run; returns the sum of their losses (on every rank) and the input_ids they held."""
+        batches = [_to_device(batch, self.env.device) for batch in batches]
+        seeds = [micro_batch_seed(self.config.seed, self.step, micro.index) for micro in micro_batches]
+        runs, m = len(batches) // self.microbatches, self.microbatches
+        losses: list[torch.Tensor] = []
+        for run in range(runs):
+            part = slice(run * m, (run + 1) * m)
+            losses += self.pipeline.train(batches[part], seeds[part], scale / len(batches), last_run=run == runs - 1)
+        loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=self.env.device)
+        layout = self.pipeline_parts.layout
+        self.pipeline.link.broadcast(loss_sum, stage_rank(layout.num_stages - 1, layout.pp))
+        self.pipeline_parts.tied.sum_gradients()
+        units = sum(b["input_ids"].numel() for b in batches if isinstance(b.get("input_ids"), torch.Tensor))
+        return loss_sum, units
+
+    def _forward_backward_step(self, batches: Iterator[Batch], micro_batches: list[MicroBatch],
                                probe: StepMemoryProbe | None) -> dict[str, Any]:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
+        accumulation = len(micro_batches)
         loss_sum = torch.zeros((), device=env.device)
         units = 0
+        if self.pipeline is not None:
+            loss_sum, units = self._pipeline_passes(batches, micro_batches, scale)
+            batches = []
         for index, batch in enumerate(batches):
             batch = _to_device(batch, env.device)
             if self.strategy.zero <= 1:
                 # Replicated gradients need one all-reduce per step, after the last micro batch;
                 # sharded ones are reduce-scattered every micro batch to keep only a shard.
                 self.model.set_requires_gradient_sync(index == accumulation - 1)
-            if probe is not None:
-                probe.before_forward()
             loss = self._loss(batch)
             (loss * (scale / accumulation)).backward()
             loss_sum += loss.detach().float()
@@ -315,7 +371,13 @@ class Trainer:
         params = self.optimizer.params
         grads = [p.grad for p in params if p.grad is not None]
         scale_gradients(grads, 1.0 / scale)
-        grad_norm = total_norm(grads)
+        if self.pipeline is None:
+            grad_norm = total_norm(grads)
+        else:
+            tied = self.pipeline_parts.tied
+            skip = set() if tied.counted_here else {id(p) for p in tied.params}
+            grad_norm = total_norm([p.grad for p in params if p.grad is not None and id(p) not in skip],
+                                   across=env.mesh["pp"].get_group())
         take_step = self.loss_scaler.update(grad_norm) if self.loss_scaler else math.isfinite(grad_norm)
         lr = warmup_cosine_lr(self.step, config)
         if take_step:

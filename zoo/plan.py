@@ -18,7 +18,10 @@ returns its shard of the features, the next row-parallel one takes it and return
 Under sequence parallelism the activations between regions are split along the sequence (dim 1):
 `sequence_split` modules split their output, regions gather their input and reduce-scatter their
 output, `sequence_parallel` modules (norms) run on the shards, and `sequence_gather` modules
-gather their output whole again. A model without a `parallel_plan` method trains as one unit.
+gather their output whole again.
+
+Under pipeline parallelism the model's training forward is cut at its blocks (`PipelineSplit`).
+A model without a `parallel_plan` method trains as one unit.
 """
 
 from __future__ import annotations
@@ -26,7 +29,36 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+
+
+Carry = dict[str, torch.Tensor]
+"""What flows from block to block under pipeline parallelism: the hidden states (floating-point
+tensors that need gradients) and what every block also reads (masks, lengths, positions)."""
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """How a model's training forward, `forward(**batch)["loss"]`, cuts into pipeline stages.
+
+    The model defines three methods that together compute that loss:
+
+        pipeline_enter(**batch) -> Carry            # the `pre` modules: batch to first carry
+        pipeline_block(block, carry) -> Carry        # one of ModelPlan.blocks
+        pipeline_exit(carry, **batch) -> loss        # the `post` modules: last carry to the loss
+
+    `trainers` cuts the blocks into consecutive stages; the first stage also runs
+    `pipeline_enter`, the last `pipeline_exit`, and each carry travels from stage to stage (every
+    stage sees the whole batch, so labels need not travel). Every carry has the same keys.
+    """
+
+    pre: tuple[str, ...] = ()
+    """Modules `pipeline_enter` uses (embeddings), held by the first stage."""
+    post: tuple[str, ...] = ()
+    """Modules `pipeline_exit` uses (final norm, head), held by the last stage. A module named in
+    both `pre` and `post` (a word embedding that is also the output head) is held by both stages
+    as two copies kept equal: their gradients are summed before each step."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +104,9 @@ class ModelPlan:
     """Modules whose output (B, S, ...) is split along S under sequence parallelism (embeddings)."""
     sequence_gather: tuple[str, ...] = ()
     """Modules whose output is gathered whole along S under sequence parallelism (the final norm)."""
+
+    pipeline: PipelineSplit | None = None
+    """Where the model cuts into pipeline stages; None: it cannot run under pipeline parallelism."""
 
     def block_names(self, model: nn.Module) -> list[str]:
         """Names of the modules of `model` matched by `blocks`, in `named_modules()` order.

@@ -26,7 +26,7 @@ from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlock
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.init import init_transformer_
-from zoo.plan import ModelPlan
+from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 NORM_EPS = 1e-5
@@ -61,7 +61,20 @@ class GPT(nn.Module):
         sequence and the final norm's output gathered whole for the head."""
         blocks = block_plan("blocks.*", block_config(self.config))
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
-                       sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",))
+                       sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",),
+                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", "embeddings.word")))
+
+    def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
+        """First pipeline stage: {"hidden": (B, T, C) embeddings of input_ids (B, T)}."""
+        return {"hidden": self._embed(input_ids)}
+
+    def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
+        """One block on {"hidden": (B, T, C)}."""
+        return {"hidden": block(carry["hidden"])}
+
+    def pipeline_exit(self, carry: Carry, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Last pipeline stage: the fused head + loss on the final norm of carry["hidden"] (B, T, C)."""
+        return self._fused_loss(self.norm(carry["hidden"]), labels)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -81,19 +94,34 @@ class GPT(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """input_ids: (B, T) int64, the positions after those in `cache` (if any). Returns the final
         normalised hidden states (B, T, C); with a cache, its keys and values grow by T."""
+        x = self._embed(input_ids, 0 if cache is None else cache.length)
+        for index, block in enumerate(self.blocks):
+            x = block(x, cache=None if cache is None else cache.layer(index))
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
+        return self.norm(x)
+
+    def _embed(self, input_ids: torch.Tensor, past: int = 0) -> torch.Tensor:
+        """(B, T, C) embeddings of input_ids (B, T) at positions past..past + T - 1."""
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must have shape (B, T); got {tuple(input_ids.shape)}")
-        past, length = (0 if cache is None else cache.length), input_ids.shape[1]
+        length = input_ids.shape[1]
         if past + length > self.config.block_size:
             raise ValueError(f"input_ids length must be <= block_size={self.config.block_size}; got {past + length}"
                              + (f" ({past} cached)" if past else ""))
         positions = torch.arange(past, past + length, device=input_ids.device)[None]
-        x = self.embeddings(input_ids, position_ids=positions)
-        for index, block in enumerate(self.blocks):
-            x = block(x, cache=None if cache is None else cache.layer(index))
-        if cache is not None:
-            cache.advance(length)
-        return self.norm(x)
+        return self.embeddings(input_ids, position_ids=positions)
+
+    @staticmethod
+    def _targets(labels: torch.Tensor) -> torch.Tensor:
+        """(B * T,) targets: position t's is labels[:, t + 1], the last position's none (-100).
+        Shifting the labels (as transformers does) keeps hidden states and logits whole: slicing
+        them would copy them."""
+        return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).flatten()
+
+    def _fused_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the tied head on normalised hidden (B, T, C), logits never formed."""
+        return linear_cross_entropy(hidden.flatten(0, 1), self.embeddings.word.weight, self._targets(labels))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 skip_logits: bool | None = None) -> dict[str, torch.Tensor]:
@@ -109,16 +137,12 @@ class GPT(nn.Module):
             raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got {tuple(labels.shape)}")
         skip = decide_skip_logits(skip_logits, self.training, labels is not None)
         hidden = self.hidden_states(input_ids)
-        weight = self.embeddings.word.weight
-        # Position t's target is labels[:, t + 1]; the last position gets none. Shifting the labels
-        # (as transformers does) keeps hidden states and logits whole: slicing them would copy them.
-        targets = None if labels is None else F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX).flatten()
         if skip:
-            return {"loss": linear_cross_entropy(hidden.flatten(0, 1), weight, targets)}
-        logits = F.linear(hidden, weight)
+            return {"loss": self._fused_loss(hidden, labels)}
+        logits = F.linear(hidden, self.embeddings.word.weight)
         if labels is None:
             return {"logits": logits}
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), self._targets(labels), ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}
 
     @torch.no_grad()

@@ -48,7 +48,7 @@ from tiny_transducer import tiny, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from trainers.optim import clean_fqn  # noqa: E402
-from zoo.plan import ModelPlan  # noqa: E402
+from zoo.plan import ModelPlan, PipelineSplit  # noqa: E402
 
 STEPS = 3
 
@@ -177,28 +177,38 @@ class ResidualFeedForward(nn.Module):
 
 
 class FeedForwardLM(nn.Module):
-    """A model written here, not from the zoo, in plain torch.nn with its own tensor-parallel plan:
-    a vocabulary-parallel embedding, two residual feed-forward layers whose column- and
-    row-parallel linears are their own regions, a LayerNorm and a whole linear head."""
+    """A model written here, not from the zoo, in plain torch.nn with its own parallel plan: a
+    vocabulary-parallel embedding, two residual feed-forward layers whose column- and row-parallel
+    linears are their own regions, a LayerNorm and a whole linear head; under pipeline
+    parallelism the layers split between the embedding and the head."""
 
-    def __init__(self, vocab: int = 49, width: int = 32, hidden: int = 64) -> None:
+    def __init__(self, vocab: int = 49, width: int = 32, hidden: int = 64, layers: int = 2) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(ResidualFeedForward(width, hidden) for _ in range(2))
+        self.layers = nn.ModuleList(ResidualFeedForward(width, hidden) for _ in range(layers))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
 
     def parallel_plan(self) -> ModelPlan:
         return ModelPlan(blocks=("layers.*",), colwise=("layers.*.up",), rowwise=("layers.*.down",),
-                         vocab_parallel=("embed",))
+                         vocab_parallel=("embed",), pipeline=PipelineSplit(pre=("embed",), post=("norm", "head")))
+
+    def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": self.embed(input_ids)}
+
+    def pipeline_block(self, block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"hidden": block(carry["hidden"])}
+
+    def pipeline_exit(self, carry: dict[str, torch.Tensor], input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.norm(carry["hidden"]))
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        x = self.embed(input_ids)
+        carry = self.pipeline_enter(input_ids, labels)
         for layer in self.layers:
-            x = layer(x)
-        logits = self.head(self.norm(x))
-        return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}
+            carry = self.pipeline_block(layer, carry)
+        return {"loss": self.pipeline_exit(carry, input_ids, labels)}
 
 
 def mlm_examples(count: int) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,120 @@
+"""Point-to-point transfer of carries and their gradients between pipeline ranks.
+
+A carry (`zoo.plan.Carry`) may change shape from micro batch to micro batch (padded batches of
+another length), so each forward message starts with a fixed-size header giving the carry's keys,
+dtypes, shapes and which entries need gradients. Gradient messages need no header: the receiver
+sent the matching carry and knows its shapes. Every message is tagged with its pass, stage and
+micro batch, so messages between one pair of ranks match whatever order the schedules post them
+in. Sends are asynchronous; the sender keeps them until `wait_sends`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from zoo.plan import Carry
+
+HEADER_INTS = 512
+"""int64 entries of a forward message's header."""
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
+           torch.uint8, torch.int8, torch.int16]
+_MESSAGE_KINDS = ("F", "B", "E")
+"""Forward activations, backward gradients, evaluation activations."""
+_PARTS = 64
+"""Tag slots per message: the header and up to 63 tensors."""
+
+
+def message_tag(kind: str, stage: int, micro: int, part: int, num_stages: int) -> int:
+    """Tag of part `part` (0: header) of the `kind` message of `stage` (its sender) for `micro`."""
+    return ((micro * num_stages + stage) * len(_MESSAGE_KINDS) + _MESSAGE_KINDS.index(kind)) * _PARTS + part
+
+
+def _encode_header(carry: Carry) -> torch.Tensor:
+    header = [len(carry)]
+    for key, value in carry.items():
+        if value.dtype not in _DTYPES:
+            raise TypeError(f"carry entry {key!r} has dtype {value.dtype}, which pipeline stages cannot send")
+        name = list(key.encode())
+        header += [len(name), *name, _DTYPES.index(value.dtype), int(value.requires_grad), value.ndim, *value.shape]
+    if len(header) > HEADER_INTS or len(carry) >= _PARTS:
+        raise ValueError(f"a carry of {len(carry)} entries ({list(carry)}) does not fit a pipeline message header")
+    return torch.tensor(header + [0] * (HEADER_INTS - len(header)), dtype=torch.int64)
+
+
+def _decode_header(header: list[int]) -> list[tuple[str, torch.dtype, bool, list[int]]]:
+    entries, at = [], 1
+    for _ in range(header[0]):
+        length = header[at]
+        name = bytes(header[at + 1: at + 1 + length]).decode()
+        at += 1 + length
+        dtype, needs_grad, ndim = _DTYPES[header[at]], bool(header[at + 1]), header[at + 2]
+        entries.append((name, dtype, needs_grad, header[at + 3: at + 3 + ndim]))
+        at += 3 + ndim
+    return entries
+
+
+def differentiable(carry: Carry) -> list[str]:
+    """Keys of the carry entries that gradients flow back through."""
+    return [key for key, value in carry.items() if value.requires_grad]
+
+
+class PipelineLink:
+    """Send and receive over the pipeline process group `group` (global ranks resolved from its
+    group ranks) for a pipeline of `num_stages` stages."""
+
+    def __init__(self, group: dist.ProcessGroup, num_stages: int, device: torch.device) -> None:
+        self.group, self.num_stages, self.device = group, num_stages, device
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def _peer(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)
+
+    def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        tensor = tensor.detach().contiguous()
+        self._sends.append((dist.isend(tensor, self._peer(peer), group=self.group, tag=tag), tensor))
+
+    def _recv(self, tensor: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
+        dist.recv(tensor, self._peer(peer), group=self.group, tag=tag)
+        return tensor
+
+    def send_carry(self, kind: str, carry: Carry, stage: int, micro: int, peer: int) -> None:
+        """Send `carry`, the output of `stage` for `micro`, to pipeline rank `peer`."""
+        tag = message_tag(kind, stage, micro, 0, self.num_stages)
+        self._send(_encode_header(carry).to(self.device), peer, tag)
+        for part, value in enumerate(carry.values(), start=1):
+            self._send(value, peer, tag + part)
+
+    def recv_carry(self, kind: str, stage: int, micro: int, peer: int) -> Carry:
+        """Receive the carry `stage` sent for `micro` from pipeline rank `peer`; entries that
+        needed gradients there are leaves that need gradients here."""
+        tag = message_tag(kind, stage, micro, 0, self.num_stages)
+        header = self._recv(torch.empty(HEADER_INTS, dtype=torch.int64, device=self.device), peer, tag)
+        carry = {}
+        for part, (name, dtype, needs_grad, shape) in enumerate(_decode_header(header.tolist()), start=1):
+            value = self._recv(torch.empty(shape, dtype=dtype, device=self.device), peer, tag + part)
+            carry[name] = value.requires_grad_(needs_grad)
+        return carry
+
+    def send_grads(self, grads: list[torch.Tensor], stage: int, micro: int, peer: int) -> None:
+        """Send the gradients of the differentiable entries of `stage`'s input carry for `micro`."""
+        tag = message_tag("B", stage, micro, 0, self.num_stages)
+        for part, grad in enumerate(grads, start=1):
+            self._send(grad, peer, tag + part)
+
+    def recv_grads(self, outputs: list[torch.Tensor], stage: int, micro: int, peer: int) -> list[torch.Tensor]:
+        """Receive the gradients of `outputs` (the differentiable entries `stage` sent for
+        `micro`), sent back by stage + 1 on pipeline rank `peer`."""
+        tag = message_tag("B", stage + 1, micro, 0, self.num_stages)
+        return [self._recv(torch.empty_like(out), peer, tag + part) for part, out in enumerate(outputs, start=1)]
+
+    def broadcast(self, tensor: torch.Tensor, source: int) -> torch.Tensor:
+        """Broadcast `tensor` from pipeline rank `source` to every pipeline rank, in place."""
+        dist.broadcast(tensor, self._peer(source), group=self.group)
+        return tensor
+
+    def wait_sends(self) -> None:
+        """Wait until every send posted so far has left."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()

@@ -1,0 +1,155 @@
+"""Cut a model into pipeline stages from its `ModelPlan.pipeline` and keep this rank's share.
+
+`split_for_pipeline` runs first, before tensor parallelism, recompute and data parallelism: it
+estimates each piece's cost on an example micro batch (`trainers.pipeline_split`), cuts the blocks
+into pp * stages_per_rank balanced stages, places stage s on pipeline rank s % pp, and prunes the
+model to this rank's modules (a model built on the meta device never allocates the others).
+`build_stages` then wraps the (by then parallelised) modules in `StageModule`s.
+
+Modules named by both `pre` and `post` (GPT's word embedding, also its output head) are held by the
+first and the last stage. `TiedCopies` keeps the two copies equal, as Megatron's embedding group
+does: their gradients are summed between the two ranks before each step, and a model materialised
+from the meta device takes the first stage's initial values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainers.distributed import DistEnv
+from trainers.optim import clean_fqn, local_tensor
+from trainers.pipeline_split import PieceCosts, balanced_split, estimate_costs
+from trainers.pipeline_stage import StageModule, prune
+from trainers.strategy import Strategy
+from zoo.plan import ModelPlan, PipelineSplit, resolve
+
+PIPELINE_METHODS = ("pipeline_enter", "pipeline_block", "pipeline_exit")
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """Which blocks each stage runs and which stages this rank holds."""
+
+    ranges: list[range]
+    """Block indices of each stage, in stage order."""
+    block_names: list[str]
+    """Every block's module name, in order (ModelPlan.blocks)."""
+    pre: list[str]
+    """Module names of `pipeline_enter` (first stage)."""
+    post: list[str]
+    """Module names of `pipeline_exit` (last stage)."""
+    pp: int
+    """Pipeline ranks."""
+    pp_rank: int
+    """This rank's pipeline coordinate."""
+    costs: PieceCosts
+    """The estimated costs the split balanced."""
+    tied: list[str]
+    """Parameter names held by both the first and the last stage."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def local_stages(self) -> list[int]:
+        """Indices of the stages on this rank, ascending."""
+        return [s for s in range(self.num_stages) if s % self.pp == self.pp_rank]
+
+    def stage_modules(self, stage: int) -> tuple[list[str], list[str]]:
+        """(block names, held module names) of `stage`."""
+        held = (self.pre if stage == 0 else []) + (self.post if stage == self.num_stages - 1 else [])
+        return [self.block_names[i] for i in self.ranges[stage]], held
+
+
+def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
+    """The model's `PipelineSplit`; ValueError naming what is missing when it cannot be pipelined."""
+    name = type(model).__name__
+    if plan.pipeline is None:
+        raise ValueError(f"Strategy.pp > 1 needs split points, but {name} declares none: its parallel_plan() must "
+                         "return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and blocks")
+    if not plan.blocks:
+        raise ValueError(f"Strategy.pp > 1 cuts the model's blocks into stages, but {name}'s ModelPlan.blocks is empty")
+    missing = [m for m in PIPELINE_METHODS if not callable(getattr(model, m, None))]
+    if missing:
+        raise ValueError(f"Strategy.pp > 1 runs {name} through {', '.join(PIPELINE_METHODS)}, but it lacks "
+                         f"{', '.join(missing)} (see zoo.plan.PipelineSplit)")
+    return plan.pipeline
+
+
+def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
+    return {f"{name}.{p}" for name in modules for p, _ in model.get_submodule(name).named_parameters()}
+
+
+def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, env: DistEnv,
+                       example_batch: Mapping[str, Any] | None, microbatches: int) -> PipelineLayout:
+    """Cut `model` into strategy.pp * strategy.stages_per_rank stages and prune it to this rank's."""
+    split = check_pipeline_plan(model, plan)
+    block_names = plan.block_names(model)
+    pre, post = resolve(model, split.pre, "pipeline.pre"), resolve(model, split.post, "pipeline.post")
+    modules = model.get_submodule
+    costs = estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
+                           [modules(n) for n in post], example_batch, strategy.recompute != "none", microbatches)
+    layout = PipelineLayout(
+        ranges=balanced_split(costs, strategy.pp * strategy.stages_per_rank), block_names=block_names, pre=pre,
+        post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
+        tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)))
+    keep: set[str] = set()
+    for stage in layout.local_stages:
+        blocks, held = layout.stage_modules(stage)
+        keep.update(blocks, held)
+    prune(model, keep)
+    return layout
+
+
+def build_stages(model: nn.Module, layout: PipelineLayout) -> list[StageModule]:
+    """This rank's `StageModule`s over the (parallelised) modules of the pruned `model`."""
+    stages = []
+    for stage in layout.local_stages:
+        blocks, held = layout.stage_modules(stage)
+        stages.append(StageModule(model, stage, layout.num_stages, [model.get_submodule(n) for n in blocks],
+                                  [model.get_submodule(n) for n in held]))
+    return stages
+
+
+class TiedCopies:
+    """The parameters held by both the first and the last stage, and the two-rank group (per
+    data- and tensor-parallel coordinate) that keeps them equal."""
+
+    def __init__(self, model: nn.Module, layout: PipelineLayout, env: DistEnv) -> None:
+        self.group: dist.ProcessGroup | None = None
+        ranks = env.mesh.mesh  # (pp, dp, tp) global ranks
+        last = layout.num_stages - 1
+        first_rank, last_rank = 0, last % layout.pp
+        for dp in range(ranks.shape[1]):
+            for tp in range(ranks.shape[2]):
+                pair = [int(ranks[first_rank, dp, tp]), int(ranks[last_rank, dp, tp])]
+                group = dist.new_group(pair) if layout.tied else None  # every rank joins every creation
+                if env.rank in pair:
+                    self.group = group
+        holds = {clean_fqn(name): p for name, p in model.named_parameters()}
+        self.params = [holds[name] for name in layout.tied if name in holds]
+        self.source = int(ranks[first_rank, env.mesh["dp"].get_local_rank(), env.mesh["tp"].get_local_rank()])
+        self.counted_here = env.pp_rank == first_rank
+        """Whether this rank's copies count in the gradient norm (the first stage's do)."""
+
+    @torch.no_grad()
+    def sync_values(self) -> None:
+        """Give the last stage's copies the first stage's values (after initialisation)."""
+        for param in self.params:
+            dist.broadcast(local_tensor(param), self.source, group=self.group)
+
+    @torch.no_grad()
+    def sum_gradients(self) -> None:
+        """Sum the two copies' gradients, so both take the whole model's gradient (a copy its
+        stage did not use counts as zero)."""
+        for param in self.params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(local_tensor(param.grad), group=self.group)

@@ -1,0 +1,181 @@
+"""Run a pipeline schedule: this rank's `Action`s over its stages, with the carries and their
+gradients moved between ranks by `PipelineLink`.
+
+Each forward keeps its stage's input and output carries until the matching backward. The last
+stage's backward starts from the micro batch's loss times `loss_factor` (the loss scale over the
+step's micro batch count), so gradients accumulate exactly as the one-process trainer's do. A
+zero-bubble schedule's "I" pass computes only the input carry's gradients (torch's
+`stage_backward_input`, which also keeps what the weight pass needs) and its "W" pass the
+parameters' (`stage_backward_weight`); on the first stage, whose input needs no gradient, "I" does
+nothing and "W" runs the whole backward.
+
+Data parallelism is switched around each action by `trainers.pipeline_sharding`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from trainers.pipeline_comm import PipelineLink, differentiable
+from trainers.pipeline_schedules import Action, stage_rank
+from trainers.pipeline_sharding import StageSharding
+from trainers.pipeline_stage import StageModule
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """Seed of stage `stage`'s random draws (dropout) on the micro batch seeded `seed`: the same
+    on any number of ranks and replayed exactly on resume."""
+    digest = hashlib.blake2b(f"{seed}/stage/{stage}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class _Pending:
+    """What a forward leaves for its backward."""
+
+    inputs: list[torch.Tensor]
+    """The input carry's differentiable entries (leaves)."""
+    outputs: list[torch.Tensor]
+    """The output carry's differentiable entries, or [scaled loss] on the last stage."""
+    weight_pass: list[dict[str, Any]] | None = None
+    """After a zero-bubble "I" pass: what its "W" pass needs."""
+    grads: list[torch.Tensor] | None = None
+    """On the first stage, the output gradients an "I" pass received for the "W" pass."""
+
+
+@dataclass
+class Span:
+    """One action as it ran on this rank."""
+
+    action: Action
+    start: float
+    """Seconds since the run began (waits for messages included)."""
+    end: float
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages and its order of actions for a schedule."""
+
+    stages: list[StageModule]
+    """The stages on this rank, ascending."""
+    order: list[Action]
+    """This rank's actions for one run."""
+    pp: int
+    """Pipeline ranks."""
+    link: PipelineLink
+    sharding: StageSharding
+    """When each stage gathers parameters and reduces gradients."""
+    timeline: list[Span] = field(default_factory=list)
+    """The actions of the latest run."""
+
+    def __post_init__(self) -> None:
+        self._by_index = {stage.index: stage for stage in self.stages}
+        self.num_stages = self.stages[0].num_stages
+        self.split_backward = any(action.kind == "W" for action in self.order)
+
+    @property
+    def has_last_stage(self) -> bool:
+        """Whether this rank computes the losses."""
+        return any(stage.is_last for stage in self.stages)
+
+    def train(self, batches: list[Mapping[str, Any]], seeds: list[int], loss_factor: float,
+              last_run: bool) -> list[torch.Tensor]:
+        """Run forward and backward of `batches` (one per micro batch, seeded by `seeds`); return
+        the detached losses on the rank of the last stage (empty elsewhere)."""
+        pending: dict[tuple[int, int], _Pending] = {}
+        losses: dict[int, torch.Tensor] = {}
+        self.timeline = []
+        began = time.perf_counter()
+        for position, action in enumerate(self.order):
+            start = time.perf_counter() - began
+            stage = self._by_index[action.stage]
+            data_parallel = isinstance(stage, FSDPModule)
+            if data_parallel:
+                self.sharding.before(position, action, stage, last_run)
+            if action.kind == "F":
+                pending[action.stage, action.micro] = self._forward(stage, action.micro, batches[action.micro],
+                                                                    seeds[action.micro], loss_factor, losses)
+            elif self.split_backward:
+                self._split_backward(stage, action, pending)
+            else:
+                self._backward(stage, action, pending)
+            if data_parallel:
+                self.sharding.after(position, action, stage, last_run)
+            self.timeline.append(Span(action, start, time.perf_counter() - began))
+        self.link.wait_sends()
+        return [losses[i] for i in sorted(losses)]
+
+    def _forward(self, stage: StageModule, micro: int, batch: Mapping[str, Any], seed: int, loss_factor: float,
+                 losses: dict[int, torch.Tensor]) -> _Pending:
+        carry = None if stage.is_first else self.link.recv_carry("F", stage.index - 1, micro,
+                                                                 stage_rank(stage.index - 1, self.pp))
+        inputs = [] if carry is None else [carry[key] for key in differentiable(carry)]
+        if carry is not None:
+            # The stage sees views of the received leaves: module hooks that wait for gradients of
+            # their inputs (the memory probe's) cannot watch leaves under the "I" pass's autograd.grad.
+            carry = {key: value.view_as(value) if value.requires_grad else value for key, value in carry.items()}
+        torch.manual_seed(stage_seed(seed, stage.index))
+        output = stage(carry, batch)
+        if stage.is_last:
+            losses[micro] = output.detach()
+            return _Pending(inputs, [output * loss_factor])
+        self.link.send_carry("F", output, stage.index, micro, stage_rank(stage.index + 1, self.pp))
+        return _Pending(inputs, [output[key] for key in differentiable(output)])
+
+    def _output_grads(self, stage: StageModule, micro: int, saved: _Pending) -> list[torch.Tensor] | None:
+        """The gradients of `stage`'s outputs for `micro`, from the next stage (None on the last)."""
+        return None if stage.is_last else self.link.recv_grads(saved.outputs, stage.index, micro,
+                                                               stage_rank(stage.index + 1, self.pp))
+
+    def _backward(self, stage: StageModule, action: Action, pending: dict[tuple[int, int], _Pending]) -> None:
+        saved = pending.pop((action.stage, action.micro))
+        torch.autograd.backward(saved.outputs, self._output_grads(stage, action.micro, saved))
+        self._send_input_grads(stage, action.micro, saved.inputs)
+
+    def _split_backward(self, stage: StageModule, action: Action, pending: dict[tuple[int, int], _Pending]) -> None:
+        key = (action.stage, action.micro)
+        saved = pending[key]
+        if action.kind == "I":
+            grads = self._output_grads(stage, action.micro, saved)
+            if stage.is_first:
+                saved.grads = grads  # the "W" pass runs the whole backward
+                return
+            _, saved.weight_pass = stage_backward_input(saved.outputs, grads, saved.inputs, stage.parameters())
+            self._send_input_grads(stage, action.micro, saved.inputs)
+        else:  # "W"
+            if stage.is_first:
+                torch.autograd.backward(saved.outputs, saved.grads)
+            else:
+                stage_backward_weight(stage.parameters(), saved.weight_pass)
+            del pending[key]
+
+    def _send_input_grads(self, stage: StageModule, micro: int, inputs: list[torch.Tensor]) -> None:
+        if stage.is_first:
+            return
+        grads = [x.grad if x.grad is not None else torch.zeros_like(x) for x in inputs]
+        self.link.send_grads(grads, stage.index, micro, stage_rank(stage.index - 1, self.pp))
+
+    @torch.no_grad()
+    def evaluate(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The loss of one batch, run through every stage in turn, on every pipeline rank."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.link.device)
+        for stage in self.stages:
+            carry = None if stage.is_first else self.link.recv_carry("E", stage.index - 1, 0,
+                                                                     stage_rank(stage.index - 1, self.pp))
+            output = stage(carry, batch)
+            if stage.is_last:
+                loss = output.detach().float()
+            else:
+                self.link.send_carry("E", output, stage.index, 0, stage_rank(stage.index + 1, self.pp))
+        self.link.wait_sends()
+        return self.link.broadcast(loss, stage_rank(self.num_stages - 1, self.pp))
+

@@ -1,0 +1,213 @@
+"""Pipeline schedules: the order in which each pipeline rank runs its stages' passes.
+
+A schedule is, for every pipeline rank, a list of `Action`s: the forward ("F"), backward ("B"),
+or, split as zero-bubble schedules do, input-gradient ("I") and weight-gradient ("W") pass of one
+stage on one micro batch. The runtime (`trainers.pipeline_runtime`) runs each rank's list in order
+and waits only for the activations or gradients an action needs, so any list that respects each
+micro batch's dependencies runs; `simulate` checks that it cannot deadlock and times it with unit
+costs, which gives each schedule's ideal bubble.
+
+Stage s of pp * v lives on pipeline rank s % pp (the looping placement of interleaved 1F1B and
+breadth-first pipelines; with v = 1, stage s is rank s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+PASS_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+"""Unit costs of the passes for `simulate`: a backward is two forwards (input and weight gradients)."""
+
+
+class Action(NamedTuple):
+    """One pass of one stage on one micro batch."""
+
+    kind: str
+    """"F" forward, "B" backward, "I" input-gradient half of a backward, "W" its weight-gradient half."""
+    stage: int
+    """Global stage index, 0 .. pp * stages_per_rank - 1."""
+    micro: int
+    """Micro batch index within the pipeline run."""
+
+
+def stage_rank(stage: int, pp: int) -> int:
+    """Pipeline rank that holds `stage` (looping placement)."""
+    return stage % pp
+
+
+def schedule_orders(name: str, pp: int, stages_per_rank: int, microbatches: int) -> list[list[Action]]:
+    """Each pipeline rank's actions for schedule `name` (a `trainers.strategy.PipelineSchedule`)."""
+    check_schedule(name, pp, stages_per_rank, microbatches)
+    if name == "zero_bubble":
+        return _zero_bubble(pp, microbatches)
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "looped_bfs": _looped_bfs}[name]
+    return [build(rank, pp, stages_per_rank, microbatches) for rank in range(pp)]
+
+
+def check_schedule(name: str, pp: int, stages_per_rank: int, microbatches: int) -> None:
+    """ValueError naming the field when `name` cannot run `microbatches` on this layout."""
+    if name == "interleaved_1f1b" and microbatches % pp:
+        raise ValueError(f"Strategy.pp_schedule='interleaved_1f1b' runs micro batches in rounds of pp={pp}, so "
+                         f"Strategy.microbatches must be a multiple of {pp}; got {microbatches}")
+    if name in ("gpipe", "1f1b", "zero_bubble") and stages_per_rank != 1:
+        raise ValueError(f"Strategy.pp_schedule={name!r} runs one stage per rank; got stages_per_rank={stages_per_rank}")
+
+
+def _gpipe(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    return [Action("F", rank, i) for i in range(m)] + [Action("B", rank, i) for i in range(m)]
+
+
+def _one_f_one_b(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    warmup = min(pp - rank - 1, m)
+    order = [Action("F", rank, i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [Action("F", rank, warmup + i), Action("B", rank, i)]
+    return order + [Action("B", rank, i) for i in range(m - warmup, m)]
+
+
+def _interleaved(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    """Megatron's interleaved 1F1B: micro batches in rounds of pp go through this rank's stages in
+    turn; warm-up long enough that the first backward's inputs have arrived."""
+    total = m * v
+
+    def forward(k: int) -> Action:
+        chunk, micro = (k // pp) % v, (k // (pp * v)) * pp + k % pp
+        return Action("F", chunk * pp + rank, micro)
+
+    def backward(k: int) -> Action:
+        chunk, micro = v - 1 - (k // pp) % v, (k // (pp * v)) * pp + k % pp
+        return Action("B", chunk * pp + rank, micro)
+
+    warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    order = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [forward(warmup + k), backward(k)]
+    return order + [backward(k) for k in range(total - warmup, total)]
+
+
+def _looped_bfs(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    """Breadth-first: every micro batch through one local stage before the next stage."""
+    stages = [chunk * pp + rank for chunk in range(v)]
+    forwards = [Action("F", s, i) for s in stages for i in range(m)]
+    return forwards + [Action("B", s, i) for s in reversed(stages) for i in range(m)]
+
+
+def _zero_bubble(pp: int, m: int) -> list[list[Action]]:
+    """ZB-H1 (Qi et al. 2023): 1F1B's peak memory (at most pp micro batches between forward and
+    weight pass on any rank) with the weight passes deferred. Built by list scheduling at unit costs: a free
+    rank runs a ready input-gradient pass first (the critical path), else a forward within the
+    memory limit, else a pending weight pass."""
+    orders: list[list[Action]] = [[] for _ in range(pp)]
+    done: dict[Action, float] = {}
+    busy_until = [0.0] * pp
+    next_forward, next_input, weights = [0] * pp, [0] * pp, [[] for _ in range(pp)]
+    weights_done = [0] * pp
+    time = 0.0
+    while len(done) < 3 * pp * m:
+        for rank in range(pp):
+            if busy_until[rank] > time:
+                continue
+            action = None
+            i = next_input[rank]
+            if i < next_forward[rank] and _ready(Action("I", rank, i), pp, done, time):
+                action, next_input[rank] = Action("I", rank, i), i + 1
+                weights[rank].append(i)
+            elif (next_forward[rank] < m and next_forward[rank] - weights_done[rank] < pp
+                  and _ready(Action("F", rank, next_forward[rank]), pp, done, time)):
+                action, next_forward[rank] = Action("F", rank, next_forward[rank]), next_forward[rank] + 1
+            elif weights[rank]:
+                action = Action("W", rank, weights[rank].pop(0))
+                weights_done[rank] += 1
+            if action is not None:
+                orders[rank].append(action)
+                busy_until[rank] = time + PASS_COSTS[action.kind]
+                done[action] = busy_until[rank]
+        time = min((t for t in busy_until if t > time), default=time + 1.0)
+    return orders
+
+
+def _needs(action: Action, pp: int, num_stages: int) -> list[Action]:
+    """The actions whose results `action` consumes."""
+    kind, stage, micro = action
+    if kind == "F":
+        return [Action("F", stage - 1, micro)] if stage > 0 else []
+    if kind == "W":
+        return [Action("I", stage, micro)]
+    later = [] if stage == num_stages - 1 else [Action("B", stage + 1, micro), Action("I", stage + 1, micro)]
+    return [Action("F", stage, micro), *later]
+
+
+def _ready(action: Action, pp: int, done: dict[Action, float], time: float) -> bool:
+    needs = _needs(action, pp, pp)
+    # A backward needs the next stage's "B" or "I": whichever kind that schedule runs.
+    forward = [a for a in needs if a.kind == "F"]
+    gradient = [a for a in needs if a.kind != "F"]
+    return (all(done.get(a, float("inf")) <= time for a in forward)
+            and (not gradient or any(done.get(a, float("inf")) <= time for a in gradient)))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Unit-cost run of a schedule: when each action starts and ends, per rank."""
+
+    spans: list[list[tuple[Action, float, float]]]
+    """Per pipeline rank, (action, start, end) in the order run."""
+
+    @property
+    def makespan(self) -> float:
+        """Time from the first start to the last end."""
+        return max(end for rank in self.spans for _, _, end in rank)
+
+    def bubble(self) -> float:
+        """Mean over ranks of the idle fraction of the makespan."""
+        busy = [sum(end - start for _, start, end in rank) for rank in self.spans]
+        return sum(1 - b / self.makespan for b in busy) / len(busy)
+
+
+def simulate(orders: list[list[Action]], stages_per_rank: int, costs: dict[str, float] | None = None) -> Timeline:
+    """Run `orders` with each pass taking its `costs` (default `PASS_COSTS`) and communication
+    free; ValueError if they deadlock or a micro batch's passes are missing or repeated."""
+    costs = costs or PASS_COSTS
+    pp = len(orders)
+    num_stages = pp * stages_per_rank
+    seen = [a for order in orders for a in order]
+    if len(set(seen)) != len(seen):
+        raise ValueError("a schedule runs some action twice")
+    done: dict[Action, float] = {}
+    position, clock = [0] * pp, [0.0] * pp
+    spans: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank in range(pp):
+            while position[rank] < len(orders[rank]):
+                action = orders[rank][position[rank]]
+                if stage_rank(action.stage, pp) != rank:
+                    raise ValueError(f"{action} is scheduled on pipeline rank {rank}, not its stage's rank")
+                needs = _needs(action, pp, num_stages)
+                forward = [done.get(a) for a in needs if a.kind == "F"]
+                gradient = [done[a] for a in needs if a.kind != "F" and a in done]
+                if None in forward or (len(needs) > len(forward) and not gradient):
+                    break
+                start = max([clock[rank], *forward, *gradient])
+                end = start + costs[action.kind]
+                spans[rank].append((action, start, end))
+                done[action], clock[rank] = end, end
+                position[rank] += 1
+                progressed = True
+    if any(position[rank] < len(orders[rank]) for rank in range(pp)):
+        stuck = [orders[rank][position[rank]] for rank in range(pp) if position[rank] < len(orders[rank])]
+        raise ValueError(f"the schedule deadlocks: ranks wait on {stuck}")
+    return Timeline(spans)
+
+
+def analytic_bubble(name: str, pp: int, stages_per_rank: int, microbatches: int) -> float:
+    """The textbook bubble fraction: (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1)
+    with v stages per rank for interleaved and breadth-first, and 0 for zero-bubble (the ZB-H1
+    ideal is (p - 1)(F + B - W) of idle time, a third of 1F1B's at equal pass costs; `simulate`
+    measures it)."""
+    if name == "zero_bubble":
+        return 0.0
+    rounds = microbatches * (stages_per_rank if name in ("interleaved_1f1b", "looped_bfs") else 1)
+    return (pp - 1) / (rounds + pp - 1)
