@@ -21,7 +21,8 @@ REFUSED = ("config.global_batch_size", "config.lr", "config.min_lr_ratio", "conf
            "strategy.precision")
 """Settings whose change makes the rest of the run another computation."""
 REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "strategy.offload",
-            "strategy.recompute", "strategy.tp", "strategy.sequence_parallel", "world_size")
+            "strategy.recompute", "strategy.tp", "strategy.sequence_parallel", "strategy.pp", "strategy.pp_schedule",
+            "strategy.microbatches", "strategy.stages_per_rank", "world_size")
 """Settings that may change on resume; the change is said in the log."""
 
 

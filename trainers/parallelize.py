@@ -30,7 +30,7 @@ from trainers.distributed import DistEnv
 from trainers.pipeline_parallel import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
 from trainers.pipeline_stage import StageModule
 from trainers.strategy import Strategy
-from trainers.tensor_parallel import apply_tensor_parallel
+from trainers.tensor_parallel import apply_tensor_parallel, check_plan
 from zoo.plan import model_plan
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -84,12 +84,15 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     plan = model_plan(model)
     layout = None
     if strategy.pp > 1:
+        if strategy.tp > 1:
+            check_plan(model, plan, strategy.tp, strategy.sequence_parallel)  # on the whole model
         layout = split_for_pipeline(model, plan, strategy, env, example_batch, microbatches)
+        plan = plan.present_in(model)
         block_names = [name for stage in layout.local_stages for name in layout.stage_modules(stage)[0]]
     else:
         block_names = plan.block_names(model)
     if strategy.tp > 1:
-        apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel)
+        apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and not callable(getattr(model, "init_weights", None)):
         raise ValueError(

@@ -106,7 +106,8 @@ class PipelineLink:
         """Receive the gradients of `outputs` (the differentiable entries `stage` sent for
         `micro`), sent back by stage + 1 on pipeline rank `peer`."""
         tag = message_tag("B", stage + 1, micro, 0, self.num_stages)
-        return [self._recv(torch.empty_like(out), peer, tag + part) for part, out in enumerate(outputs, start=1)]
+        return [self._recv(torch.empty(out.shape, dtype=out.dtype, device=self.device), peer, tag + part)
+                for part, out in enumerate(outputs, start=1)]
 
     def broadcast(self, tensor: torch.Tensor, source: int) -> torch.Tensor:
         """Broadcast `tensor` from pipeline rank `source` to every pipeline rank, in place."""

@@ -87,15 +87,18 @@ class _Region:
     inputs: list[tpc.GatheredInput | None] = field(default_factory=list)
 
 
-def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bool) -> dict[str, list[str]]:
+def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bool,
+               whole: bool = True) -> dict[str, list[str]]:
     """Resolve the plan's names on `model` and check that `tp` divides every split dimension;
-    returns {field: names}. ValueError naming the plan field or `Strategy.tp` otherwise."""
-    if not plan.tensor_parallel:
+    returns {field: names}. ValueError naming the plan field or `Strategy.tp` otherwise. `whole`:
+    False for a pipeline stage (checked whole before the split), which may hold no split layer and
+    neither the start nor the end of the sequence-parallel part."""
+    if whole and not plan.tensor_parallel:
         raise ValueError(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
                          "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan)")
     names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "replicated", "regions", "vocab_parallel",
                                                          "axial", "sequence_parallel", "sequence_split", "sequence_gather")}
-    if sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
+    if whole and sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
         raise ValueError(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
                          "and sequence_gather); it declares none")
@@ -145,8 +148,9 @@ def _region_members(region: str, names: dict[str, list[str]]) -> dict[str, list[
 class TensorParallel:
     """Applies a plan's tensor-parallel part to one model; see the module docstring."""
 
-    def __init__(self, model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool) -> None:
-        self.model, self.plan, self.mesh = model, plan, mesh
+    def __init__(self, model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool,
+                 whole: bool = True) -> None:
+        self.model, self.plan, self.mesh, self.whole = model, plan, mesh, whole
         self.group, self.size = mesh.get_group(), mesh.size()
         self.sequence_parallel = sequence_parallel
         self.modules = dict(model.named_modules())
@@ -155,7 +159,7 @@ class TensorParallel:
     # ------------------------------------------------------------------ apply
     def apply(self) -> None:
         """Shard the parameters and install the hooks (before recompute and FSDP wrap the model)."""
-        names = check_plan(self.model, self.plan, self.size, self.sequence_parallel)
+        names = check_plan(self.model, self.plan, self.size, self.sequence_parallel, self.whole)
         modules = self.modules
         for name in names["colwise"]:
             _shard_parameter(modules[name], "weight", 0, self.mesh)
@@ -294,6 +298,8 @@ class TensorParallel:
         return tpc.gather_whole(output, SEQUENCE_DIM, self.group)
 
 
-def apply_tensor_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Split `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares."""
-    TensorParallel(model, plan, mesh, sequence_parallel).apply()
+def apply_tensor_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool,
+                          whole: bool = True) -> None:
+    """Split `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares (`whole`:
+    False for a pipeline stage's share of the model, whose whole plan was checked before)."""
+    TensorParallel(model, plan, mesh, sequence_parallel, whole).apply()

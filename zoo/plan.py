@@ -27,7 +27,8 @@ A model without a `parallel_plan` method trains as one unit.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import fields as fields_of
 
 import torch
 from torch import nn
@@ -119,6 +120,15 @@ class ModelPlan:
     def tensor_parallel(self) -> bool:
         """Whether the plan splits any layer under tensor parallelism."""
         return bool(self.colwise or self.rowwise or self.vocab_parallel or self.axial)
+
+    def present_in(self, model: nn.Module) -> ModelPlan:
+        """This plan without the patterns that match no module of `model`: the plan of a pipeline
+        stage, whose other modules live on other ranks."""
+        names = [name for name, _ in model.named_modules() if name]
+        present = lambda pattern: any(_matches(name, pattern) for name in names)  # noqa: E731
+        fields = {f.name: tuple(p for p in getattr(self, f.name) if present(p)) for f in fields_of(self)
+                  if f.name not in ("heads", "pipeline")}
+        return replace(self, **fields, heads=tuple(h for h in self.heads if present(h[0])))
 
     def names(self, model: nn.Module, field: str) -> list[str]:
         """Names of `model`'s modules matched by the patterns of `field` (a tuple-of-patterns field),

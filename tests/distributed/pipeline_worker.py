@@ -1,8 +1,12 @@
 """Pipeline-parallel scenarios, run by the tests under torchrun; each writes its results (full
 tensors gathered on rank 0) to a file the test compares.
 
-    pipeline_worker.py parity OUT RUN ...   RUN = model/schedule/pp/stages_per_rank/zero: train 3 steps
-                                            (dp = world / pp); losses, gradient norms, eval loss, params
+    pipeline_worker.py parity OUT RUN ...   RUN = model/schedule/pp/stages_per_rank/zero[/tp[/sp]]: train 3
+                                            steps (dp = world / (pp * tp)); losses, gradient norms, eval
+                                            loss, params
+    pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
+    pipeline_worker.py resume DIR LAYOUT OUT resume DIR's step-2 checkpoint, run steps 3-4: losses + params
+where LAYOUT = schedule/pp/stages_per_rank/zero.
 """
 
 from __future__ import annotations
@@ -30,20 +34,33 @@ gradient is zero up to rounding, which AdamW amplifies)."""
 
 
 def config(**overrides) -> TrainConfig:
-    """SGD-like conditions for parity: AdamW at lr 1e-3 does not amplify summation-order noise."""
+    """SGD-like conditions for parity: AdamW at lr 1e-3 with eps 1e-6 does not amplify
+    summation-order noise (an element whose gradient is zero up to rounding takes a step of at
+    most lr x its gradient / 1e-6, not of lr)."""
     base = dict(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, warmup_steps=1, log_every=1,
-                progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, eval_batches=2)
+                progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, eval_batches=2, eps=1e-6)
     return TrainConfig(**{**base, **overrides})
+
+
+def strategy(layout: str) -> Strategy:
+    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]] as a Strategy."""
+    fields = layout.split("/")
+    schedule, pp, stages_per_rank, zero, tp, sp = fields + ["1", "0"][len(fields) - 4:]
+    return Strategy(pp=int(pp), pp_schedule=schedule, stages_per_rank=int(stages_per_rank), zero=int(zero),
+                    tp=int(tp), sequence_parallel=sp == "1")
+
+
+def example(data: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One micro batch, for the pipeline split's cost estimate."""
+    return {key: torch.stack([e[key] for e in data[:2]]) for key in data[0]}
 
 
 def parity(out: str, *runs: str) -> None:
     results = {}
     data, held_out = lm_examples(64), lm_examples(8, seed=5)
     for run in runs:
-        model, schedule, pp, stages_per_rank, zero = run.split("/")
-        strategy = Strategy(pp=int(pp), pp_schedule=schedule, stages_per_rank=int(stages_per_rank), zero=int(zero))
-        example = {key: torch.stack([e[key] for e in data[:2]]) for key in data[0]}
-        trainer = Trainer(MODELS[model](), config(), strategy, example_batch=example)
+        model, layout = run.split("/", 1)
+        trainer = Trainer(MODELS[model](), config(), strategy(layout), example_batch=example(data))
         history = trainer.fit(data, held_out)
         results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
                         "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"]}
@@ -51,8 +68,30 @@ def parity(out: str, *runs: str) -> None:
         torch.save(results, out)
 
 
+def save(directory: str, layout: str) -> None:
+    data = lm_examples(64)
+    trainer = Trainer(MODELS["gpt"](), config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
+                      strategy(layout), example_batch=example(data))
+    history = trainer.fit(data)
+    params = trainer.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "losses": [r["loss"] for r in history]}, Path(directory) / "run.pt")
+
+
+def resume(directory: str, layout: str, out: str) -> None:
+    data = lm_examples(64)
+    torch.manual_seed(123)  # other initial values, all replaced by the checkpoint's
+    trainer = Trainer(tiny_gpt(seed=123, n_layer=4), config(max_steps=4, checkpoint_dir=directory), strategy(layout),
+                      example_batch=example(data))
+    trainer.resume(Path(directory) / "step_00000002")
+    history = trainer.fit(data)
+    params = trainer.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "losses": [r["loss"] for r in history]}, out)
+
+
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"parity": parity}[command](*arguments)
+    {"parity": parity, "save": save, "resume": resume}[command](*arguments)
     shutdown_distributed()
     exit_process(0)

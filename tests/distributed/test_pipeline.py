@@ -3,8 +3,9 @@ steps at lr 1e-3 (which does not amplify summation-order noise); losses, gradien
 evaluation loss per run, and every parameter after the last step, within 1e-5 relative.
 
 GPT (four blocks, its word embedding tied to the head across the first and last stage) runs under
-each schedule at pp=2, and under breadth-first and zero-bubble at pp=2 x dp=2 with ZeRO-3; a model
-written in the test opts in through its own plan.
+each schedule at pp=2, under breadth-first and zero-bubble at pp=2 x dp=2 with ZeRO-3, and at
+pp=2 x tp=2 (with sequence parallelism too); a model written in the test opts in through its own
+plan. Checkpoints reshard between pipelined and unpipelined layouts and resume exactly.
 """
 
 import pytest
@@ -15,8 +16,10 @@ from helpers import relative_error, torchrun
 ONE = ("gpt/1f1b/1/1/0", "custom/1f1b/1/1/0")
 TWO = ("gpt/gpipe/2/1/0", "gpt/1f1b/2/1/0", "gpt/interleaved_1f1b/2/2/0", "gpt/looped_bfs/2/2/0",
        "gpt/zero_bubble/2/1/0", "custom/1f1b/2/1/0")
-FOUR = ("gpt/looped_bfs/2/2/3", "gpt/zero_bubble/2/1/3")
-"""model/schedule/pp/stages_per_rank/zero (tests/distributed/pipeline_worker.py); on 4 ranks dp=2."""
+FOUR = ("gpt/looped_bfs/2/2/3", "gpt/zero_bubble/2/1/3", "gpt/1f1b/2/1/0/2/0", "gpt/interleaved_1f1b/2/2/0/2/1",
+        "custom/zero_bubble/2/1/0/2")
+"""model/schedule/pp/stages_per_rank/zero[/tp/sequence_parallel] (tests/distributed/pipeline_worker.py);
+on 4 ranks dp = 4 / (pp * tp)."""
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +45,29 @@ def test_pipeline_matches_one_process(runs, layout):
         assert relative_error(result["params"][name], value) < 1e-5, name
     # The run trained: parameters moved from their initial values by more than the tolerance.
     assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_runs(tmp_path_factory):
+    pipelined, plain = tmp_path_factory.mktemp("pp_save"), tmp_path_factory.mktemp("one_save")
+    run = lambda nproc, *args: torchrun(nproc, *args, timeout=300, script="pipeline_worker.py")  # noqa: E731
+    run(4, "save", str(pipelined), "looped_bfs/2/2/3")
+    run(1, "resume", str(pipelined), "1f1b/1/1/0", str(pipelined / "one.pt"))
+    run(2, "resume", str(pipelined), "1f1b/1/1/1", str(pipelined / "dp2.pt"))
+    run(1, "save", str(plain), "1f1b/1/1/0")
+    run(4, "resume", str(plain), "zero_bubble/2/1/3", str(plain / "pp2.pt"))
+    load = lambda folder, name: torch.load(folder / name)  # noqa: E731
+    return {"pp2 x dp2 -> one process": (load(pipelined, "run.pt"), load(pipelined, "one.pt")),
+            "pp2 x dp2 -> dp2 ZeRO-1": (load(pipelined, "run.pt"), load(pipelined, "dp2.pt")),
+            "one process -> pp2 x dp2 ZeRO-3": (load(plain, "run.pt"), load(plain, "pp2.pt"))}
+
+
+@pytest.mark.parametrize("move", ["pp2 x dp2 -> one process", "pp2 x dp2 -> dp2 ZeRO-1", "one process -> pp2 x dp2 ZeRO-3"])
+def test_checkpoints_reshard_across_pipeline_layouts_and_resume_exactly(checkpoint_runs, move):
+    straight, resumed = checkpoint_runs[move]
+    assert len(resumed["losses"]) == 2
+    for ours, theirs in zip(resumed["losses"], straight["losses"][2:]):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs)
+    assert resumed["params"].keys() == straight["params"].keys()
+    for name, value in straight["params"].items():
+        assert relative_error(resumed["params"][name], value) < 1e-5, name
