@@ -168,6 +168,15 @@ class ConformerEncoder(nn.Module):
         self.blocks = nn.ModuleList(ConformerBlock(config) for _ in range(config.layers))
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        carry = self.enter(features, lengths)
+        for block in self.blocks:
+            carry = self.run_block(block, carry)
+        return carry["hidden"], carry["lengths"]
+
+    def enter(self, features: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Subsample features (B, T, F) of `lengths` (B,) frames into what every block reads:
+        {"hidden": (B, T', W), "lengths": (B,) of T', "mask": (B, T') True at frames,
+        "rotary_cos", "rotary_sin": (T', head_dim / 2) rotary tables}."""
         if features.ndim != 3 or features.shape[-1] != self.config.input_dim:
             raise ValueError(f"features must be (B, T, {self.config.input_dim}); got {tuple(features.shape)}")
         shortest = 4 * self.config.frame_stack + 3
@@ -177,7 +186,10 @@ class ConformerEncoder(nn.Module):
         x = self.subsampling(features)
         lengths = subsampled_lengths(lengths.to(x.device), self.config.frame_stack)
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
-        rotary = rotary_tables(x.shape[1], self.config.width // self.config.heads, self.config.rotary_base, x.device)
-        for block in self.blocks:
-            x = block(x, mask, rotary)
-        return x, lengths
+        cos, sin = rotary_tables(x.shape[1], self.config.width // self.config.heads, self.config.rotary_base, x.device)
+        return {"hidden": x, "lengths": lengths, "mask": mask, "rotary_cos": cos, "rotary_sin": sin}
+
+    @staticmethod
+    def run_block(block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One Conformer block on the carry of `enter`."""
+        return {**carry, "hidden": block(carry["hidden"], carry["mask"], (carry["rotary_cos"], carry["rotary_sin"]))}

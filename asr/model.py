@@ -26,7 +26,7 @@ from asr.decoder import Joiner, StatelessDecoder
 from asr.features import SpecAugment
 from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
 from zoo.nn.cross_entropy import IGNORE_INDEX
-from zoo.plan import ModelPlan
+from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 LossKind = Literal["full", "pruned", "samplewise", "samplewise_pruned"]
@@ -105,10 +105,14 @@ class Transducer(nn.Module):
 
     def parallel_plan(self) -> ModelPlan:
         """Each Conformer block is one shard and recompute unit; its two feed-forwards and its
-        attention are tensor-parallel regions (fc1 and q, k, v column-, fc2 and out row-parallel)."""
+        attention are tensor-parallel regions (fc1 and q, k, v column-, fc2 and out row-parallel). A
+        pipeline's first stage holds the feature statistics and the subsampling, its last the
+        decoder, joiner and the pruned loss's linears."""
         blocks = "encoder.blocks.*"
         attn = f"{blocks}.attn.attn"
         return ModelPlan(blocks=(blocks,),
+                         pipeline=PipelineSplit(pre=("encoder.subsampling", "feature_mean", "feature_std"),
+                                                post=("decoder", "joiner", "simple_am", "simple_lm")),
                          colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{attn}.q", f"{attn}.k", f"{attn}.v"),
                          rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{attn}.out"),
                          regions=(f"{blocks}.ff1.mlp", f"{blocks}.ff2.mlp", attn),
@@ -131,6 +135,29 @@ class Transducer(nn.Module):
     def encode(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F) raw log-mel and (B, T) frame mask -> encoder output (B, T', E), lengths (B,)."""
+        return self.encoder(*self._normalised(input_features, attention_mask))
+
+    def pipeline_enter(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       labels: torch.Tensor | None = None) -> Carry:
+        """First pipeline stage: normalised (and augmented) features through the subsampling, as
+        `ConformerEncoder.enter` carries them."""
+        return self.encoder.enter(*self._normalised(input_features, attention_mask))
+
+    def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
+        """One Conformer block."""
+        return self.encoder.run_block(block, carry)
+
+    def pipeline_exit(self, carry: Carry, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Last pipeline stage: the transducer loss of the encoder output carry["hidden"] (B, T', E)."""
+        if labels is None:
+            raise ValueError("training a transducer needs labels in the batch")
+        return self._transducer_loss(carry["hidden"], carry["lengths"], labels)["loss"]
+
+    def _normalised(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, F) raw log-mel -> normalised (and, in training, SpecAugmented) features in the
+        encoder's dtype, and the (B,) frame counts."""
         if input_features.ndim != 3 or input_features.shape[-1] != self.feature_mean.numel():
             raise ValueError(f"input_features must be (B, T, {self.feature_mean.numel()}); got {tuple(input_features.shape)}")
         lengths = (attention_mask.sum(1) if attention_mask is not None
@@ -138,7 +165,7 @@ class Transducer(nn.Module):
         x = (input_features - self.feature_mean) / self.feature_std
         if self.training and self.config.spec_augment is not None:
             x = self.config.spec_augment(x, lengths)
-        return self.encoder(x.to(self.encoder.subsampling.out.weight.dtype), lengths)
+        return x.to(self.encoder.subsampling.out.weight.dtype), lengths
 
     def loss_scales(self) -> tuple[float, float]:
         """(simple, pruned) loss weights at the current training step (pruned losses)."""
@@ -153,6 +180,11 @@ class Transducer(nn.Module):
         encoder_out, lengths = self.encode(input_features, attention_mask)
         if labels is None:
             return {"encoder_out": encoder_out, "encoder_lengths": lengths}
+        return self._transducer_loss(encoder_out, lengths, labels)
+
+    def _transducer_loss(self, encoder_out: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor
+                         ) -> dict[str, torch.Tensor]:
+        """The configured loss of encoder_out (B, T', E) with (B,) lengths against labels (B, U)."""
         if labels.ndim != 2 or labels.shape[0] != encoder_out.shape[0]:
             raise ValueError(f"labels must be (B, U) = ({encoder_out.shape[0]}, U); got {tuple(labels.shape)}")
         target_lengths = (labels != IGNORE_INDEX).sum(1)

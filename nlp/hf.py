@@ -151,9 +151,9 @@ def bert_state_from_hf(state: dict[str, torch.Tensor], config: BertConfig) -> di
         for theirs, ours in (("transform.dense", "mlm_transform"), ("transform.LayerNorm", "mlm_norm")):
             for kind in ("weight", "bias"):
                 out[f"{ours}.{kind}"] = reader.take(f"cls.predictions.{theirs}.{kind}")
-        out["mlm_bias"] = reader.take("cls.predictions.bias")
+        out["mlm_decoder.bias"] = reader.take("cls.predictions.bias")
         _check_tied(reader, "cls.predictions.decoder.weight", out["embeddings.word.weight"])
-        _check_tied(reader, "cls.predictions.decoder.bias", out["mlm_bias"])
+        _check_tied(reader, "cls.predictions.decoder.bias", out["mlm_decoder.bias"])
     else:
         out["pooler.weight"], out["pooler.bias"] = reader.take("pooler.dense.weight"), reader.take("pooler.dense.bias")
     if config.head == "classification":
@@ -189,7 +189,7 @@ def bert_to_hf(model: Bert, directory: str | os.PathLike) -> Path:
         for theirs, mine in (("transform.dense", "mlm_transform"), ("transform.LayerNorm", "mlm_norm")):
             for kind in ("weight", "bias"):
                 state[f"cls.predictions.{theirs}.{kind}"] = ours[f"{mine}.{kind}"]
-        state["cls.predictions.bias"] = ours["mlm_bias"]
+        state["cls.predictions.bias"] = ours["mlm_decoder.bias"]
     else:
         state[f"{prefix}pooler.dense.weight"], state[f"{prefix}pooler.dense.bias"] = ours["pooler.weight"], ours["pooler.bias"]
     if c.head == "classification":

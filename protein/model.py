@@ -30,7 +30,7 @@ from protein.losses import distogram_logits, distogram_loss, distogram_targets, 
 from protein.precision import LayerNorm
 from protein.residues import ALPHABET_SIZE
 from protein.structure_module import StructureConfig, StructureModule
-from zoo.plan import ModelPlan
+from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 
@@ -109,8 +109,12 @@ class FoldingModel(nn.Module):
 
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit; under tensor parallelism the
-        Evoformer runs with dynamic axial parallelism (MSA split by rows, pair by residues)."""
-        return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",))
+        Evoformer runs with dynamic axial parallelism (MSA split by rows, pair by residues). A
+        pipeline's first stage holds the input embeddings, its last the structure module and heads."""
+        return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",), pipeline=PipelineSplit(
+            pre=("msa_in", "target_to_msa", "target_to_pair_i", "target_to_pair_j", "relative_position",
+                 "recycled_msa_norm", "recycled_pair_norm", "recycled_distance"),
+            post=("single", "structure", "distogram_head", "plddt_head")))
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: seeds the draw of the recycles."""
@@ -144,22 +148,65 @@ class FoldingModel(nn.Module):
                 + self.relative_position(relative_positions(position_ids, self.config.relative_position_clip)))
         return msa, pair
 
-    def _pass(self, batch: dict, previous: dict, chunk: int | None, row_chunk: int | None) -> dict:
+    def _trunk_inputs(self, batch: dict, previous: dict) -> Carry:
+        """What the Evoformer blocks read: {"msa" (B, S, L, Cm), "pair" (B, L, L, Cz) with the
+        previous pass recycled in, "msa_mask" (B, S, L) and "pair_mask" (B, L, L) as floats}."""
         msa, pair = self._embed(batch["input_ids"], batch["position_ids"], batch["msa_features"])
         bins = distogram_targets(previous["ca"], self.config.recycle_bins, 3.375, 21.375)
         msa = torch.cat([msa[:, :1] + self.recycled_msa_norm(previous["msa_row"]).to(msa.dtype)[:, None], msa[:, 1:]], 1)
         pair = pair + self.recycled_pair_norm(previous["pair"]).to(pair.dtype) + self.recycled_distance(bins)
         mask = batch["attention_mask"].float()
-        msa_mask = batch["msa_mask"].float() * mask[:, None]
-        pair_mask = mask[:, :, None] * mask[:, None, :]
-        msa, pair = self.evoformer(msa, pair, msa_mask, pair_mask, chunk)
-        structure = self.structure(self.single(msa[:, 0]), pair, mask, row_chunk)
+        return {"msa": msa, "pair": pair, "msa_mask": batch["msa_mask"].float() * mask[:, None],
+                "pair_mask": mask[:, :, None] * mask[:, None, :]}
+
+    def _no_recycle(self, batch: dict) -> dict:
+        """The recycled inputs of a first pass: zeros."""
+        b, length = batch["input_ids"].shape
+        device, e = batch["msa_features"].device, self.config.evoformer
+        return {"msa_row": torch.zeros(b, length, e.msa_dim, device=device),
+                "pair": torch.zeros(b, length, length, e.pair_dim, device=device),
+                "ca": torch.zeros(b, length, 3, device=device)}
+
+    def pipeline_enter(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
+                       atom_mask=None) -> Carry:
+        """First pipeline stage: the Evoformer's inputs of a pass without recycling (see
+        `_trunk_inputs`). Recycling runs every block once per recycle, so a pipelined model trains
+        with FoldConfig.max_recycles = 0."""
+        if self.config.max_recycles:
+            raise ValueError("pipeline parallelism runs the folding model without recycling (each recycle would run "
+                             f"every stage); set FoldConfig.max_recycles=0, got {self.config.max_recycles}")
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                 "msa_features": msa_features, "msa_mask": msa_mask}
+        return self._trunk_inputs(batch, self._no_recycle(batch))
+
+    def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
+        """One Evoformer block on the carry's MSA and pair representations."""
+        b, rows, length = carry["msa"].shape[:3]
+        msa, pair = block(carry["msa"], carry["pair"], carry["msa_mask"], carry["pair_mask"],
+                          self.chunk_size(length, rows, b))
+        return {**carry, "msa": msa, "pair": pair}
+
+    def pipeline_exit(self, carry: Carry, input_ids, attention_mask, position_ids, msa_features, msa_mask,
+                      coordinates=None, atom_mask=None) -> torch.Tensor:
+        """Last pipeline stage: structure module, pLDDT head and the training loss."""
+        if coordinates is None or atom_mask is None:
+            raise ValueError("training the folding model needs coordinates and atom_mask in the batch")
+        row_chunk = self.row_chunk_size(input_ids.shape[1], input_ids.shape[0])
+        structure = self.structure(self.single(carry["msa"][:, 0]), carry["pair"], attention_mask.float(), row_chunk)
+        plddt_logits = self.plddt_head(structure["single"]).float()
+        return self._losses(carry["pair"], structure, plddt_logits, coordinates, atom_mask, attention_mask,
+                            row_chunk)["loss"]
+
+    def _pass(self, batch: dict, previous: dict, chunk: int | None, row_chunk: int | None) -> dict:
+        trunk = self._trunk_inputs(batch, previous)
+        msa, pair = self.evoformer(trunk["msa"], trunk["pair"], trunk["msa_mask"], trunk["pair_mask"], chunk)
+        structure = self.structure(self.single(msa[:, 0]), pair, batch["attention_mask"].float(), row_chunk)
         # The first row copied out: a view would keep the whole MSA of this pass alive through the next.
         return {"msa_row": msa[:, 0].clone(), "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
 
     def forward(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
                 atom_mask=None, recycles: int | None = None) -> dict[str, torch.Tensor]:
-        c, e = self.config, self.config.evoformer
+        c = self.config
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                  "msa_features": msa_features, "msa_mask": msa_mask}
         b, length = input_ids.shape
@@ -168,11 +215,8 @@ class FoldingModel(nn.Module):
             recycles = int(torch.randint(c.max_recycles + 1, (), generator=draw))
         elif recycles is None:
             recycles = c.max_recycles
-        device, chunk = msa_features.device, self.chunk_size(length, msa_features.shape[1], b)
-        row_chunk = self.row_chunk_size(length, b)
-        previous = {"msa_row": torch.zeros(b, length, e.msa_dim, device=device),
-                    "pair": torch.zeros(b, length, length, e.pair_dim, device=device),
-                    "ca": torch.zeros(b, length, 3, device=device)}
+        chunk, row_chunk = self.chunk_size(length, msa_features.shape[1], b), self.row_chunk_size(length, b)
+        previous = self._no_recycle(batch)
         with torch.no_grad():
             for _ in range(recycles):
                 passed = self._pass(batch, previous, chunk, row_chunk)

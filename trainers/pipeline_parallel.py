@@ -83,6 +83,22 @@ def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
     return plan.pipeline
 
 
+def resolve_pieces(model: nn.Module, patterns: tuple[str, ...], field: str) -> tuple[list[str], list[str]]:
+    """(module names, buffer names) that `patterns` of PipelineSplit.`field` name: module patterns
+    (`zoo.plan.resolve`), or the names of buffers held directly by a module (feature statistics).
+    ValueError naming the field for a parameter held outside a module of its own (a stage's data
+    parallelism shards modules) and for a pattern that matches nothing."""
+    buffers = dict(model.named_buffers())
+    parameters = dict(model.named_parameters())
+    module_patterns = tuple(p for p in patterns if p not in buffers)
+    for pattern in module_patterns:
+        if pattern in parameters:
+            raise ValueError(f"PipelineSplit.{field} names the parameter {pattern!r}; name the module that holds it "
+                             "(or put it in a module of its own), which a stage can hold and shard")
+    modules = resolve(model, module_patterns, f"pipeline.{field}") if module_patterns else []
+    return modules, [p for p in patterns if p in buffers]
+
+
 def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
     return {f"{name}.{p}" for name in modules for p, _ in model.get_submodule(name).named_parameters()}
 
@@ -92,7 +108,8 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     """Cut `model` into strategy.pp * strategy.stages_per_rank stages and prune it to this rank's."""
     split = check_pipeline_plan(model, plan)
     block_names = plan.block_names(model)
-    pre, post = resolve(model, split.pre, "pipeline.pre"), resolve(model, split.post, "pipeline.post")
+    pre, pre_buffers = resolve_pieces(model, split.pre, "pre")
+    post, post_buffers = resolve_pieces(model, split.post, "post")
     modules = model.get_submodule
     costs = estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
                            [modules(n) for n in post], example_batch, strategy.recompute != "none", microbatches)
@@ -104,7 +121,16 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     for stage in layout.local_stages:
         blocks, held = layout.stage_modules(stage)
         keep.update(blocks, held)
+    if 0 in layout.local_stages:
+        keep.update(pre_buffers)
+    if layout.num_stages - 1 in layout.local_stages:
+        keep.update(post_buffers)
     prune(model, keep)
+    for name in keep.intersection(pre_buffers + post_buffers):  # outside every stage's data parallelism
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if not module._buffers[leaf].is_meta:
+            module._buffers[leaf] = module._buffers[leaf].to(env.device)
     return layout
 
 

@@ -14,7 +14,6 @@ Data parallelism is switched around each action by `trainers.pipeline_sharding`.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,13 +27,47 @@ from trainers.pipeline_comm import PipelineLink, differentiable
 from trainers.pipeline_schedules import Action, stage_rank
 from trainers.pipeline_sharding import StageSharding
 from trainers.pipeline_stage import StageModule
+from zoo.plan import Carry
 
 
-def stage_seed(seed: int, stage: int) -> int:
-    """Seed of stage `stage`'s random draws (dropout) on the micro batch seeded `seed`: the same
-    on any number of ranks and replayed exactly on resume."""
-    digest = hashlib.blake2b(f"{seed}/stage/{stage}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+GENERATOR_KEYS = ("generator.cpu", "generator.cuda")
+"""Carry entries the runtime adds: torch's generator states after a stage's forward, which the
+next stage continues from."""
+
+
+@dataclass(frozen=True)
+class GeneratorState:
+    """torch's generator states (CPU, and the current GPU's on a GPU) where a micro batch's forward
+    starts. The first stage starts from the state its forward would have met in one process (right
+    after the batch was collated); each later stage continues from the state its predecessor left,
+    which travels with the carry. So every random draw (augmentation, dropout) is the unpipelined
+    run's, on any number of stages."""
+
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+
+    @classmethod
+    def capture(cls, device: torch.device) -> GeneratorState:
+        """The generator states now."""
+        return cls(torch.get_rng_state(), torch.cuda.get_rng_state() if device.type == "cuda" else None)
+
+    @classmethod
+    def take_from(cls, carry: Carry) -> GeneratorState:
+        """Remove and return the states a previous stage put in `carry`."""
+        return cls(carry.pop(GENERATOR_KEYS[0]), carry.pop(GENERATOR_KEYS[1], None))
+
+    def put_into(self, carry: Carry) -> Carry:
+        """`carry` with these states added."""
+        extra = {GENERATOR_KEYS[0]: self.cpu}
+        if self.cuda is not None:
+            extra[GENERATOR_KEYS[1]] = self.cuda
+        return {**carry, **extra}
+
+    def restore(self) -> None:
+        """Make these the generators' states."""
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda)
 
 
 @dataclass
@@ -87,10 +120,11 @@ class Pipeline:
         """Whether this rank computes the losses."""
         return any(stage.is_last for stage in self.stages)
 
-    def train(self, batches: list[Mapping[str, Any]], seeds: list[int], loss_factor: float,
+    def train(self, batches: list[Mapping[str, Any]], generators: list[GeneratorState], loss_factor: float,
               last_run: bool) -> list[torch.Tensor]:
-        """Run forward and backward of `batches` (one per micro batch, seeded by `seeds`); return
-        the detached losses on the rank of the last stage (empty elsewhere)."""
+        """Run forward and backward of `batches` (one per micro batch, its first stage starting
+        from its entry of `generators`); return the detached losses on the rank of the last stage
+        (empty elsewhere)."""
         pending: dict[tuple[int, int], _Pending] = {}
         losses: dict[int, torch.Tensor] = {}
         self.timeline = []
@@ -103,7 +137,7 @@ class Pipeline:
                 self.sharding.before(position, action, stage, last_run)
             if action.kind == "F":
                 pending[action.stage, action.micro] = self._forward(stage, action.micro, batches[action.micro],
-                                                                    seeds[action.micro], loss_factor, losses)
+                                                                    generators[action.micro], loss_factor, losses)
             elif self.split_backward:
                 self._split_backward(stage, action, pending)
             else:
@@ -114,21 +148,24 @@ class Pipeline:
         self.link.wait_sends()
         return [losses[i] for i in sorted(losses)]
 
-    def _forward(self, stage: StageModule, micro: int, batch: Mapping[str, Any], seed: int, loss_factor: float,
-                 losses: dict[int, torch.Tensor]) -> _Pending:
-        carry = None if stage.is_first else self.link.recv_carry("F", stage.index - 1, micro,
-                                                                 stage_rank(stage.index - 1, self.pp))
-        inputs = [] if carry is None else [carry[key] for key in differentiable(carry)]
-        if carry is not None:
+    def _forward(self, stage: StageModule, micro: int, batch: Mapping[str, Any], generator: GeneratorState,
+                 loss_factor: float, losses: dict[int, torch.Tensor]) -> _Pending:
+        if stage.is_first:
+            carry, inputs = None, []
+        else:
+            carry = self.link.recv_carry("F", stage.index - 1, micro, stage_rank(stage.index - 1, self.pp))
+            generator = GeneratorState.take_from(carry)
+            inputs = [carry[key] for key in differentiable(carry)]
             # The stage sees views of the received leaves: module hooks that wait for gradients of
             # their inputs (the memory probe's) cannot watch leaves under the "I" pass's autograd.grad.
             carry = {key: value.view_as(value) if value.requires_grad else value for key, value in carry.items()}
-        torch.manual_seed(stage_seed(seed, stage.index))
+        generator.restore()
         output = stage(carry, batch)
         if stage.is_last:
             losses[micro] = output.detach()
             return _Pending(inputs, [output * loss_factor])
-        self.link.send_carry("F", output, stage.index, micro, stage_rank(stage.index + 1, self.pp))
+        sent = GeneratorState.capture(self.link.device).put_into(output)
+        self.link.send_carry("F", sent, stage.index, micro, stage_rank(stage.index + 1, self.pp))
         return _Pending(inputs, [output[key] for key in differentiable(output)])
 
     def _output_grads(self, stage: StageModule, micro: int, saved: _Pending) -> list[torch.Tensor] | None:

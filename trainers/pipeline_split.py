@@ -2,8 +2,9 @@
 
 The cost of a piece of the model (the `pipeline_enter` modules, each block, the `pipeline_exit`
 modules) is its training FLOPs on an example micro batch, counted by `FlopCounterMode` on fake
-tensors (no memory is allocated and nothing is computed), plus the optimizer's work on its
-parameters. A 50k-word head costs what its matrix multiply costs, an embedding lookup almost
+tensors (no memory is allocated and nothing is computed; a model whose forward has
+data-dependent shapes, such as BERT's selection of masked positions, runs one real forward
+without gradients instead), plus the optimizer's work on its parameters. A 50k-word head costs what its matrix multiply costs, an embedding lookup almost
 nothing. Without an example batch the cost is the parameter count. The stages are then the
 contiguous split of the blocks that minimises the largest stage cost (Alpa's inter-operator
 dynamic program, over one chain of blocks).
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 TRAINING_FLOPS_PER_FORWARD = 3.0
@@ -56,7 +57,15 @@ def estimate_costs(model: nn.Module, blocks: list[nn.Module], pre: list[nn.Modul
         return PieceCosts(float(_parameter_count(pre)), [float(_parameter_count([b])) for b in blocks],
                           float(_parameter_count(post)))
     on_meta = any(p.is_meta for p in model.parameters())
-    forward = _forward_flops(model, blocks, example_batch, on_meta)
+    try:
+        forward = _forward_flops(model, blocks, example_batch, on_meta, fake=not on_meta)
+    except (DynamicOutputShapeException, DataDependentOutputException):
+        if on_meta:
+            raise ValueError(f"{type(model).__name__}'s forward has data-dependent shapes, which the meta device "
+                             "cannot run; estimate the pipeline split without example_batch (by parameter counts) "
+                             "or build the model on a real device") from None
+        with torch.random.fork_rng():
+            forward = _forward_flops(model, blocks, example_batch, on_meta, fake=False)
     block_factor = RECOMPUTE_FLOPS_PER_FORWARD if recompute else TRAINING_FLOPS_PER_FORWARD
     return PieceCosts(
         enter=forward[0] * TRAINING_FLOPS_PER_FORWARD + optimizer * _parameter_count(pre),
@@ -65,13 +74,14 @@ def estimate_costs(model: nn.Module, blocks: list[nn.Module], pre: list[nn.Modul
     )
 
 
-def _forward_flops(model: nn.Module, blocks: list[nn.Module], batch: Mapping[str, Any], on_meta: bool) -> list[float]:
-    """[enter, block 0, ..., exit] forward FLOPs on fake (or, for a meta model, meta) tensors."""
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    if on_meta:
-        inputs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    else:
-        inputs = {k: fake.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def _forward_flops(model: nn.Module, blocks: list[nn.Module], batch: Mapping[str, Any], on_meta: bool,
+                   fake: bool) -> list[float]:
+    """[enter, block 0, ..., exit] forward FLOPs on meta tensors (a meta model), fake ones, or
+    the real batch."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
+    device = "meta" if on_meta else next(model.parameters()).device
+    inputs = {k: (mode.from_tensor(v) if fake else v.to(device)) if isinstance(v, torch.Tensor) else v
+              for k, v in batch.items()}
     flops = []
 
     def count(run):
@@ -81,7 +91,7 @@ def _forward_flops(model: nn.Module, blocks: list[nn.Module], batch: Mapping[str
         flops.append(float(counter.get_total_flops()))
         return result
 
-    with torch.no_grad(), nullcontext() if on_meta else fake:
+    with torch.no_grad(), mode:
         carry = count(lambda: model.pipeline_enter(**inputs))
         for block in blocks:
             carry = count(lambda: model.pipeline_block(block, carry))

@@ -20,16 +20,16 @@ from zoo.plan import Carry
 
 def prune(model: nn.Module, keep: set[str]) -> None:
     """Delete every submodule of `model` that is neither named in `keep` nor an ancestor of one,
-    and the parameters held directly by such ancestors. A `ModuleList` that loses children
-    becomes a `ModuleDict` of the kept ones under their original indices."""
+    and the parameters and buffers held directly by such ancestors unless `keep` names them. A
+    `ModuleList` that loses children becomes a `ModuleDict` of the kept ones under their original
+    indices."""
     _prune(model, "", keep)
 
 
 def _prune(module: nn.Module, prefix: str, keep: set[str]) -> None:
-    for name in list(module._parameters):
-        module._parameters.pop(name)
-    for name in list(module._buffers):
-        module._buffers.pop(name)
+    for tensors in (module._parameters, module._buffers):
+        for name in [n for n in tensors if prefix + n not in keep]:
+            tensors.pop(name)
     kept: dict[str, nn.Module] = {}
     for child_name, child in list(module.named_children()):
         full = f"{prefix}{child_name}"

@@ -31,7 +31,7 @@ from trainers.gradients import scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
 from trainers.pipeline_comm import PipelineLink
-from trainers.pipeline_runtime import Pipeline
+from trainers.pipeline_runtime import GeneratorState, Pipeline
 from trainers.pipeline_schedules import check_schedule, schedule_orders, stage_rank
 from trainers.pipeline_sharding import StageSharding
 from trainers.schedule import warmup_cosine_lr
@@ -146,7 +146,7 @@ class Trainer:
                 started = time.perf_counter()
                 micro_batches = sampler.micro_batches(self.step)
                 batches = self._seeded_batches(train_dataset, micro_batches, collate)
-                record = self._train_step(batches, micro_batches)
+                record = self._train_step(batches, len(micro_batches))
                 record["step_seconds"] = time.perf_counter() - started
                 record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
                 if unit in record:
@@ -191,6 +191,8 @@ class Trainer:
                 index = start + env.dp_rank
                 chunk = chunks[index] if index < len(chunks) else chunks[0]
                 weight = len(chunk) if index < len(chunks) else 0
+                # Random draws of the examples (crops) depend on the chunk alone, not on the run so far.
+                torch.manual_seed(micro_batch_seed(config.seed, -1, index))
                 loss = self._loss(_to_device(collate([dataset[i] for i in chunk]), env.device))
                 totals[0] += loss.double() * weight
                 totals[1] += weight
@@ -309,7 +311,7 @@ class Trainer:
             torch.manual_seed(micro_batch_seed(self.config.seed, self.step, micro.index))
             yield collate([dataset[i] for i in micro.examples])
 
-    def _train_step(self, batches: Iterator[Batch], micro_batches: list[MicroBatch]) -> dict[str, Any]:
+    def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         config, env = self.config, self.env
         follow_step = getattr(self.model, "set_training_step", None)
         if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
@@ -320,23 +322,26 @@ class Trainer:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
         with probe or nullcontext():
-            record = self._forward_backward_step(batches, micro_batches, probe)
+            record = self._forward_backward_step(batches, accumulation, probe)
         if probe is not None:
             self._memory = gather_reports(probe.report(env.rank))
         self._steps_run += 1
         return record
 
-    def _pipeline_passes(self, batches: Iterator[Batch], micro_batches: list[MicroBatch],
-                         scale: float) -> tuple[torch.Tensor, int]:
+    def _pipeline_passes(self, batches: Iterator[Batch], scale: float) -> tuple[torch.Tensor, int]:
         """Forward and backward of the step's micro batches through the pipeline, `microbatches`
         per run; returns the sum of their losses (on every rank) and the input_ids they held."""
-        batches = [_to_device(batch, self.env.device) for batch in batches]
-        seeds = [micro_batch_seed(self.config.seed, self.step, micro.index) for micro in micro_batches]
+        collated, generators = [], []
+        for batch in batches:  # each seeded and collated as in one process (`_seeded_batches`)
+            collated.append(_to_device(batch, self.env.device))
+            generators.append(GeneratorState.capture(self.env.device))
+        batches = collated
         runs, m = len(batches) // self.microbatches, self.microbatches
         losses: list[torch.Tensor] = []
         for run in range(runs):
             part = slice(run * m, (run + 1) * m)
-            losses += self.pipeline.train(batches[part], seeds[part], scale / len(batches), last_run=run == runs - 1)
+            losses += self.pipeline.train(batches[part], generators[part], scale / len(batches),
+                                          last_run=run == runs - 1)
         loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=self.env.device)
         layout = self.pipeline_parts.layout
         self.pipeline.link.broadcast(loss_sum, stage_rank(layout.num_stages - 1, layout.pp))
@@ -344,15 +349,14 @@ class Trainer:
         units = sum(b["input_ids"].numel() for b in batches if isinstance(b.get("input_ids"), torch.Tensor))
         return loss_sum, units
 
-    def _forward_backward_step(self, batches: Iterator[Batch], micro_batches: list[MicroBatch],
+    def _forward_backward_step(self, batches: Iterator[Batch], accumulation: int,
                                probe: StepMemoryProbe | None) -> dict[str, Any]:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
-        accumulation = len(micro_batches)
         loss_sum = torch.zeros((), device=env.device)
         units = 0
         if self.pipeline is not None:
-            loss_sum, units = self._pipeline_passes(batches, micro_batches, scale)
+            loss_sum, units = self._pipeline_passes(batches, scale)
             batches = []
         for index, batch in enumerate(batches):
             batch = _to_device(batch, env.device)

@@ -45,9 +45,9 @@ def vit_config_from_hf(hf: dict[str, Any]) -> ViTConfig:
 def vit_state_from_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """Our ViT state dict from a ViTModel / ViTForImageClassification safetensors state."""
     reader = StateReader(state, ["vit."])
-    out = {"cls_token": reader.take("embeddings.cls_token"), "positions": reader.take("embeddings.position_embeddings"),
-           "patch.weight": reader.take("embeddings.patch_embeddings.projection.weight"),
-           "patch.bias": reader.take("embeddings.patch_embeddings.projection.bias"),
+    out = {"embeddings.cls_token": reader.take("embeddings.cls_token"), "embeddings.positions": reader.take("embeddings.position_embeddings"),
+           "embeddings.patch.weight": reader.take("embeddings.patch_embeddings.projection.weight"),
+           "embeddings.patch.bias": reader.take("embeddings.patch_embeddings.projection.bias"),
            "norm.weight": reader.take("layernorm.weight"), "norm.bias": reader.take("layernorm.bias")}
     for layer in range(config.num_hidden_layers):
         prefix = f"encoder.layer.{layer}"
@@ -77,10 +77,10 @@ def vit_to_hf(model: ViT, directory: str | os.PathLike) -> Path:
     """Write `model` as a ViTModel ("none") or ViTForImageClassification ("classification") folder."""
     c, ours = model.config, model.state_dict()
     prefix = "" if c.head == "none" else "vit."
-    state = {f"{prefix}embeddings.cls_token": ours["cls_token"],
-             f"{prefix}embeddings.position_embeddings": ours["positions"],
-             f"{prefix}embeddings.patch_embeddings.projection.weight": ours["patch.weight"],
-             f"{prefix}embeddings.patch_embeddings.projection.bias": ours["patch.bias"],
+    state = {f"{prefix}embeddings.cls_token": ours["embeddings.cls_token"],
+             f"{prefix}embeddings.position_embeddings": ours["embeddings.positions"],
+             f"{prefix}embeddings.patch_embeddings.projection.weight": ours["embeddings.patch.weight"],
+             f"{prefix}embeddings.patch_embeddings.projection.bias": ours["embeddings.patch.bias"],
              f"{prefix}layernorm.weight": ours["norm.weight"], f"{prefix}layernorm.bias": ours["norm.bias"]}
     for layer in range(c.num_hidden_layers):
         theirs_prefix = f"{prefix}encoder.layer.{layer}"

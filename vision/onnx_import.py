@@ -92,9 +92,9 @@ def onnx_backbone(path: str | os.PathLike, prefix: str = "backbone") -> tuple[di
               "num_hidden_layers": layers, "num_attention_heads": int(constants[head_shape].reshape(-1)[0]),
               "intermediate_size": linear_weights["0.mlp.fc1"].shape[0], "layer_norm_eps": float(f"{float(constants[eps]):.6g}")}
 
-    state = {"patch.weight": patch_weight, "patch.bias": named["embeddings.patch_embeddings.projection.bias"],
-             "cls_token": named["embeddings.cls_token"],
-             "positions": torch.cat([positions["cls"], positions["patches"]], dim=1),
+    state = {"embeddings.patch.weight": patch_weight, "embeddings.patch.bias": named["embeddings.patch_embeddings.projection.bias"],
+             "embeddings.cls_token": named["embeddings.cls_token"],
+             "embeddings.positions": torch.cat([positions["cls"], positions["patches"]], dim=1),
              "norm.weight": named["layernorm.weight"], "norm.bias": named["layernorm.bias"]}
     for layer in range(layers):
         theirs, ours = f"encoder.layer.{layer}", f"blocks.{layer}"
@@ -133,8 +133,8 @@ def vit_from_onnx(path: str | os.PathLike | None = None, prefix: str = "backbone
         if c.num_channels != 1:
             raise ValueError(f"num_channels must be {fields['num_channels']} (the backbone's) or 1 (grey); "
                              f"got {c.num_channels}")
-        state["patch.weight"] = state["patch.weight"].sum(1, keepdim=True)
-    state["positions"] = interpolate_positions(state["positions"], (c.grid, c.grid))
+        state["embeddings.patch.weight"] = state["embeddings.patch.weight"].sum(1, keepdim=True)
+    state["embeddings.positions"] = interpolate_positions(state["embeddings.positions"], (c.grid, c.grid))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or any(not name.startswith(("classifier.", "pooler.")) for name in missing):
         raise ValueError(f"the ONNX backbone does not fit ViTConfig{fields}: missing {missing}, unexpected {unexpected}")

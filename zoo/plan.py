@@ -55,11 +55,12 @@ class PipelineSplit:
     """
 
     pre: tuple[str, ...] = ()
-    """Modules `pipeline_enter` uses (embeddings), held by the first stage."""
+    """Modules `pipeline_enter` uses (embeddings), held by the first stage; also the names of
+    buffers held directly by a module (feature statistics). Parameters must sit in a module named here."""
     post: tuple[str, ...] = ()
-    """Modules `pipeline_exit` uses (final norm, head), held by the last stage. A module named in
-    both `pre` and `post` (a word embedding that is also the output head) is held by both stages
-    as two copies kept equal: their gradients are summed before each step."""
+    """Modules (or buffers) `pipeline_exit` uses (final norm, head), held by the last stage. A
+    module named in both `pre` and `post` (a word embedding that is also the output head) is held
+    by both stages as two copies kept equal: their gradients are summed before each step."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ post-LN `TransformerBlock`s with exact GELU, and one of three heads:
                       `BertConfig.problem_type`)
 
 State-dict names: embeddings.{word,position,token_type,norm}.*, blocks.N.{attn.{q,k,v,out},norm1,
-mlp.fc1,mlp.fc2,norm2}.*, pooler.*, mlm_transform.*, mlm_norm.*, mlm_bias, classifier.*.
+mlp.fc1,mlp.fc2,norm2}.*, pooler.*, mlm_transform.*, mlm_norm.*, mlm_decoder.bias, classifier.*.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from zoo.nn import (Embeddings, Norm, TransformerBlock, TransformerBlockConfig, 
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.init import init_transformer_
-from zoo.plan import ModelPlan
+from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 
@@ -38,6 +38,21 @@ def block_config(config: BertConfig) -> TransformerBlockConfig:
         mlp_ratio=config.intermediate_size / config.hidden_size, activation="gelu", prenorm=False, causal=False,
         dropout=config.hidden_dropout_prob, attention_dropout=config.attention_probs_dropout_prob, bias=True,
         eps=config.layer_norm_eps, recompute_attention=config.recompute_attention)
+
+
+class DecoderBias(nn.Module):
+    """The masked-LM decoder's bias (V,), its weight being the tied word embedding: a module of its
+    own, so that a plan can name it (Hugging Face's cls.predictions.decoder.bias)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+
+def _rename_root_bias(state_dict, prefix, *args) -> None:
+    """Checkpoints written before the decoder bias had its module hold it as mlm_bias."""
+    if prefix + "mlm_bias" in state_dict:
+        state_dict[prefix + "mlm_decoder.bias"] = state_dict.pop(prefix + "mlm_bias")
 
 
 @register("bert", BertConfig)
@@ -57,7 +72,8 @@ class Bert(nn.Module):
         if config.head == "mlm":
             self.mlm_transform = nn.Linear(width, width)
             self.mlm_norm = Norm(width, "layer", config.layer_norm_eps)
-            self.mlm_bias = nn.Parameter(torch.zeros(config.vocab_size))
+            self.mlm_decoder = DecoderBias(config.vocab_size)
+            self._register_load_state_dict_pre_hook(_rename_root_bias)
         if config.head == "classification":
             self.classifier = nn.Linear(width, config.num_labels)
         if not any(p.is_meta for p in self.parameters()):
@@ -67,9 +83,13 @@ class Bert(nn.Module):
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); under sequence parallelism the blocks run on sequence shards, split after
         the embeddings and gathered after the last block for the heads. The embeddings and heads
-        stay whole (the MLM bias is no module a plan can split)."""
+        stay whole. A pipeline's first stage holds the embeddings, its last the head (with a copy
+        of the word embedding, the MLM decoder's tied weight)."""
         blocks = block_plan("blocks.*", block_config(self.config))
-        return replace(blocks, sequence_split=("embeddings",), sequence_gather=(f"blocks.{len(self.blocks) - 1}",))
+        heads = {"mlm": ("mlm_transform", "mlm_norm", "mlm_decoder", "embeddings.word"),
+                 "classification": ("pooler", "classifier"), "none": ()}[self.config.head]
+        return replace(blocks, sequence_split=("embeddings",), sequence_gather=(f"blocks.{len(self.blocks) - 1}",),
+                       pipeline=PipelineSplit(pre=("embeddings",), post=heads))
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -77,7 +97,7 @@ class Bert(nn.Module):
         init_transformer_(self)
         self.embeddings.word.weight[self.config.pad_token_id].zero_()
         if self.config.head == "mlm":
-            self.mlm_bias.zero_()
+            self.mlm_decoder.bias.zero_()
 
     def num_parameters(self) -> int:
         """Number of parameters (the tied MLM decoder counted once)."""
@@ -86,6 +106,15 @@ class Bert(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The encoder's last hidden states (B, S, W)."""
+        carry = self.pipeline_enter(input_ids, attention_mask, token_type_ids)
+        for block in self.blocks:
+            carry = self.pipeline_block(block, carry)
+        return carry["hidden"]
+
+    def pipeline_enter(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                       token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> Carry:
+        """First pipeline stage: {"hidden": (B, S, W) embeddings, "padding": (B, S) bool, True at
+        tokens (when there is an attention_mask)}."""
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must have shape (B, S); got {tuple(input_ids.shape)}")
         for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
@@ -94,11 +123,23 @@ class Bert(nn.Module):
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"input_ids length must be <= max_position_embeddings={self.config.max_position_embeddings}; "
                              f"got {input_ids.shape[1]}")
-        padding = None if attention_mask is None else attention_mask.bool()
-        x = self.embeddings(input_ids, token_type_ids=token_type_ids)
-        for block in self.blocks:
-            x = block(x, padding)
-        return x
+        carry = {"hidden": self.embeddings(input_ids, token_type_ids=token_type_ids)}
+        if attention_mask is not None:
+            carry["padding"] = attention_mask.bool()
+        return carry
+
+    def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
+        """One block on {"hidden": (B, S, W)} with the padding mask, if any."""
+        return {**carry, "hidden": block(carry["hidden"], carry.get("padding"))}
+
+    def pipeline_exit(self, carry: Carry, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Last pipeline stage: the head's training loss on carry["hidden"] (B, S, W)."""
+        if self.config.head == "none":
+            raise ValueError("a BERT with head='none' has no loss to train; give it an mlm or classification head")
+        if labels is None:
+            raise ValueError("training BERT needs labels in the batch")
+        return self._head(carry["hidden"], labels, skip_logits=True if self.config.head == "mlm" else None)["loss"]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
@@ -108,6 +149,10 @@ class Bert(nn.Module):
         skip_logits (mlm only): return only the fused loss; None skips when there are labels and the
         model trains or runs inside `zoo.nn.logits.loss_only()`."""
         hidden = self.encode(input_ids, attention_mask, token_type_ids)
+        return self._head(hidden, labels, skip_logits)
+
+    def _head(self, hidden: torch.Tensor, labels: torch.Tensor | None, skip_logits: bool | None) -> dict[str, torch.Tensor]:
+        """The head's outputs on the last hidden states (B, S, W); see `forward`."""
         head = self.config.head
         if head == "mlm":
             return self._masked_lm(hidden, labels, decide_skip_logits(skip_logits, self.training, labels is not None))
@@ -152,8 +197,8 @@ class Bert(nn.Module):
         transformed = self.mlm_norm(bias_act_dropout(F.linear(hidden, self.mlm_transform.weight), self.mlm_transform.bias, "gelu"))
         weight = self.embeddings.word.weight
         if skip_logits:
-            return {"loss": linear_cross_entropy(transformed, weight, labels, self.mlm_bias)}
-        logits = F.linear(transformed, weight, self.mlm_bias)
+            return {"loss": linear_cross_entropy(transformed, weight, labels, self.mlm_decoder.bias)}
+        logits = F.linear(transformed, weight, self.mlm_decoder.bias)
         if labels is None:
             return {"logits": logits}
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)

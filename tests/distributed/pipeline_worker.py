@@ -18,19 +18,32 @@ import torch
 import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
-sys.path += [str(Path(__file__).resolve().parents[1])]
+sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "asr")]
 
+from torch.utils.data import default_collate  # noqa: E402
+
+from asr.data import collate_speech  # noqa: E402
 from helpers import lm_examples, tiny_gpt  # noqa: E402
+from protein.data import collate_folding  # noqa: E402
+from tiny_transducer import tiny  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
-from worker import FeedForwardLM  # noqa: E402
+from worker import (FeedForwardLM, digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
+                    tiny_bert, tiny_fold, tiny_vit)
 
 MODELS = {
-    "gpt": lambda: tiny_gpt(n_layer=4),
-    "custom": lambda: FeedForwardLM(layers=4),
+    "gpt": (lambda: tiny_gpt(n_layer=4), lm_examples, default_collate),
+    "gpt_dropout": (lambda: tiny_gpt(n_layer=4, dropout=0.1), lm_examples, default_collate),
+    "custom": (lambda: FeedForwardLM(layers=4), lm_examples, default_collate),
+    "bert": (tiny_bert, mlm_examples, default_collate),
+    "vit": (tiny_vit, digit_examples, default_collate),
+    "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
+    "fold": (lambda: tiny_fold(max_recycles=0), fold_examples, collate_folding),
 }
-"""Models with four blocks (pp=2 x 2 stages per rank at most); GPT without biases (a key bias's
-gradient is zero up to rounding, which AdamW amplifies)."""
+"""(build, examples, collate): GPT (also with dropout 0.1) and the test's own model with four blocks (pp=2 x 2 stages per
+rank at most), GPT without biases (a key bias's gradient is zero up to rounding, which AdamW
+amplifies); the others with two (tests/distributed/worker.py), the folding model without
+recycling (which a pipeline does not run)."""
 
 
 def config(**overrides) -> TrainConfig:
@@ -50,18 +63,21 @@ def strategy(layout: str) -> Strategy:
                     tp=int(tp), sequence_parallel=sp == "1")
 
 
-def example(data: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def example(data, collate=default_collate) -> dict[str, torch.Tensor]:
     """One micro batch, for the pipeline split's cost estimate."""
-    return {key: torch.stack([e[key] for e in data[:2]]) for key in data[0]}
+    return collate([data[0], data[1]])
 
 
 def parity(out: str, *runs: str) -> None:
     results = {}
-    data, held_out = lm_examples(64), lm_examples(8, seed=5)
     for run in runs:
         model, layout = run.split("/", 1)
-        trainer = Trainer(MODELS[model](), config(), strategy(layout), example_batch=example(data))
-        history = trainer.fit(data, held_out)
+        build, examples, collate = MODELS[model]
+        data = examples(64)
+        held_out = [data[i] for i in range(4)]
+        torch.manual_seed(7)
+        trainer = Trainer(build(), config(), strategy(layout), example_batch=example(data, collate))
+        history = trainer.fit(data, held_out, collate_fn=collate)
         results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
                         "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"]}
     if dist.get_rank() == 0:
@@ -70,7 +86,7 @@ def parity(out: str, *runs: str) -> None:
 
 def save(directory: str, layout: str) -> None:
     data = lm_examples(64)
-    trainer = Trainer(MODELS["gpt"](), config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
+    trainer = Trainer(MODELS["gpt"][0](), config(max_steps=4, checkpoint_every=2, checkpoint_dir=directory),
                       strategy(layout), example_batch=example(data))
     history = trainer.fit(data)
     params = trainer.full_state_dict()

@@ -239,12 +239,12 @@ def speech_examples(count: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
 
 
-def tiny_fold(dropout: float = 0.0) -> nn.Module:
+def tiny_fold(dropout: float = 0.0, max_recycles: int = 1) -> nn.Module:
     torch.manual_seed(0)
     evoformer = EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
                                 outer_product_dim=4, triangle_dim=16, msa_dropout=dropout, pair_dropout=dropout)
     return FoldingModel(FoldConfig(evoformer=evoformer, structure=StructureConfig(single_dim=32, layers=2, heads=2,
-                                                                                 head_dim=8), max_recycles=1))
+                                                                                 head_dim=8), max_recycles=max_recycles))
 
 
 def fold_examples(count: int):

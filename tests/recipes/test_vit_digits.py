@@ -41,7 +41,7 @@ def test_two_ranks_zero2_fine_tune_writes_a_loadable_classifier(tmp_path):
     assert config["metrics"]["accuracy_examples"] == {"validation": 30, "test": 30, "opencv": 30}
     assert all(0.0 <= config["metrics"][f"{s}_accuracy"] <= 1.0 for s in ("validation", "test", "opencv"))
     model = zoo.load(tmp_path / "model")
-    assert isinstance(model, ViT) and model.patch.weight.shape == (384, 1, 14, 14)
+    assert isinstance(model, ViT) and model.embeddings.patch.weight.shape == (384, 1, 14, 14)
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--layers 2"))
 

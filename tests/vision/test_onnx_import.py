@@ -38,8 +38,8 @@ def test_backbone_matches_the_onnx_graph(backbone):
 
 def test_grey_input_fewer_blocks_and_another_size_keep_the_backbone(backbone):
     grey = vit_from_onnx(num_channels=1, num_hidden_layers=4, image_size=56, head="classification", num_labels=10)
-    assert grey.patch.weight.shape == (384, 1, 14, 14) and len(grey.blocks) == 4
-    assert grey.positions.shape == (1, 1 + 16, 384) and grey.classifier.weight.shape == (10, 384)
+    assert grey.embeddings.patch.weight.shape == (384, 1, 14, 14) and len(grey.blocks) == 4
+    assert grey.embeddings.positions.shape == (1, 1 + 16, 384) and grey.classifier.weight.shape == (10, 384)
     pixel_values = torch.randn(3, 1, 56, 56, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         x = backbone.embed(pixel_values.expand(-1, 3, -1, -1))  # grey repeated in every channel

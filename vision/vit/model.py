@@ -6,11 +6,13 @@
     "none":           {"last_hidden_state" (B, 1+N, W), "pooler_output" (B, W) = tanh(pooler(h[:, 0]))}
     "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels)
 
-State-dict names: patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W),
+State-dict names: embeddings.{patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W)},
 blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,7 @@ from torch import nn
 from vision.vit.config import ViTConfig
 from zoo.nn import Norm, TransformerBlock, TransformerBlockConfig, block_plan, dropout
 from zoo.nn.init import init_transformer_
-from zoo.plan import ModelPlan
+from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 
@@ -44,41 +46,18 @@ def interpolate_positions(positions: torch.Tensor, grid: tuple[int, int]) -> tor
     return torch.cat([positions[:, :1], patches.permute(0, 2, 3, 1).reshape(1, -1, width)], dim=1)
 
 
-@register("vit", ViTConfig)
-class ViT(nn.Module):
-    """forward(pixel_values (B, C, H, W), labels (B,) class ids) -> dict (see the module docstring).
-    H and W must be multiples of patch_size; sizes other than image_size interpolate the positions."""
+class PatchEmbeddings(nn.Module):
+    """(B, C, H, W) pixels -> (B, 1+N, W) tokens: a stride-P convolution into patches, the class
+    token in front, learned positions added (interpolated for other image sizes), dropout."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        self.config = config
-        width = config.hidden_size
+        self.config, width = config, config.hidden_size
         self.patch = nn.Conv2d(config.num_channels, width, config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, width))
         self.positions = nn.Parameter(torch.zeros(1, 1 + config.grid ** 2, width))
-        self.blocks = nn.ModuleList(TransformerBlock(block_config(config)) for _ in range(config.num_hidden_layers))
-        self.norm = Norm(width, "layer", config.layer_norm_eps)
-        self.classifier = nn.Linear(width, config.num_labels) if config.head == "classification" else None
-        self.pooler = nn.Linear(width, width) if config.head == "none" else None
-        if not any(p.is_meta for p in self.parameters()):
-            self.init_weights()
 
-    def parallel_plan(self) -> ModelPlan:
-        """Each block is one shard and recompute unit and holds two tensor-parallel regions
-        (`block_plan`). No sequence parallelism: 1 + (image / patch)^2 positions rarely split."""
-        return block_plan("blocks.*", block_config(self.config))
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """Truncated-normal-free ViT initialisation: N(0, 0.02) linears, class token and positions,
-        the patch convolution like a linear over the flattened patch, zero biases, unit norms."""
-        init_transformer_(self)
-        for tensor in (self.cls_token, self.positions, self.patch.weight):
-            nn.init.normal_(tensor, std=0.02)
-        nn.init.zeros_(self.patch.bias)
-
-    def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, 1+N, W) tokens with positions."""
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         c, p = self.config.num_channels, self.config.patch_size
         if pixel_values.ndim != 4 or pixel_values.shape[1] != c:
             raise ValueError(f"pixel_values must have shape (B, {c}, H, W); got {tuple(pixel_values.shape)}")
@@ -91,6 +70,57 @@ class ViT(nn.Module):
         tokens = tokens + interpolate_positions(self.positions, grid)
         return dropout(tokens, self.config.hidden_dropout_prob, self.training)
 
+
+_EMBEDDING_NAMES = ("patch.weight", "patch.bias", "cls_token", "positions")
+
+
+def _move_into_embeddings(state_dict, prefix, *args) -> None:
+    """Checkpoints written before the embeddings had their module hold them at the top level."""
+    for name in _EMBEDDING_NAMES:
+        if prefix + name in state_dict:
+            state_dict[f"{prefix}embeddings.{name}"] = state_dict.pop(prefix + name)
+
+
+@register("vit", ViTConfig)
+class ViT(nn.Module):
+    """forward(pixel_values (B, C, H, W), labels (B,) class ids) -> dict (see the module docstring).
+    H and W must be multiples of patch_size; sizes other than image_size interpolate the positions."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        width = config.hidden_size
+        self.embeddings = PatchEmbeddings(config)
+        self._register_load_state_dict_pre_hook(_move_into_embeddings)
+        self.blocks = nn.ModuleList(TransformerBlock(block_config(config)) for _ in range(config.num_hidden_layers))
+        self.norm = Norm(width, "layer", config.layer_norm_eps)
+        self.classifier = nn.Linear(width, config.num_labels) if config.head == "classification" else None
+        self.pooler = nn.Linear(width, width) if config.head == "none" else None
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    def parallel_plan(self) -> ModelPlan:
+        """Each block is one shard and recompute unit and holds two tensor-parallel regions
+        (`block_plan`). No sequence parallelism: 1 + (image / patch)^2 positions rarely split. A
+        pipeline's first stage holds the embeddings, its last the final norm and the head."""
+        head = ("classifier",) if self.classifier is not None else ()
+        return replace(block_plan("blocks.*", block_config(self.config)),
+                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", *head)))
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Truncated-normal-free ViT initialisation: N(0, 0.02) linears, class token and positions,
+        the patch convolution like a linear over the flattened patch, zero biases, unit norms."""
+        init_transformer_(self)
+        embeddings = self.embeddings
+        for tensor in (embeddings.cls_token, embeddings.positions, embeddings.patch.weight):
+            nn.init.normal_(tensor, std=0.02)
+        nn.init.zeros_(embeddings.patch.bias)
+
+    def embed(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 1+N, W) tokens with positions."""
+        return self.embeddings(pixel_values)
+
     def encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states (B, 1+N, W); index 0 is the class token."""
         x = self.embed(pixel_values)
@@ -98,12 +128,30 @@ class ViT(nn.Module):
             x = block(x)
         return self.norm(x)
 
+    def pipeline_enter(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
+        """First pipeline stage: {"hidden": (B, 1+N, W) tokens}."""
+        return {"hidden": self.embed(pixel_values)}
+
+    def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
+        """One block on {"hidden": (B, 1+N, W)}."""
+        return {"hidden": block(carry["hidden"])}
+
+    def pipeline_exit(self, carry: Carry, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Last pipeline stage: the classification loss from carry["hidden"] (B, 1+N, W)."""
+        if labels is None or self.classifier is None:
+            raise ValueError("training a ViT needs a classification head and labels in the batch")
+        return self._classify(self.norm(carry["hidden"]), labels)["loss"]
+
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         hidden = self.encode(pixel_values)
         if self.classifier is None:
             if labels is not None:
                 raise ValueError("labels need a head; this ViT has head='none'")
             return {"last_hidden_state": hidden, "pooler_output": torch.tanh(self.pooler(hidden[:, 0]))}
+        return self._classify(hidden, labels)
+
+    def _classify(self, hidden: torch.Tensor, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """{"logits" (B, num_labels)} from the class token of hidden (B, 1+N, W), + "loss" with labels."""
         logits = self.classifier(hidden[:, 0])
         output = {"logits": logits}
         if labels is not None:
