@@ -38,6 +38,7 @@ from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.data import first_micro_batch
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
@@ -158,10 +159,11 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     torch.manual_seed(config.train.seed)
     model = Transducer(dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size))
     model.set_feature_stats(*feature_statistics(train, config.stats_utterances))
-    trainer = Trainer(model, config.train, config.strategy)
+    buckets = DurationBuckets(train, config.bucket_size, config.train.seed)
+    trainer = Trainer(model, config.train, config.strategy,
+                      example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech))
     started = time.perf_counter()
-    history = trainer.fit(DurationBuckets(train, config.bucket_size, config.train.seed),
-                          DurationBuckets(validation, config.bucket_size), collate_fn=collate_speech)
+    history = trainer.fit(buckets, DurationBuckets(validation, config.bucket_size), collate_fn=collate_speech)
     train_seconds = time.perf_counter() - started
     state = trainer.full_state_dict()
     if not trainer.env.is_main:

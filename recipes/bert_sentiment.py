@@ -26,6 +26,7 @@ from nlp.data import VADER_SOURCES, pad_collate, vader_snippets
 from nlp.tokenizers import tokenizer_from_spec
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.data import first_micro_batch
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
 
@@ -114,7 +115,8 @@ def run(config: BertSentimentConfig) -> dict[str, Any]:
     collate = pad_collate(tokenizer.pad_id)
     torch.manual_seed(config.train.seed)
     model = classifier_from(zoo.load(config.base))
-    trainer = Trainer(model, config.train, config.strategy)
+    trainer = Trainer(model, config.train, config.strategy,
+                      example_batch=first_micro_batch(data["train"], config.train.micro_batch_size, collate))
     history = trainer.fit(data["train"], data["validation"], collate_fn=collate)
     state = trainer.full_state_dict()
     if not trainer.env.is_main:

@@ -30,6 +30,7 @@ from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.data import first_micro_batch
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
@@ -92,9 +93,11 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     log.info("ProMod3 chains: %d training, %d validation", len(train_chains), len(validation_chains))
     torch.manual_seed(config.train.seed)
     model = FoldingModel(config.model)
-    trainer = Trainer(model, config.train, config.strategy)
+    examples = FoldingExamples(train_chains, config.crop)
+    trainer = Trainer(model, config.train, config.strategy,
+                      example_batch=first_micro_batch(examples, config.train.micro_batch_size, collate_folding))
     started = time.perf_counter()
-    history = trainer.fit(FoldingExamples(train_chains, config.crop),
+    history = trainer.fit(examples,
                           FoldingExamples(validation_chains, config.crop, random=False), collate_fn=collate_folding)
     train_seconds = time.perf_counter() - started
     state = trainer.full_state_dict()

@@ -26,6 +26,7 @@ from nlp.gpt import GPT, GPTConfig
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, TextTokenizer
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.data import first_micro_batch
 from zoo.corpora import shakespeare_text
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
@@ -79,7 +80,8 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
 
     model_config = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
     torch.manual_seed(config.train.seed)
-    trainer = Trainer(GPT(model_config), config.train, config.strategy)
+    trainer = Trainer(GPT(model_config), config.train, config.strategy,
+                      example_batch=first_micro_batch(train_set, config.train.micro_batch_size))
     history = trainer.fit(train_set, validation_set)
     state = trainer.full_state_dict()
     if not trainer.env.is_main:

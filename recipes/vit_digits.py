@@ -26,6 +26,7 @@ import torch
 import zoo
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.data import first_micro_batch
 from vision.augment import Augmentation
 from vision.classify import accuracy
 from vision.digits import frame_like_mnist, mnist_digits, opencv_digits, stratified_split
@@ -108,7 +109,8 @@ def run(config: ViTDigitsConfig) -> dict[str, Any]:
     torch.manual_seed(config.train.seed)
     model = vit_from_onnx(num_channels=1, image_size=config.image_size, num_hidden_layers=config.layers,
                           head="classification", num_labels=len(LABELS))
-    trainer = Trainer(model, config.train, config.strategy)
+    trainer = Trainer(model, config.train, config.strategy, example_batch=first_micro_batch(
+        sets["train"], config.train.micro_batch_size, ClassificationCollate(processor)))
     started = time.perf_counter()
     history = trainer.fit(sets["train"], sets["validation"],
                           collate_fn=ClassificationCollate(processor, config.augmentation),

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
+from torch.utils.data import default_collate
 
 
 @lru_cache(maxsize=1)
@@ -31,6 +33,13 @@ def check_batch_sizes(global_batch_size: int, micro_batch_size: int, world_size:
             f"TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks "
             f"({micro_batch_size} x {world_size} = {per_round}); got {global_batch_size}"
         )
+
+
+def first_micro_batch(dataset: Sequence[Any], micro_batch_size: int,
+                      collate: Callable[[list[Any]], Any] | None = None) -> Any:
+    """The dataset's first `micro_batch_size` examples collated: the example batch from which a
+    pipeline split estimates each block's cost (`Trainer(..., example_batch=...)`)."""
+    return (collate or default_collate)([dataset[i] for i in range(min(micro_batch_size, len(dataset)))])
 
 
 def pipeline_microbatches(global_batch_size: int, micro_batch_size: int, dp_size: int, microbatches: int | None) -> int:

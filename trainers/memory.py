@@ -179,17 +179,21 @@ def estimate_memory(model_or_numel: nn.Module | int, strategy: Strategy, world_s
 
     Under tensor parallelism N = world_size / strategy.tp and Psi counts one tensor-parallel rank's
     parameters: a parallelised model's split parameters count 1/tp of their elements (an int
-    `model_or_numel` is taken as that count already).
+    `model_or_numel` is taken as that count already). Under pipeline parallelism N is also divided
+    by strategy.pp and Psi counts one pipeline rank's stages: a pipelined model (the trainer's) is
+    already pruned to them; pass an int for a whole model's share.
 
     Returns bytes per rank: parameters, gradients, optimizer, total, and the device/cpu split.
     """
-    if world_size < 1 or world_size % strategy.tp:
-        raise ValueError(f"world_size must be a positive multiple of Strategy.tp={strategy.tp}; got {world_size}")
+    degree = strategy.tp * strategy.pp
+    if world_size < 1 or world_size % degree:
+        what = f"Strategy.tp={strategy.tp}" if strategy.pp == 1 else f"Strategy.tp x Strategy.pp = {degree}"
+        raise ValueError(f"world_size must be a positive multiple of {what}; got {world_size}")
     if isinstance(model_or_numel, int):
         numel = model_or_numel
     else:
         numel = sum(-(-p.numel() // strategy.tp) if _split_over_tp(p) else p.numel() for p in model_or_numel.parameters())
-    world_size //= strategy.tp
+    world_size //= degree
     param_bytes, grad_bytes, optim_bytes = (4, 4, 8) if strategy.precision == "fp32" else (2, 2, 12)
     shards = {
         "parameters": world_size if strategy.zero >= 3 else 1,

@@ -50,7 +50,7 @@ def check_schedule(name: str, pp: int, stages_per_rank: int, microbatches: int) 
     if name == "interleaved_1f1b" and microbatches % pp:
         raise ValueError(f"Strategy.pp_schedule='interleaved_1f1b' runs micro batches in rounds of pp={pp}, so "
                          f"Strategy.microbatches must be a multiple of {pp}; got {microbatches}")
-    if name in ("gpipe", "1f1b", "zero_bubble") and stages_per_rank != 1:
+    if name not in ("interleaved_1f1b", "looped_bfs") and stages_per_rank != 1:
         raise ValueError(f"Strategy.pp_schedule={name!r} runs one stage per rank; got stages_per_rank={stages_per_rank}")
 
 

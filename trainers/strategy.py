@@ -15,7 +15,9 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Recompute = Literal["none", "blocks", "selective"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"]
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "looped_bfs")
-"""Schedules that run several pipeline stages on each rank (`Strategy.stages_per_rank` > 1)."""
+"""Schedules that can run several pipeline stages on each rank (`Strategy.stages_per_rank` > 1);
+interleaved 1F1B needs them (with one it is 1F1B), breadth-first also runs one per rank (the order
+of GPipe, with breadth-first's data parallelism)."""
 
 
 @dataclass
@@ -69,7 +71,8 @@ class Strategy:
     "1f1b": after pp - rank warm-up forwards, one forward, one backward (holds at most pp);
     "interleaved_1f1b": 1F1B over `stages_per_rank` stages per rank placed in a loop (Megatron's
     virtual stages; the bubble shrinks by stages_per_rank); "looped_bfs": the same looping
-    placement, each stage running all its micro batches breadth-first (Lamy-Poirier 2022), so a
+    placement (or one stage per rank), each stage running all its micro batches breadth-first
+    (Lamy-Poirier 2022), so a
     stage's data-parallel gradient reduction starts when its last backward ends and ZeRO-3
     gathers its parameters once per pass; "zero_bubble": 1F1B with each backward split into the
     input-gradient pass (on the critical path) and the weight-gradient pass (deferred into the
@@ -100,7 +103,7 @@ class Strategy:
         if self.microbatches is not None and (isinstance(self.microbatches, bool)
                                               or not isinstance(self.microbatches, int) or self.microbatches < 1):
             raise ValueError(f"Strategy.microbatches must be None or an integer >= 1; got {self.microbatches!r}")
-        if self.pp_schedule in MULTI_STAGE_SCHEDULES and self.pp > 1 and self.stages_per_rank == 1:
+        if self.pp_schedule == "interleaved_1f1b" and self.pp > 1 and self.stages_per_rank == 1:
             raise ValueError(f"Strategy.pp_schedule={self.pp_schedule!r} runs several stages per rank and needs "
                              "Strategy.stages_per_rank > 1; got 1")
         if self.stages_per_rank > 1 and self.pp_schedule not in MULTI_STAGE_SCHEDULES:

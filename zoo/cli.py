@@ -17,8 +17,8 @@ from zoo.recipe_options import help_text, options
 from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import list_models, locate, read_config
 
-TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--OPTION VALUE ...]   "
-               "(zoo train RECIPE --help lists its options)")
+TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--pp P [--pp-schedule S] "
+               "[--microbatches M] [--stages-per-rank V]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
 
 
 def _parse_overrides(words: list[str]) -> dict[str, str]:
@@ -52,37 +52,70 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def check_ranks(config: Any, nproc: int) -> None:
-    """Before any process starts: --nproc must be >= 1, a multiple of the strategy's tensor-parallel
-    degree, and split every TrainConfig's global batch into whole micro batches per data-parallel
-    rank; more ranks than cores is allowed, with a warning."""
+    """Before any process starts: --nproc must be >= 1, a multiple of the strategy's tensor- and
+    pipeline-parallel degrees, and split every TrainConfig's global batch into whole micro batches
+    per data-parallel rank (and those into the pipeline's runs, which its schedule must take);
+    more ranks than cores is allowed, with a warning."""
     from trainers import Strategy, TrainConfig
-    from trainers.data import check_batch_sizes
+    from trainers.data import check_batch_sizes, pipeline_microbatches
+    from trainers.pipeline_schedules import check_schedule
 
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {nproc}")
     values = _dataclass_values(config)
-    tp = max((value.tp for value in values if isinstance(value, Strategy)), default=1)
+    strategy = next((value for value in values if isinstance(value, Strategy)), Strategy())
+    tp, pp = strategy.tp, strategy.pp
     if nproc % tp:
         raise ValueError(f"--nproc {nproc} must be a multiple of the tensor-parallel degree --tp {tp}")
+    if nproc % (tp * pp):
+        raise ValueError(f"--nproc {nproc} must be a multiple of --pp {pp} x --tp {tp} = {pp * tp}")
     cores = os.cpu_count() or 1
     if nproc > cores:
         print(f"zoo: warning: --nproc {nproc} is more than this machine's {cores} cores; the ranks will share them",
               file=sys.stderr)
     for train in (value for value in values if isinstance(value, TrainConfig)):
         try:
-            check_batch_sizes(train.global_batch_size, train.micro_batch_size, nproc // tp)
+            dp = nproc // (tp * pp)
+            check_batch_sizes(train.global_batch_size, train.micro_batch_size, dp)
+            if pp > 1:
+                microbatches = pipeline_microbatches(train.global_batch_size, train.micro_batch_size, dp,
+                                                     strategy.microbatches)
+                check_schedule(strategy.pp_schedule, pp, strategy.stages_per_rank, microbatches)
         except ValueError as error:
-            raise ValueError(f"--nproc {nproc}{f' --tp {tp}' if tp > 1 else ''}: {error}") from None
+            degrees = f"{f' --tp {tp}' if tp > 1 else ''}{f' --pp {pp}' if pp > 1 else ''}"
+            raise ValueError(f"--nproc {nproc}{degrees}: {error}") from None
+
+
+PARALLEL_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
+                  "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank"}
+"""`zoo train` flags that stand for recipe options of the strategy (with --sequence-parallel)."""
 
 
 def parallel_overrides(args: argparse.Namespace, config: Any) -> list[str]:
-    """--tp and --sequence-parallel as the recipe options they stand for (strategy.tp,
-    strategy.sequence_parallel); ValueError for a recipe without a strategy."""
-    words = (["--strategy.tp", str(args.tp)] if args.tp is not None else []) + (
-        ["--strategy.sequence_parallel", "true"] if args.sequence_parallel else [])
+    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches and --stages-per-rank as the
+    recipe options they stand for (strategy.*); ValueError for a recipe without a strategy."""
+    words = [word for flag, option in PARALLEL_FLAGS.items() if getattr(args, flag) is not None
+             for word in (f"--{option}", str(getattr(args, flag)))]
+    words += ["--strategy.sequence_parallel", "true"] if args.sequence_parallel else []
     if words and not any(option.name == "strategy.tp" for option in options(config)):
-        raise ValueError(f"--tp and --sequence-parallel set the recipe's strategy; {type(config).__name__} has none")
+        raise ValueError(f"--tp, --pp and their companions set the recipe's strategy; {type(config).__name__} has none")
     return words
+
+
+def microbatch_overrides(config: Any, nproc: int) -> list[str]:
+    """With --microbatches M: the micro batch size that cuts each data-parallel rank's share of the
+    global batch into exactly M micro batches (--train.micro_batch_size); ValueError when it does not split."""
+    from trainers import Strategy, TrainConfig
+
+    strategy = getattr(config, "strategy", None)
+    train = getattr(config, "train", None)
+    if not isinstance(strategy, Strategy) or not isinstance(train, TrainConfig) or strategy.microbatches is None:
+        return []
+    share = train.global_batch_size // max(nproc // (strategy.tp * strategy.pp), 1)
+    if share % strategy.microbatches or train.global_batch_size % (share or 1):
+        raise ValueError(f"--microbatches {strategy.microbatches} must divide each data-parallel rank's share of "
+                         f"--train.global_batch_size {train.global_batch_size}: {share} examples")
+    return ["--train.micro_batch_size", str(share // strategy.microbatches)]
 
 
 def _dataclass_values(config: Any) -> list[Any]:
@@ -102,7 +135,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     rest = [*rest, *parallel_overrides(args, recipe.config_class())]
     config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
     launched = "RANK" in os.environ  # a rank torchrun started: the world is torchrun's
-    check_ranks(config, int(os.environ["WORLD_SIZE"]) if launched else args.nproc)
+    nproc = int(os.environ["WORLD_SIZE"]) if launched else args.nproc
+    if args.microbatches is not None:  # launched ranks get the micro batch size it implies
+        rest = [*rest, *microbatch_overrides(config, nproc)]
+        config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
+    check_ranks(config, nproc)
     if args.nproc > 1 and not launched:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                    "-m", "zoo.cli", "train", args.recipe, *rest]
@@ -140,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tensor-parallel degree (--strategy.tp): ranks that split each layer; divides --nproc")
     train.add_argument("--sequence-parallel", action="store_true",
                        help="with --tp, split activations along the sequence too (--strategy.sequence_parallel)")
+    train.add_argument("--pp", type=int, default=None,
+                       help="pipeline-parallel degree (--strategy.pp): ranks that each run a slice of the blocks")
+    train.add_argument("--pp-schedule", default=None, help="with --pp: gpipe, 1f1b, interleaved_1f1b, looped_bfs or "
+                                                           "zero_bubble (--strategy.pp_schedule)")
+    train.add_argument("--microbatches", type=int, default=None,
+                       help="with --pp: micro batches per pipeline run (--strategy.microbatches)")
+    train.add_argument("--stages-per-rank", type=int, default=None,
+                       help="with --pp: pipeline stages on each rank (--strategy.stages_per_rank)")
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")

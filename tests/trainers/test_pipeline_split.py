@@ -92,8 +92,8 @@ def test_a_model_without_split_points_is_refused():
 @pytest.mark.parametrize("fields,message", [
     (dict(pp=0), "Strategy.pp must be an integer >= 1; got 0"),
     (dict(pp=2, pp_schedule="pipedream"), "Strategy.pp_schedule must be one of"),
-    (dict(pp=2, pp_schedule="looped_bfs"), "Strategy.pp_schedule='looped_bfs' runs several stages per rank and "
-                                           "needs Strategy.stages_per_rank > 1; got 1"),
+    (dict(pp=2, pp_schedule="interleaved_1f1b"), "Strategy.pp_schedule='interleaved_1f1b' runs several stages per "
+                                                 "rank and needs Strategy.stages_per_rank > 1; got 1"),
     (dict(pp=2, stages_per_rank=2), "Strategy.stages_per_rank=2 needs a schedule that runs several stages"),
     (dict(stages_per_rank=2, pp_schedule="interleaved_1f1b"), "needs Strategy.pp > 1; got pp=1"),
     (dict(pp=2, microbatches=0), "Strategy.microbatches must be None or an integer >= 1; got 0"),

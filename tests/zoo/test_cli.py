@@ -96,6 +96,23 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
         assert "--strategy.tp 2 --strategy.sequence_parallel true" in (out / CARD_FILE).read_text()
 
 
+@pytest.mark.timeout(300)
+def test_train_a_pipeline_on_four_ranks_writes_a_loadable_model(tmp_path):
+    out = tmp_path / "gpt"
+    result = zoo_cli("train", "gpt_shakespeare", "--nproc", "4", "--pp", "2", "--pp-schedule", "looped_bfs",
+                     "--microbatches", "4", "--train.max_steps", "3", "--train.eval_batches", "2",
+                     "--train.progress", "false", "--train.output_dir", str(tmp_path / "run"), "--model.n_layer", "2",
+                     "--model.n_embd", "32", "--sample_tokens", "20", "--output", str(out), timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # pp=2 x dp=2: each data-parallel rank's 16 examples of the 32-example step cut into 4 micro batches of 4.
+    card = (out / CARD_FILE).read_text()
+    assert "--train.micro_batch_size 4" in card and "--strategy.pp 2 --strategy.pp_schedule looped_bfs" in card
+    assert "rank 0 trainers INFO: step 3/3 loss" in result.stderr
+    assert 1.0 < json.loads((out / "config.json").read_text())["metrics"]["validation_perplexity"] < 2 * 84
+    generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
+    assert generated.returncode == 0 and generated.stdout.startswith("KING.")
+
+
 def test_export_writes_a_folder_transformers_loads(tmp_path):
     import torch
     import transformers
@@ -142,6 +159,13 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
         (("train", "gpt_shakespeare", "--nproc", "-3"), "--nproc must be >= 1; got -3"),
         (("train", "gpt_shakespeare", "--nproc", "3", "--tp", "2"),
          "--nproc 3 must be a multiple of the tensor-parallel degree --tp 2"),
+        (("train", "gpt_shakespeare", "--nproc", "3", "--pp", "2"), "--nproc 3 must be a multiple of --pp 2 x --tp 1 = 2"),
+        (("train", "gpt_shakespeare", "--nproc", "2", "--pp", "2", "--pp-schedule", "interleaved_1f1b"),
+         "Strategy.pp_schedule='interleaved_1f1b' runs several stages per rank and needs Strategy.stages_per_rank > 1"),
+        (("train", "gpt_shakespeare", "--nproc", "2", "--pp", "2", "--microbatches", "5"),
+         "--microbatches 5 must divide each data-parallel rank's share of --train.global_batch_size 32: 32 examples"),
+        (("train", "gpt_shakespeare", "--nproc", "2", "--pp", "2", "--strategy.microbatches", "3"),
+         "Strategy.microbatches=3 must divide the micro batches of each step and data-parallel rank"),
         (("train", "gpt_shakespeare", "--nproc", "2", "--sequence-parallel"),
          "Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks and needs Strategy.tp > 1"),
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
