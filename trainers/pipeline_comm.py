@@ -10,6 +10,8 @@ in. Sends are asynchronous; the sender keeps them until `wait_sends`.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -66,6 +68,8 @@ class PipelineLink:
     def __init__(self, group: dist.ProcessGroup, num_stages: int, device: torch.device) -> None:
         self.group, self.num_stages, self.device = group, num_stages, device
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.waited = 0.0
+        """Seconds spent in receives so far (waiting for a peer, then copying)."""
 
     def _peer(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
@@ -75,7 +79,9 @@ class PipelineLink:
         self._sends.append((dist.isend(tensor, self._peer(peer), group=self.group, tag=tag), tensor))
 
     def _recv(self, tensor: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
+        started = time.perf_counter()
         dist.recv(tensor, self._peer(peer), group=self.group, tag=tag)
+        self.waited += time.perf_counter() - started
         return tensor
 
     def send_carry(self, kind: str, carry: Carry, stage: int, micro: int, peer: int) -> None:

@@ -103,6 +103,14 @@ def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
     return {f"{name}.{p}" for name in modules for p, _ in model.get_submodule(name).named_parameters()}
 
 
+def agreed(costs: PieceCosts) -> PieceCosts:
+    """The mean of every rank's `costs` (measured times differ), so that all ranks cut the same
+    stages (collective)."""
+    values = torch.tensor([costs.enter, *costs.blocks, costs.exit], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.AVG)
+    return PieceCosts(values[0].item(), values[1:-1].tolist(), values[-1].item())
+
+
 def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, env: DistEnv,
                        example_batch: Mapping[str, Any] | None, microbatches: int) -> PipelineLayout:
     """Cut `model` into strategy.pp * strategy.stages_per_rank stages and prune it to this rank's."""
@@ -111,8 +119,8 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     pre, pre_buffers = resolve_pieces(model, split.pre, "pre")
     post, post_buffers = resolve_pieces(model, split.post, "post")
     modules = model.get_submodule
-    costs = estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
-                           [modules(n) for n in post], example_batch, strategy.recompute != "none", microbatches)
+    costs = agreed(estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
+                                  [modules(n) for n in post], example_batch, strategy.recompute != "none", microbatches))
     layout = PipelineLayout(
         ranges=balanced_split(costs, strategy.pp * strategy.stages_per_rank), block_names=block_names, pre=pre,
         post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,

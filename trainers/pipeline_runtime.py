@@ -90,8 +90,10 @@ class Span:
 
     action: Action
     start: float
-    """Seconds since the run began (waits for messages included)."""
+    """Seconds since the run began."""
     end: float
+    waited: float
+    """Seconds of [start, end] spent receiving its inputs (idle while the peer is not ready)."""
 
 
 @dataclass
@@ -109,6 +111,9 @@ class Pipeline:
     """When each stage gathers parameters and reduces gradients."""
     timeline: list[Span] = field(default_factory=list)
     """The actions of the latest run."""
+    run_began: float = 0.0
+    """`time.perf_counter()` when the latest run began (the machine's monotonic clock: spans of
+    ranks on one machine line up)."""
 
     def __post_init__(self) -> None:
         self._by_index = {stage.index: stage for stage in self.stages}
@@ -128,9 +133,9 @@ class Pipeline:
         pending: dict[tuple[int, int], _Pending] = {}
         losses: dict[int, torch.Tensor] = {}
         self.timeline = []
-        began = time.perf_counter()
+        began = self.run_began = time.perf_counter()
         for position, action in enumerate(self.order):
-            start = time.perf_counter() - began
+            start, waited = time.perf_counter() - began, self.link.waited
             stage = self._by_index[action.stage]
             data_parallel = isinstance(stage, FSDPModule)
             if data_parallel:
@@ -144,7 +149,7 @@ class Pipeline:
                 self._backward(stage, action, pending)
             if data_parallel:
                 self.sharding.after(position, action, stage, last_run)
-            self.timeline.append(Span(action, start, time.perf_counter() - began))
+            self.timeline.append(Span(action, start, time.perf_counter() - began, self.link.waited - waited))
         self.link.wait_sends()
         return [losses[i] for i in sorted(losses)]
 

@@ -36,11 +36,11 @@ def test_balanced_split_is_the_best_contiguous_split(seed):
         assert max(stage_costs(costs, ranges)) == pytest.approx(brute_force_best(costs, stages))
 
 
-def test_a_large_vocabulary_head_gets_a_stage_of_fewer_blocks():
+def test_a_large_vocabulary_head_gets_a_stage_of_fewer_blocks_by_flops():
     model = tiny_gpt(n_layer=8, vocab_size=4096)
     batch = {"input_ids": torch.randint(0, 4096, (2, 16)), "labels": torch.randint(0, 4096, (2, 16))}
     costs = estimate_costs(model, list(model.blocks), [model.embeddings], [model.norm, model.embeddings.word], batch,
-                           recompute=False, microbatches=4)
+                           recompute=False, microbatches=4, measure=False)
     # One block: 2 x 16 tokens through q, k, v, out and a 4x feed-forward on width 32, plus attention.
     assert costs.blocks[0] == pytest.approx(costs.blocks[7]) and costs.blocks[0] > 0
     assert costs.exit > 4 * costs.blocks[0]  # the 4096-row head
@@ -57,10 +57,19 @@ def test_costs_on_the_meta_device_count_the_same_multiplies():
     with torch.device("meta"):
         meta = tiny_gpt(n_layer=2)
     pieces = lambda m: (list(m.blocks), [m.embeddings], [m.norm, m.embeddings.word])  # noqa: E731
-    real_costs = estimate_costs(real, *pieces(real), batch, recompute=False, microbatches=1)
+    real_costs = estimate_costs(real, *pieces(real), batch, recompute=False, microbatches=1, measure=False)
     meta_costs = estimate_costs(meta, *pieces(meta), batch, recompute=False, microbatches=1)
     assert meta_costs.exit == pytest.approx(real_costs.exit)
     assert meta_costs.blocks[0] == pytest.approx(real_costs.blocks[0], rel=0.2)
+
+
+def test_measured_costs_see_a_large_head_and_cheap_lookups():
+    model = tiny_gpt(n_layer=2, n_embd=64, vocab_size=32768, block_size=64)
+    batch = {"input_ids": torch.randint(0, 32768, (4, 64)), "labels": torch.randint(0, 32768, (4, 64))}
+    costs = estimate_costs(model, list(model.blocks), [model.embeddings], [model.norm, model.embeddings.word], batch,
+                           recompute=False, microbatches=4)
+    # Seconds, not FLOPs: a 32k-word head on 256 tokens runs far longer than a 64-wide block.
+    assert 0 < costs.enter < costs.exit and costs.blocks[0] < costs.exit / 2 and costs.exit < 10.0
 
 
 def test_more_stages_than_blocks_is_refused():
