@@ -232,7 +232,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--out", default="benchmarks/results/pipeline.jsonl")
-    parser.add_argument("--timelines", default="benchmarks/results/pipeline_timelines")
+    parser.add_argument("--timelines", default="benchmarks/figures/pipeline")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
