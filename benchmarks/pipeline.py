@@ -2,7 +2,7 @@
 balance, and breadth-first against depth-first data parallelism.
 
     python benchmarks/pipeline.py [--ranks 2 4] [--out benchmarks/results/pipeline.jsonl]
-                                  [--timelines benchmarks/results/pipeline_timelines]
+                                  [--timelines benchmarks/figures/pipeline]
 
 For each world size P it launches torchrun (gloo on CPU; NCCL with MEMZOO_DEVICE=cuda and a GPU
 per rank) running this file with --worker, which trains GPT (8 blocks, width 256, 8 heads, 4096
