@@ -1,12 +1,14 @@
 """Pipeline-parallel scenarios, run by the tests under torchrun; each writes its results (full
 tensors gathered on rank 0) to a file the test compares.
 
-    pipeline_worker.py parity OUT RUN ...   RUN = model/schedule/pp/stages_per_rank/zero[/tp[/sp]]: train 3
+    pipeline_worker.py parity OUT RUN ...   RUN = model/LAYOUT: train 3
                                             steps (dp = world / (pp * tp)); losses, gradient norms, eval
                                             loss, params
+    pipeline_worker.py meta OUT              GPT built on the meta device at pp=2: what each rank holds,
+                                            the tied copies after initialisation, one step's loss
     pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
     pipeline_worker.py resume DIR LAYOUT OUT resume DIR's step-2 checkpoint, run steps 3-4: losses + params
-where LAYOUT = schedule/pp/stages_per_rank/zero.
+where LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] (see `strategy`).
 """
 
 from __future__ import annotations
@@ -56,11 +58,15 @@ def config(**overrides) -> TrainConfig:
 
 
 def strategy(layout: str) -> Strategy:
-    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]] as a Strategy."""
+    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] as a Strategy (mM:
+    M micro batches per pipeline run; fp16: fp16 compute with loss scaling)."""
+    layout, *options = layout.split(":")
     fields = layout.split("/")
     schedule, pp, stages_per_rank, zero, tp, sp = fields + ["1", "0"][len(fields) - 4:]
+    runs = [int(o[1:]) for o in options if o.startswith("m")]
     return Strategy(pp=int(pp), pp_schedule=schedule, stages_per_rank=int(stages_per_rank), zero=int(zero),
-                    tp=int(tp), sequence_parallel=sp == "1")
+                    tp=int(tp), sequence_parallel=sp == "1", microbatches=runs[0] if runs else None,
+                    precision="fp16" if "fp16" in options else "fp32")
 
 
 def example(data, collate=default_collate) -> dict[str, torch.Tensor]:
@@ -82,6 +88,25 @@ def parity(out: str, *runs: str) -> None:
                         "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"]}
     if dist.get_rank() == 0:
         torch.save(results, out)
+
+
+def meta(out: str) -> None:
+    data = lm_examples(8)
+    with torch.device("meta"):
+        model = tiny_gpt(n_layer=4)
+    trainer = Trainer(model, config(max_steps=1, global_batch_size=4), strategy("1f1b/2/1/0"), example_batch=example(data))
+    rank = dist.get_rank()
+    held = sorted(name for name, _ in trainer.model.named_parameters())
+    word = trainer.model.embeddings.word.weight
+    tied = (word.full_tensor() if hasattr(word, "full_tensor") else word).detach().clone()
+    history = trainer.fit(data)
+    report = {"held": held, "tied": tied, "loss": history[-1]["loss"],
+              "blocks": [list(r) for r in trainer.pipeline_parts.layout.ranges],
+              "meta_left": [n for n, p in trainer.model.named_parameters() if p.is_meta]}
+    every: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(every, report)
+    if rank == 0:
+        torch.save(every, out)
 
 
 def save(directory: str, layout: str) -> None:
@@ -108,6 +133,6 @@ def resume(directory: str, layout: str, out: str) -> None:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"parity": parity, "save": save, "resume": resume}[command](*arguments)
+    {"parity": parity, "meta": meta, "save": save, "resume": resume}[command](*arguments)
     shutdown_distributed()
     exit_process(0)
