@@ -25,6 +25,16 @@ export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
 
 section() { printf '\n## %s (%s)\n\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$results"; }
 record() { "$@" 2>&1 | tee -a "$results"; }
+# The GPU count on stdout, or (for fewer than two: NCCL needs one GPU per rank) a skip note and status 1.
+gpus_for() {
+    local gpus
+    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    if [ "$gpus" -lt 2 ]; then
+        echo "skipped: $gpus GPU(s); $1 on NCCL needs one GPU per rank" | tee -a "$results" >&2
+        return 1
+    fi
+    echo "$gpus"
+}
 
 section "device"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
@@ -101,11 +111,7 @@ tensor_parallel() {
     # more (the CPU figures in BENCHMARKS.md stand on their own; `suite` runs the gloo tests).
     section "tensor_parallel"
     local gpus
-    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-    if [ "$gpus" -lt 2 ]; then
-        echo "skipped: $gpus GPU(s); tensor parallelism on NCCL needs one GPU per rank" | tee -a "$results"
-        return 0
-    fi
+    gpus=$(gpus_for "tensor parallelism") || return 0
     local ranks=(1 2); [ "$gpus" -ge 4 ] && ranks=(1 2 4)
     MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/distributed/test_tensor_parallel.py \
         2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
@@ -115,11 +121,7 @@ pipeline() {
     # Pipeline schedules with NCCL, one GPU per pipeline rank: only on a machine with two or more.
     section "pipeline"
     local gpus
-    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-    if [ "$gpus" -lt 2 ]; then
-        echo "skipped: $gpus GPU(s); a pipeline on NCCL needs one GPU per rank" | tee -a "$results"
-        return 0
-    fi
+    gpus=$(gpus_for "a pipeline") || return 0
     local ranks=(2); [ "$gpus" -ge 4 ] && ranks=(2 4)
     MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/distributed/test_pipeline.py \
         2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true

@@ -45,3 +45,11 @@ def launch_ranks(script: str, ranks: list[int], out: str, arguments: list[str],
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
                         script, "--worker", "--out", out, *arguments], check=True, env=env)
     return [json.loads(line) for line in Path(out).read_text().splitlines() if line.strip()]
+
+
+def ranks_device() -> str:
+    """What the launched ranks ran on, for a benchmark's header: GPUs with NCCL under
+    MEMZOO_DEVICE=cuda, else the CPU cores with gloo."""
+    if os.environ.get("MEMZOO_DEVICE") == "cuda":
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL"
+    return f"CPU ({os.cpu_count()} cores), gloo"

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from measure import launch_ranks  # noqa: E402
+from measure import launch_ranks, ranks_device  # noqa: E402
 
 SHAPE = dict(vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_embd=128)
 BALANCE_VOCAB = 8192
@@ -241,9 +241,7 @@ def main() -> None:
     started = time.time()
     rows = launch_ranks(__file__, args.ranks, args.out, ["--timelines", args.timelines],
                         {"MEMZOO_DEVICE": os.environ.get("MEMZOO_DEVICE", "cpu")})
-    on_gpu = os.environ.get("MEMZOO_DEVICE") == "cuda"
-    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL" if on_gpu else f"CPU ({os.cpu_count()} cores), gloo"
-    print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
+    print(f"device: {ranks_device()}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
     print(tables(rows))
 
 

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from measure import launch_ranks  # noqa: E402
+from measure import launch_ranks, ranks_device  # noqa: E402
 
 SIZES = {
     "gpt-3M": dict(vocab_size=4096, block_size=256, n_layer=4, n_head=8, n_embd=256),
@@ -229,9 +229,7 @@ def main() -> None:
         return
     started = time.time()
     rows = launch_ranks(__file__, args.ranks, args.out, [], {"MEMZOO_DEVICE": os.environ.get("MEMZOO_DEVICE", "cpu")})
-    on_gpu = os.environ.get("MEMZOO_DEVICE") == "cuda"
-    device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL" if on_gpu else f"CPU ({os.cpu_count()} cores), gloo"
-    print(f"device: {device}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
+    print(f"device: {ranks_device()}; torch {torch.__version__}; {time.time() - started:.0f} s\n")
     print(tables(rows))
 
 
