@@ -68,6 +68,9 @@ class PipelineLink:
     def __init__(self, group: dist.ProcessGroup, num_stages: int, device: torch.device) -> None:
         self.group, self.num_stages, self.device = group, num_stages, device
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._expected: dict[int, list[tuple[str, int, int]]] = {}
+        self._arrived: dict[tuple[str, int, int], Carry | list[torch.Tensor]] = {}
+        self._sent_shapes: dict[tuple[int, int], list[tuple[torch.Size, torch.dtype]]] = {}
         self.waited = 0.0
         """Seconds spent in receives so far (waiting for a peer, then copying)."""
 
@@ -84,8 +87,43 @@ class PipelineLink:
         self.waited += time.perf_counter() - started
         return tensor
 
+    def expect(self, incoming: dict[int, list[tuple[str, int, int]]]) -> None:
+        """The messages of the coming run, per sending pipeline rank, in its sending order: (kind
+        "F" or "B", the sending stage, micro batch)."""
+        if any(self._expected.values()) or self._arrived:
+            raise RuntimeError("a pipeline run left messages unreceived")
+        self._expected = {peer: list(keys) for peer, keys in incoming.items()}
+
+    def _receive(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
+        """Message `key` from `peer`, receiving (and keeping) the ones it sent before it first."""
+        queue = self._expected.get(peer)
+        if not queue:  # evaluation: one message at a time, in stage order on both sides
+            return self._read(key, peer)
+        while key not in self._arrived:
+            if not queue:
+                raise RuntimeError(f"pipeline rank {peer} sends no message {key} in this run's schedule")
+            head = queue.pop(0)
+            self._arrived[head] = self._read(head, peer)
+        return self._arrived.pop(key)
+
+    def _read(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
+        kind, stage, micro = key
+        tag = message_tag(kind, stage, micro, 0, self.num_stages)
+        if kind == "B":  # gradients of what this rank sent stage `stage` for `micro`
+            shapes = self._sent_shapes.pop((stage - 1, micro))
+            return [self._recv(torch.empty(shape, dtype=dtype, device=self.device), peer, tag + part)
+                    for part, (shape, dtype) in enumerate(shapes, start=1)]
+        header = self._recv(torch.empty(HEADER_INTS, dtype=torch.int64, device=self.device), peer, tag)
+        carry = {}
+        for part, (name, dtype, needs_grad, shape) in enumerate(_decode_header(header.tolist()), start=1):
+            value = self._recv(torch.empty(shape, dtype=dtype, device=self.device), peer, tag + part)
+            carry[name] = value.requires_grad_(needs_grad)
+        return carry
+
     def send_carry(self, kind: str, carry: Carry, stage: int, micro: int, peer: int) -> None:
         """Send `carry`, the output of `stage` for `micro`, to pipeline rank `peer`."""
+        if kind == "F":
+            self._sent_shapes[stage, micro] = [(carry[key].shape, carry[key].dtype) for key in differentiable(carry)]
         tag = message_tag(kind, stage, micro, 0, self.num_stages)
         self._send(_encode_header(carry).to(self.device), peer, tag)
         for part, value in enumerate(carry.values(), start=1):
@@ -94,13 +132,7 @@ class PipelineLink:
     def recv_carry(self, kind: str, stage: int, micro: int, peer: int) -> Carry:
         """Receive the carry `stage` sent for `micro` from pipeline rank `peer`; entries that
         needed gradients there are leaves that need gradients here."""
-        tag = message_tag(kind, stage, micro, 0, self.num_stages)
-        header = self._recv(torch.empty(HEADER_INTS, dtype=torch.int64, device=self.device), peer, tag)
-        carry = {}
-        for part, (name, dtype, needs_grad, shape) in enumerate(_decode_header(header.tolist()), start=1):
-            value = self._recv(torch.empty(shape, dtype=dtype, device=self.device), peer, tag + part)
-            carry[name] = value.requires_grad_(needs_grad)
-        return carry
+        return self._receive((kind, stage, micro), peer)
 
     def send_grads(self, grads: list[torch.Tensor], stage: int, micro: int, peer: int) -> None:
         """Send the gradients of the differentiable entries of `stage`'s input carry for `micro`."""
@@ -108,12 +140,10 @@ class PipelineLink:
         for part, grad in enumerate(grads, start=1):
             self._send(grad, peer, tag + part)
 
-    def recv_grads(self, outputs: list[torch.Tensor], stage: int, micro: int, peer: int) -> list[torch.Tensor]:
-        """Receive the gradients of `outputs` (the differentiable entries `stage` sent for
-        `micro`), sent back by stage + 1 on pipeline rank `peer`."""
-        tag = message_tag("B", stage + 1, micro, 0, self.num_stages)
-        return [self._recv(torch.empty(out.shape, dtype=out.dtype, device=self.device), peer, tag + part)
-                for part, out in enumerate(outputs, start=1)]
+    def recv_grads(self, stage: int, micro: int, peer: int) -> list[torch.Tensor]:
+        """Receive the gradients of the differentiable entries `stage` sent for `micro`, sent
+        back by stage + 1 on pipeline rank `peer`."""
+        return self._receive(("B", stage + 1, micro), peer)
 
     def broadcast(self, tensor: torch.Tensor, source: int) -> torch.Tensor:
         """Broadcast `tensor` from pipeline rank `source` to every pipeline rank, in place."""

@@ -102,8 +102,11 @@ class Pipeline:
 
     stages: list[StageModule]
     """The stages on this rank, ascending."""
-    order: list[Action]
-    """This rank's actions for one run."""
+    orders: list[list[Action]]
+    """Every pipeline rank's actions for one run (this rank's runs; the others' say in which
+    order messages arrive)."""
+    rank: int
+    """This rank's pipeline coordinate."""
     pp: int
     """Pipeline ranks."""
     link: PipelineLink
@@ -118,7 +121,9 @@ class Pipeline:
     def __post_init__(self) -> None:
         self._by_index = {stage.index: stage for stage in self.stages}
         self.num_stages = self.stages[0].num_stages
+        self.order = self.orders[self.rank]
         self.split_backward = any(action.kind == "W" for action in self.order)
+        self.incoming = incoming_messages(self.orders, self.pp, self.num_stages, self.rank)
 
     @property
     def has_last_stage(self) -> bool:
@@ -132,6 +137,7 @@ class Pipeline:
         (empty elsewhere)."""
         pending: dict[tuple[int, int], _Pending] = {}
         losses: dict[int, torch.Tensor] = {}
+        self.link.expect(self.incoming)
         self.timeline = []
         began = self.run_began = time.perf_counter()
         for position, action in enumerate(self.order):
@@ -175,8 +181,7 @@ class Pipeline:
 
     def _output_grads(self, stage: StageModule, micro: int, saved: _Pending) -> list[torch.Tensor] | None:
         """The gradients of `stage`'s outputs for `micro`, from the next stage (None on the last)."""
-        return None if stage.is_last else self.link.recv_grads(saved.outputs, stage.index, micro,
-                                                               stage_rank(stage.index + 1, self.pp))
+        return None if stage.is_last else self.link.recv_grads(stage.index, micro, stage_rank(stage.index + 1, self.pp))
 
     def _backward(self, stage: StageModule, action: Action, pending: dict[tuple[int, int], _Pending]) -> None:
         saved = pending.pop((action.stage, action.micro))
@@ -221,3 +226,17 @@ class Pipeline:
         self.link.wait_sends()
         return self.link.broadcast(loss, stage_rank(self.num_stages - 1, self.pp))
 
+
+def incoming_messages(orders: list[list[Action]], pp: int, num_stages: int, rank: int
+                      ) -> dict[int, list[tuple[str, int, int]]]:
+    """Per sending pipeline rank, the messages `rank` receives in one run, in sending order:
+    ("F", stage, micro) after each forward of a stage before one of `rank`'s, ("B", stage, micro)
+    after each backward (or input-gradient pass) of a stage after one of `rank`'s."""
+    incoming: dict[int, list[tuple[str, int, int]]] = {}
+    for sender, order in enumerate(orders):
+        for kind, stage, micro in order:
+            if kind == "F" and stage < num_stages - 1 and stage_rank(stage + 1, pp) == rank:
+                incoming.setdefault(sender, []).append(("F", stage, micro))
+            elif kind in ("B", "I") and stage > 0 and stage_rank(stage - 1, pp) == rank:
+                incoming.setdefault(sender, []).append(("B", stage, micro))
+    return incoming

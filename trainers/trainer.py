@@ -93,10 +93,9 @@ class Trainer:
         if self.pipeline_parts is not None:
             layout = self.pipeline_parts.layout
             link = PipelineLink(self.env.mesh["pp"].get_group(), layout.num_stages, self.env.device)
-            order = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank,
-                                    microbatches)[self.env.pp_rank]
-            self.pipeline = Pipeline(self.pipeline_parts.stages, order, strategy.pp, link,
-                                     StageSharding(order, strategy.zero, strategy.pp_schedule))
+            orders = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
+            self.pipeline = Pipeline(self.pipeline_parts.stages, orders, self.env.pp_rank, strategy.pp, link,
+                                     StageSharding(orders[self.env.pp_rank], strategy.zero, strategy.pp_schedule))
         self.microbatches = microbatches
         self.optimizer = TrainOptimizer(
             self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
