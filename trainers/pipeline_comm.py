@@ -15,7 +15,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainers.pipeline_schedules import Action, stage_rank
 from zoo.plan import Carry
+
+Message = tuple[str, int, int]
+"""(kind "F" or "B", the sending stage, micro batch) of a training run's message."""
 
 HEADER_INTS = 512
 """int64 entries of a forward message's header."""
@@ -67,8 +71,11 @@ class PipelineLink:
 
     def __init__(self, group: dist.ProcessGroup, num_stages: int, device: torch.device) -> None:
         self.group, self.num_stages, self.device = group, num_stages, device
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
-        self._expected: dict[int, list[tuple[str, int, int]]] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor, Message | None, int]] = []
+        self._schedule: dict[int, list[Message]] = {}
+        self._sent_at: dict[Message, int] = {}
+        self._consumed_at: dict[Message, int] = {}
+        self._expected: dict[int, list[Message]] = {}
         self._arrived: dict[tuple[str, int, int], Carry | list[torch.Tensor]] = {}
         self._sent_shapes: dict[tuple[int, int], list[tuple[torch.Size, torch.dtype]]] = {}
         self.waited = 0.0
@@ -77,9 +84,9 @@ class PipelineLink:
     def _peer(self, group_rank: int) -> int:
         return dist.get_global_rank(self.group, group_rank)
 
-    def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+    def _send(self, tensor: torch.Tensor, peer: int, tag: int, message: Message | None) -> None:
         tensor = tensor.detach().contiguous()
-        self._sends.append((dist.isend(tensor, self._peer(peer), group=self.group, tag=tag), tensor))
+        self._sends.append((dist.isend(tensor, self._peer(peer), group=self.group, tag=tag), tensor, message, peer))
 
     def _recv(self, tensor: torch.Tensor, peer: int, tag: int) -> torch.Tensor:
         started = time.perf_counter()
@@ -87,12 +94,33 @@ class PipelineLink:
         self.waited += time.perf_counter() - started
         return tensor
 
-    def expect(self, incoming: dict[int, list[tuple[str, int, int]]]) -> None:
-        """The messages of the coming run, per sending pipeline rank, in its sending order: (kind
-        "F" or "B", the sending stage, micro batch)."""
+    def follow(self, orders: list[list[Action]], pp: int, rank: int) -> None:
+        """Learn the schedule (every pipeline rank's actions; this one is `rank`): which messages
+        arrive from whom in which order, and when each peer sends and consumes each message."""
+        schedule: dict[int, list[Message]] = {}
+        for sender, order in enumerate(orders):
+            for position, (kind, stage, micro) in enumerate(order):
+                if kind == "F" and stage < self.num_stages - 1:
+                    message, receiver = ("F", stage, micro), stage_rank(stage + 1, pp)
+                elif kind in ("B", "I") and stage > 0:
+                    message, receiver = ("B", stage, micro), stage_rank(stage - 1, pp)
+                else:
+                    continue
+                self._sent_at[message] = position
+                if receiver == rank:
+                    schedule.setdefault(sender, []).append(message)
+            for position, (kind, stage, micro) in enumerate(order):
+                if kind == "F" and stage > 0:
+                    self._consumed_at[("F", stage - 1, micro)] = position
+                elif kind in ("B", "I") and stage < self.num_stages - 1:
+                    self._consumed_at[("B", stage + 1, micro)] = position
+        self._schedule = schedule
+
+    def start_run(self) -> None:
+        """Expect the messages of one run of the schedule `follow` learnt."""
         if any(self._expected.values()) or self._arrived:
             raise RuntimeError("a pipeline run left messages unreceived")
-        self._expected = {peer: list(keys) for peer, keys in incoming.items()}
+        self._expected = {peer: list(messages) for peer, messages in self._schedule.items()}
 
     def _receive(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
         """Message `key` from `peer`, receiving (and keeping) the ones it sent before it first."""
@@ -104,7 +132,19 @@ class PipelineLink:
                 raise RuntimeError(f"pipeline rank {peer} sends no message {key} in this run's schedule")
             head = queue.pop(0)
             self._arrived[head] = self._read(head, peer)
+            self._release_consumed_before(peer, self._sent_at[head])
         return self._arrived.pop(key)
+
+    def _release_consumed_before(self, peer: int, position: int) -> None:
+        """Wait for (at once: they have arrived) and drop the sends to `peer` whose messages it
+        consumed before running the action at `position` of its order."""
+        kept = []
+        for work, tensor, message, to in self._sends:
+            if to == peer and message is not None and self._consumed_at.get(message, position) < position:
+                work.wait()
+            else:
+                kept.append((work, tensor, message, to))
+        self._sends = kept
 
     def _read(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
         kind, stage, micro = key
@@ -125,9 +165,10 @@ class PipelineLink:
         if kind == "F":
             self._sent_shapes[stage, micro] = [(carry[key].shape, carry[key].dtype) for key in differentiable(carry)]
         tag = message_tag(kind, stage, micro, 0, self.num_stages)
-        self._send(_encode_header(carry).to(self.device), peer, tag)
+        message = (kind, stage, micro) if kind == "F" else None
+        self._send(_encode_header(carry).to(self.device), peer, tag, message)
         for part, value in enumerate(carry.values(), start=1):
-            self._send(value, peer, tag + part)
+            self._send(value, peer, tag + part, message)
 
     def recv_carry(self, kind: str, stage: int, micro: int, peer: int) -> Carry:
         """Receive the carry `stage` sent for `micro` from pipeline rank `peer`; entries that
@@ -138,7 +179,7 @@ class PipelineLink:
         """Send the gradients of the differentiable entries of `stage`'s input carry for `micro`."""
         tag = message_tag("B", stage, micro, 0, self.num_stages)
         for part, grad in enumerate(grads, start=1):
-            self._send(grad, peer, tag + part)
+            self._send(grad, peer, tag + part, ("B", stage, micro))
 
     def recv_grads(self, stage: int, micro: int, peer: int) -> list[torch.Tensor]:
         """Receive the gradients of the differentiable entries `stage` sent for `micro`, sent
@@ -152,6 +193,6 @@ class PipelineLink:
 
     def wait_sends(self) -> None:
         """Wait until every send posted so far has left."""
-        for work, _ in self._sends:
+        for work, *_ in self._sends:
             work.wait()
         self._sends.clear()

@@ -123,7 +123,7 @@ class Pipeline:
         self.num_stages = self.stages[0].num_stages
         self.order = self.orders[self.rank]
         self.split_backward = any(action.kind == "W" for action in self.order)
-        self.incoming = incoming_messages(self.orders, self.pp, self.num_stages, self.rank)
+        self.link.follow(self.orders, self.pp, self.rank)
 
     @property
     def has_last_stage(self) -> bool:
@@ -137,7 +137,7 @@ class Pipeline:
         (empty elsewhere)."""
         pending: dict[tuple[int, int], _Pending] = {}
         losses: dict[int, torch.Tensor] = {}
-        self.link.expect(self.incoming)
+        self.link.start_run()
         self.timeline = []
         began = self.run_began = time.perf_counter()
         for position, action in enumerate(self.order):
@@ -226,17 +226,3 @@ class Pipeline:
         self.link.wait_sends()
         return self.link.broadcast(loss, stage_rank(self.num_stages - 1, self.pp))
 
-
-def incoming_messages(orders: list[list[Action]], pp: int, num_stages: int, rank: int
-                      ) -> dict[int, list[tuple[str, int, int]]]:
-    """Per sending pipeline rank, the messages `rank` receives in one run, in sending order:
-    ("F", stage, micro) after each forward of a stage before one of `rank`'s, ("B", stage, micro)
-    after each backward (or input-gradient pass) of a stage after one of `rank`'s."""
-    incoming: dict[int, list[tuple[str, int, int]]] = {}
-    for sender, order in enumerate(orders):
-        for kind, stage, micro in order:
-            if kind == "F" and stage < num_stages - 1 and stage_rank(stage + 1, pp) == rank:
-                incoming.setdefault(sender, []).append(("F", stage, micro))
-            elif kind in ("B", "I") and stage > 0 and stage_rank(stage - 1, pp) == rank:
-                incoming.setdefault(sender, []).append(("B", stage, micro))
-    return incoming
