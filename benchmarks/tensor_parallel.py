@@ -49,12 +49,13 @@ BATCH = 4
 
 
 class CollectiveBytes(TorchDispatchMode):
-    """Payload bytes of every c10d collective called inside, by kind: the whole tensor of an
-    all-reduce, the gathered output of an all-gather, the input of a reduce-scatter or all-to-all."""
+    """Payload bytes and calls of every c10d collective called inside, by kind: the whole tensor of
+    an all-reduce, the gathered output of an all-gather, the input of a reduce-scatter or all-to-all."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
@@ -66,6 +67,7 @@ class CollectiveBytes(TorchDispatchMode):
             if kind in ("reduce_scatter", "all_to_all"):  # the input: what is reduced / sent
                 size = args[1].numel() * args[1].element_size()
             self.bytes[kind] = self.bytes.get(kind, 0) + size
+            self.calls[kind] = self.calls.get(kind, 0) + 1
         return func(*args, **(kwargs or {}))
 
 

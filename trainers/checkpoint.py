@@ -167,11 +167,12 @@ def full_state_dict(model: nn.Module, pipeline: dist.ProcessGroup | None = None)
     with `pipeline`, gathered from the pipeline ranks' stages (collective)."""
     if pipeline is None or dist.get_world_size(pipeline) == 1:
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    local = {name: value.cpu() for name, value in
-             get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)).items()}
-    parts: list[dict[str, torch.Tensor]] | None = [{} for _ in range(dist.get_world_size(pipeline))]
-    first = dist.get_global_rank(pipeline, 0)
-    dist.gather_object(local, parts if dist.get_rank() == first else None, dst=first, group=pipeline)
+    stage = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))  # gathered over dp, tp
+    if 0 not in dist.get_process_group_ranks(pipeline):  # only rank 0's pipeline sends its stages
+        return {}
+    local = {name: value.cpu() for name, value in stage.items()}
+    parts: list[dict[str, torch.Tensor]] = [{} for _ in range(dist.get_world_size(pipeline))]
+    dist.gather_object(local, parts if dist.get_rank() == 0 else None, dst=0, group=pipeline)
     if dist.get_rank() != 0:
         return {}
     return {name: value for part in parts for name, value in part.items()}

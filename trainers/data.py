@@ -9,9 +9,9 @@ random draws (dropout, augmentation) the same way whatever the number of ranks.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch

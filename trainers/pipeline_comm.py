@@ -3,9 +3,17 @@
 A carry (`zoo.plan.Carry`) may change shape from micro batch to micro batch (padded batches of
 another length), so each forward message starts with a fixed-size header giving the carry's keys,
 dtypes, shapes and which entries need gradients. Gradient messages need no header: the receiver
-sent the matching carry and knows its shapes. Every message is tagged with its pass, stage and
-micro batch, so messages between one pair of ranks match whatever order the schedules post them
-in. Sends are asynchronous; the sender keeps them until `wait_sends`.
+sent the matching carry and knows its shapes.
+
+Messages between two ranks are received in the order they were sent (NCCL matches point-to-point
+messages by order alone): given every rank's schedule (`follow`), the receiver knows that order,
+and a message it needs later than one sent before it waits in a buffer. Tags, which gloo matches
+on, name each message's pass, stage and micro batch too.
+
+Sends are asynchronous, and a sent tensor must live until its send completes. Keeping every one
+to the end of the run would hold a carry per micro batch (gloo calls a send complete only once it
+is waited on), so the schedule says when waiting costs nothing: a message from a peer, sent by an
+action the peer runs after the one that consumed ours, proves ours arrived.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ class PipelineLink:
         self._sent_at: dict[Message, int] = {}
         self._consumed_at: dict[Message, int] = {}
         self._expected: dict[int, list[Message]] = {}
-        self._arrived: dict[tuple[str, int, int], Carry | list[torch.Tensor]] = {}
+        self._arrived: dict[Message, Carry | list[torch.Tensor]] = {}
         self._sent_shapes: dict[tuple[int, int], list[tuple[torch.Size, torch.dtype]]] = {}
         self.waited = 0.0
         """Seconds spent in receives so far (waiting for a peer, then copying)."""
@@ -122,7 +130,7 @@ class PipelineLink:
             raise RuntimeError("a pipeline run left messages unreceived")
         self._expected = {peer: list(messages) for peer, messages in self._schedule.items()}
 
-    def _receive(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
+    def _receive(self, key: Message, peer: int) -> Carry | list[torch.Tensor]:
         """Message `key` from `peer`, receiving (and keeping) the ones it sent before it first."""
         queue = self._expected.get(peer)
         if not queue:  # evaluation: one message at a time, in stage order on both sides
@@ -146,7 +154,7 @@ class PipelineLink:
                 kept.append((work, tensor, message, to))
         self._sends = kept
 
-    def _read(self, key: tuple[str, int, int], peer: int) -> Carry | list[torch.Tensor]:
+    def _read(self, key: Message, peer: int) -> Carry | list[torch.Tensor]:
         kind, stage, micro = key
         tag = message_tag(kind, stage, micro, 0, self.num_stages)
         if kind == "B":  # gradients of what this rank sent stage `stage` for `micro`

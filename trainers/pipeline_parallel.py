@@ -170,8 +170,15 @@ class TiedCopies:
         holds = {clean_fqn(name): p for name, p in model.named_parameters()}
         self.params = [holds[name] for name in layout.tied if name in holds]
         self.source = int(ranks[first_rank, env.mesh["dp"].get_local_rank(), env.mesh["tp"].get_local_rank()])
-        self.counted_here = env.pp_rank == first_rank
-        """Whether this rank's copies count in the gradient norm (the first stage's do)."""
+        self._counted_here = env.pp_rank == first_rank  # the first stage's copies count, once
+
+    def counted(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`params` without this rank's copies when the other rank's count for both (gradient
+        norm, parameter count)."""
+        if self._counted_here:
+            return params
+        copies = {id(p) for p in self.params}
+        return [p for p in params if id(p) not in copies]
 
     @torch.no_grad()
     def sync_values(self) -> None:

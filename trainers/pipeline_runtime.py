@@ -122,13 +122,7 @@ class Pipeline:
         self._by_index = {stage.index: stage for stage in self.stages}
         self.num_stages = self.stages[0].num_stages
         self.order = self.orders[self.rank]
-        self.split_backward = any(action.kind == "W" for action in self.order)
         self.link.follow(self.orders, self.pp, self.rank)
-
-    @property
-    def has_last_stage(self) -> bool:
-        """Whether this rank computes the losses."""
-        return any(stage.is_last for stage in self.stages)
 
     def train(self, batches: list[Mapping[str, Any]], generators: list[GeneratorState], loss_factor: float,
               last_run: bool) -> list[torch.Tensor]:
@@ -149,7 +143,7 @@ class Pipeline:
             if action.kind == "F":
                 pending[action.stage, action.micro] = self._forward(stage, action.micro, batches[action.micro],
                                                                     generators[action.micro], loss_factor, losses)
-            elif self.split_backward:
+            elif self.sharding.split:
                 self._split_backward(stage, action, pending)
             else:
                 self._backward(stage, action, pending)
@@ -179,20 +173,20 @@ class Pipeline:
         self.link.send_carry("F", sent, stage.index, micro, stage_rank(stage.index + 1, self.pp))
         return _Pending(inputs, [output[key] for key in differentiable(output)])
 
-    def _output_grads(self, stage: StageModule, micro: int, saved: _Pending) -> list[torch.Tensor] | None:
+    def _output_grads(self, stage: StageModule, micro: int) -> list[torch.Tensor] | None:
         """The gradients of `stage`'s outputs for `micro`, from the next stage (None on the last)."""
         return None if stage.is_last else self.link.recv_grads(stage.index, micro, stage_rank(stage.index + 1, self.pp))
 
     def _backward(self, stage: StageModule, action: Action, pending: dict[tuple[int, int], _Pending]) -> None:
         saved = pending.pop((action.stage, action.micro))
-        torch.autograd.backward(saved.outputs, self._output_grads(stage, action.micro, saved))
+        torch.autograd.backward(saved.outputs, self._output_grads(stage, action.micro))
         self._send_input_grads(stage, action.micro, saved.inputs)
 
     def _split_backward(self, stage: StageModule, action: Action, pending: dict[tuple[int, int], _Pending]) -> None:
         key = (action.stage, action.micro)
         saved = pending[key]
         if action.kind == "I":
-            grads = self._output_grads(stage, action.micro, saved)
+            grads = self._output_grads(stage, action.micro)
             if stage.is_first:
                 saved.grads = grads  # the "W" pass runs the whole backward
                 return
@@ -224,5 +218,9 @@ class Pipeline:
             else:
                 self.link.send_carry("E", output, stage.index, 0, stage_rank(stage.index + 1, self.pp))
         self.link.wait_sends()
-        return self.link.broadcast(loss, stage_rank(self.num_stages - 1, self.pp))
+        return self.from_last_stage(loss)
+
+    def from_last_stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the rank of the last stage holds it (a loss), on every pipeline rank."""
+        return self.link.broadcast(tensor, stage_rank(self.num_stages - 1, self.pp))
 

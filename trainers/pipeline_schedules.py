@@ -110,11 +110,11 @@ def _zero_bubble(pp: int, m: int) -> list[list[Action]]:
                 continue
             action = None
             i = next_input[rank]
-            if i < next_forward[rank] and _ready(Action("I", rank, i), pp, done, time):
+            if i < next_forward[rank] and _ready_at(Action("I", rank, i), pp, done) <= time:
                 action, next_input[rank] = Action("I", rank, i), i + 1
                 weights[rank].append(i)
             elif (next_forward[rank] < m and next_forward[rank] - weights_done[rank] < pp
-                  and _ready(Action("F", rank, next_forward[rank]), pp, done, time)):
+                  and _ready_at(Action("F", rank, next_forward[rank]), pp, done) <= time):
                 action, next_forward[rank] = Action("F", rank, next_forward[rank]), next_forward[rank] + 1
             elif weights[rank]:
                 action = Action("W", rank, weights[rank].pop(0))
@@ -127,7 +127,7 @@ def _zero_bubble(pp: int, m: int) -> list[list[Action]]:
     return orders
 
 
-def _needs(action: Action, pp: int, num_stages: int) -> list[Action]:
+def _needs(action: Action, num_stages: int) -> list[Action]:
     """The actions whose results `action` consumes."""
     kind, stage, micro = action
     if kind == "F":
@@ -138,13 +138,15 @@ def _needs(action: Action, pp: int, num_stages: int) -> list[Action]:
     return [Action("F", stage, micro), *later]
 
 
-def _ready(action: Action, pp: int, done: dict[Action, float], time: float) -> bool:
-    needs = _needs(action, pp, pp)
-    # A backward needs the next stage's "B" or "I": whichever kind that schedule runs.
-    forward = [a for a in needs if a.kind == "F"]
-    gradient = [a for a in needs if a.kind != "F"]
-    return (all(done.get(a, float("inf")) <= time for a in forward)
-            and (not gradient or any(done.get(a, float("inf")) <= time for a in gradient)))
+def _ready_at(action: Action, num_stages: int, done: dict[Action, float]) -> float:
+    """When the inputs of `action` are all there, given when each action `done` ended (inf while
+    one is missing). A backward needs the next stage's "B" or "I": whichever that schedule runs."""
+    needs = _needs(action, num_stages)
+    forward = [done.get(a, float("inf")) for a in needs if a.kind == "F"]
+    gradient = [done[a] for a in needs if a.kind != "F" and a in done]
+    if len(needs) > len(forward) and not gradient:
+        return float("inf")
+    return max([*forward, *gradient], default=0.0)
 
 
 @dataclass(frozen=True)
@@ -185,12 +187,10 @@ def simulate(orders: list[list[Action]], stages_per_rank: int, costs: dict[str, 
                 action = orders[rank][position[rank]]
                 if stage_rank(action.stage, pp) != rank:
                     raise ValueError(f"{action} is scheduled on pipeline rank {rank}, not its stage's rank")
-                needs = _needs(action, pp, num_stages)
-                forward = [done.get(a) for a in needs if a.kind == "F"]
-                gradient = [done[a] for a in needs if a.kind != "F" and a in done]
-                if None in forward or (len(needs) > len(forward) and not gradient):
+                ready = _ready_at(action, num_stages, done)
+                if ready == float("inf"):
                     break
-                start = max([clock[rank], *forward, *gradient])
+                start = max(clock[rank], ready)
                 end = start + costs[action.kind]
                 spans[rank].append((action, start, end))
                 done[action], clock[rank] = end, end

@@ -33,8 +33,9 @@ class StageSharding:
 
     def __init__(self, order: list[Action], zero: int, schedule: str) -> None:
         self.zero = zero
-        self.mode = "split" if any(a.kind == "W" for a in order) else (
-            "breadth_first" if schedule == "looped_bfs" else "per_micro_batch")
+        self.split = any(a.kind == "W" for a in order)
+        """Whether the order splits backwards into input- and weight-gradient passes."""
+        self.mode = "split" if self.split else "breadth_first" if schedule == "looped_bfs" else "per_micro_batch"
         self.first_forward: dict[int, int] = {}
         self.last_forward: dict[int, int] = {}
         self.last_backward: dict[int, int] = {}

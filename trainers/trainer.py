@@ -32,7 +32,7 @@ from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
 from trainers.pipeline_comm import PipelineLink
 from trainers.pipeline_runtime import GeneratorState, Pipeline
-from trainers.pipeline_schedules import check_schedule, schedule_orders, stage_rank
+from trainers.pipeline_schedules import check_schedule, schedule_orders
 from trainers.pipeline_sharding import StageSharding
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
@@ -205,9 +205,7 @@ class Trainer:
         counted once; collective under pipeline parallelism)."""
         if self.pipeline is None:
             return sum(slot.param.numel() for slot in self.optimizer.slots)
-        tied = self.pipeline_parts.tied
-        skip = set() if tied.counted_here else {id(p) for p in tied.params}
-        count = torch.tensor(sum(s.param.numel() for s in self.optimizer.slots if id(s.param) not in skip))
+        count = torch.tensor(sum(p.numel() for p in self.pipeline_parts.tied.counted(self.optimizer.params)))
         dist.all_reduce(count, group=self.env.mesh["pp"].get_group())
         return int(count)
 
@@ -289,10 +287,9 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        if self.pipeline is not None:
-            with loss_only():
-                return self.pipeline.evaluate(batch)
         with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
+            if self.pipeline is not None:
+                return self.pipeline.evaluate(batch)
             output = self.model(**batch)
         if not isinstance(output, Mapping) or "loss" not in output:
             raise TypeError(f"{self.model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
@@ -342,8 +339,7 @@ class Trainer:
             losses += self.pipeline.train(batches[part], generators[part], scale / len(batches),
                                           last_run=run == runs - 1)
         loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=self.env.device)
-        layout = self.pipeline_parts.layout
-        self.pipeline.link.broadcast(loss_sum, stage_rank(layout.num_stages - 1, layout.pp))
+        self.pipeline.from_last_stage(loss_sum)
         self.pipeline_parts.tied.sum_gradients()
         units = sum(b["input_ids"].numel() for b in batches if isinstance(b.get("input_ids"), torch.Tensor))
         return loss_sum, units
@@ -377,10 +373,8 @@ class Trainer:
         if self.pipeline is None:
             grad_norm = total_norm(grads)
         else:
-            tied = self.pipeline_parts.tied
-            skip = set() if tied.counted_here else {id(p) for p in tied.params}
-            grad_norm = total_norm([p.grad for p in params if p.grad is not None and id(p) not in skip],
-                                   across=env.mesh["pp"].get_group())
+            counted = self.pipeline_parts.tied.counted(params)
+            grad_norm = total_norm([p.grad for p in counted if p.grad is not None], across=env.mesh["pp"].get_group())
         take_step = self.loss_scaler.update(grad_norm) if self.loss_scaler else math.isfinite(grad_norm)
         lr = warmup_cosine_lr(self.step, config)
         if take_step:
