@@ -5,7 +5,7 @@ balance, and breadth-first against depth-first data parallelism.
                                   [--timelines benchmarks/figures/pipeline]
 
 For each world size P it launches torchrun (gloo on CPU; NCCL with MEMZOO_DEVICE=cuda and a GPU
-per rank) running this file with --worker, which trains GPT (8 blocks, width 256, 8 heads, 4096
+per rank) running this file with --worker, which trains GPT (8 blocks, width 128, 8 heads, 4096
 words, 128 tokens, 2 sequences a micro batch) at pp = P under each schedule (interleaved and
 breadth-first with 2 stages per rank) for m = 2, 4, 8, 16 micro batches a step, 4 steps each:
 - step time: the median of steps 3-4 (step 2 is the trainer's memory probe);
@@ -17,8 +17,9 @@ breadth-first with 2 stages per rank) for m = 2, 4, 8, 16 micro batches a step, 
 - the timeline of the last run of m = 8, drawn to a PNG per schedule and world size.
 With 4 ranks it also runs pp=2 x dp=2 at ZeRO-3 under 1F1B and looped BFS (m = 8) and counts each
 rank's parameter all-gathers and gradient reduce-scatters per step, and the step time; and the
-stage balance of a GPT with a 32k-word head at pp=2 (m = 8): each stage's measured compute per
-step (its passes' times) under the FLOP-balanced split and under an equal split of the blocks.
+stage balance of a GPT with an 8192-word head at pp=2 (m = 8): each stage's measured compute per
+step (its passes' times) under the split by measured costs and under the split by parameter
+counts (the equal split for GPT).
 """
 
 from __future__ import annotations

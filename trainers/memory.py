@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 
 from trainers.strategy import Strategy
@@ -75,22 +76,32 @@ def _total(per_device: dict[str, dict[str, int]], *categories: str) -> int:
     return sum(stats.get(category, 0) for stats in per_device.values() for category in categories)
 
 
+class _ForwardModTracker(ModTracker):
+    """`ModTracker` calling the user's forward pre-hook only. The stock one also hangs a gradient
+    hook on every module's inputs that waits for all of their gradients: a zero-bubble backward
+    (input gradients, then weight gradients, in two autograd calls) never completes such a wait,
+    and the hooks keep every micro batch's tensors alive (or fail outright on a leaf input under
+    `autograd.grad`). Forward or backward still follows from the autograd engine (`is_bw`)."""
+
+    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+        self._user_pre_fw_hook(mod, input)
+
+    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
+        pass
+
+
 class _CategoryTracker(MemTracker):
     """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
     allow one forward per module between backwards, where pipeline schedules run several. Each
     module's parameters (swapped in by FSDP when gathered) are still tracked, with their gradients."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _ForwardModTracker()
+
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
         self._track_module_params_and_buffers(module, install_grad_hooks=True)
 
-    def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
-        pass
-
-    def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
-        pass
-
-    def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
-        pass
 
 
 class StepMemoryProbe(AbstractContextManager):

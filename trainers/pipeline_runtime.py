@@ -161,9 +161,6 @@ class Pipeline:
             carry = self.link.recv_carry("F", stage.index - 1, micro, stage_rank(stage.index - 1, self.pp))
             generator = GeneratorState.take_from(carry)
             inputs = [carry[key] for key in differentiable(carry)]
-            # The stage sees views of the received leaves: module hooks that wait for gradients of
-            # their inputs (the memory probe's) cannot watch leaves under the "I" pass's autograd.grad.
-            carry = {key: value.view_as(value) if value.requires_grad else value for key, value in carry.items()}
         generator.restore()
         output = stage(carry, batch)
         if stage.is_last:
