@@ -147,6 +147,7 @@ def worker(out: str, timelines: str) -> None:
     import torch.distributed as dist
 
     from trainers import Strategy
+    from trainers.distributed import exit_process, shutdown_distributed
     from trainers.pipeline_schedules import analytic_bubble
     from trainers.pipeline_split import stage_costs
 
@@ -189,6 +190,8 @@ def worker(out: str, timelines: str) -> None:
         with open(out, "a") as sink:
             for row in rows:
                 sink.write(json.dumps(row) + "\n")
+    shutdown_distributed()
+    exit_process(0)
 
 
 def tables(rows: list[dict]) -> str:

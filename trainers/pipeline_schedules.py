@@ -39,9 +39,8 @@ def stage_rank(stage: int, pp: int) -> int:
 def schedule_orders(name: str, pp: int, stages_per_rank: int, microbatches: int) -> list[list[Action]]:
     """Each pipeline rank's actions for schedule `name` (a `trainers.strategy.PipelineSchedule`)."""
     check_schedule(name, pp, stages_per_rank, microbatches)
-    if name == "zero_bubble":
-        return _zero_bubble(pp, microbatches)
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "looped_bfs": _looped_bfs}[name]
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "looped_bfs": _looped_bfs,
+             "zero_bubble": _zero_bubble}[name]
     return [build(rank, pp, stages_per_rank, microbatches) for rank in range(pp)]
 
 
@@ -93,38 +92,23 @@ def _looped_bfs(rank: int, pp: int, v: int, m: int) -> list[Action]:
     return forwards + [Action("B", s, i) for s in reversed(stages) for i in range(m)]
 
 
-def _zero_bubble(pp: int, m: int) -> list[list[Action]]:
-    """ZB-H1 (Qi et al. 2023): 1F1B's peak memory (at most pp micro batches between forward and
-    weight pass on any rank) with the weight passes deferred. Built by list scheduling at unit costs: a free
-    rank runs a ready input-gradient pass first (the critical path), else a forward within the
-    memory limit, else a pending weight pass."""
-    orders: list[list[Action]] = [[] for _ in range(pp)]
-    done: dict[Action, float] = {}
-    busy_until = [0.0] * pp
-    next_forward, next_input, weights = [0] * pp, [0] * pp, [[] for _ in range(pp)]
-    weights_done = [0] * pp
-    time = 0.0
-    while len(done) < 3 * pp * m:
-        for rank in range(pp):
-            if busy_until[rank] > time:
-                continue
-            action = None
-            i = next_input[rank]
-            if i < next_forward[rank] and _ready_at(Action("I", rank, i), pp, done) <= time:
-                action, next_input[rank] = Action("I", rank, i), i + 1
-                weights[rank].append(i)
-            elif (next_forward[rank] < m and next_forward[rank] - weights_done[rank] < pp
-                  and _ready_at(Action("F", rank, next_forward[rank]), pp, done) <= time):
-                action, next_forward[rank] = Action("F", rank, next_forward[rank]), next_forward[rank] + 1
-            elif weights[rank]:
-                action = Action("W", rank, weights[rank].pop(0))
-                weights_done[rank] += 1
-            if action is not None:
-                orders[rank].append(action)
-                busy_until[rank] = time + PASS_COSTS[action.kind]
-                done[action] = busy_until[rank]
-        time = min((t for t in busy_until if t > time), default=time + 1.0)
-    return orders
+def _zero_bubble(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    """ZB-H1 (Qi et al. 2023): 1F1B's order with each backward split, its input-gradient pass in
+    the backward's place (the critical path) and its weight pass deferred by `rank` passes, so the
+    later ranks, which feed every gradient upstream, send first and fill the cool-down with weight
+    passes. At most pp micro batches wait between forward and weight pass on any rank (1F1B's
+    peak); at unit costs the run takes 3m + p - 1 passes for m >= p, against 1F1B's 3m + 3(p - 1)."""
+    warmup = min(pp - rank - 1, m)
+    order = [Action("F", rank, i) for i in range(warmup)]
+    deferred: list[int] = []
+    for i in range(m):
+        if warmup + i < m:
+            order.append(Action("F", rank, warmup + i))
+        order.append(Action("I", rank, i))
+        deferred.append(i)
+        if len(deferred) > rank:
+            order.append(Action("W", rank, deferred.pop(0)))
+    return order + [Action("W", rank, i) for i in deferred]
 
 
 def _needs(action: Action, num_stages: int) -> list[Action]:
@@ -203,11 +187,11 @@ def simulate(orders: list[list[Action]], stages_per_rank: int, costs: dict[str, 
 
 
 def analytic_bubble(name: str, pp: int, stages_per_rank: int, microbatches: int) -> float:
-    """The textbook bubble fraction: (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1)
-    with v stages per rank for interleaved and breadth-first, and 0 for zero-bubble (the ZB-H1
-    ideal is (p - 1)(F + B - W) of idle time, a third of 1F1B's at equal pass costs; `simulate`
-    measures it)."""
+    """The textbook bubble fraction at equal forward, input-gradient and weight-gradient costs:
+    (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) with v stages per rank for
+    interleaved and breadth-first, and ZB-H1's (p - 1) / (3m + p - 1) for zero-bubble (idle time
+    (p - 1)(F + I - W), a third of 1F1B's; m >= p)."""
     if name == "zero_bubble":
-        return 0.0
+        return (pp - 1) / (3 * microbatches + pp - 1)
     rounds = microbatches * (stages_per_rank if name in ("interleaved_1f1b", "looped_bfs") else 1)
     return (pp - 1) / (rounds + pp - 1)
