@@ -58,7 +58,7 @@ def worker(steps: int, out: str) -> None:
     import torch.distributed as dist
 
     from nlp.gpt import GPT, GPTConfig
-    from trainers import Strategy, TrainConfig, Trainer, estimate_memory
+    from trainers import Strategy, TrainConfig, Trainer, zero_model_states
     from trainers.memory import live_tensor_bytes
 
     rows = []
@@ -83,7 +83,7 @@ def worker(steps: int, out: str) -> None:
                 for report in trainer.memory_report():
                     rows.append({"framework": "memzoo", "census_bytes": census, "size": size, "params": numel, "world_size": world, "zero": zero, "offload": offload,
                                  "step_seconds": seconds, **{k: v for k, v in report.items() if k != "by_device"},
-                                 "estimate": estimate_memory(numel, strategy, world)})
+                                 "estimate": zero_model_states(numel, strategy, world)})
             del trainer, model
         rows.extend(deepspeed_rows(size, shape, data, steps))
     if dist.get_rank() == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainers import Strategy, Trainer, estimate_memory
+from trainers import Strategy, Trainer, zero_model_states
 
 _COLUMNS = ("parameters", "gradients", "optimizer", "other", "activation_peak", "peak")
 MIB = 2**20
@@ -42,5 +42,5 @@ def trainer_memory_report(trainer: Trainer) -> str:
     """`format_memory_report` of what `trainer` measured, beside the ZeRO-paper estimate for its
     strategy and world size."""
     return format_memory_report(trainer.memory_report(),
-                                estimate_memory(trainer.model, trainer.strategy, trainer.env.world_size),
+                                zero_model_states(trainer.model, trainer.strategy, trainer.env.world_size),
                                 trainer.strategy)

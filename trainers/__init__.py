@@ -6,8 +6,9 @@ trainer applies it.
 """
 
 from trainers.config import TrainConfig
-from trainers.memory import estimate_memory
+from trainers.estimate import MemoryEstimate, estimate_memory
+from trainers.memory import zero_model_states
 from trainers.strategy import Strategy
 from trainers.trainer import Trainer
 
-__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory"]
+__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory", "MemoryEstimate", "zero_model_states"]

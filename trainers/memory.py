@@ -180,7 +180,7 @@ def _split_over_tp(param: torch.Tensor) -> bool:
     return not param.placements[param.device_mesh.mesh_dim_names.index("tp")].is_replicate()
 
 
-def estimate_memory(model_or_numel: nn.Module | int, strategy: Strategy, world_size: int) -> dict[str, float]:
+def zero_model_states(model_or_numel: nn.Module | int, strategy: Strategy, world_size: int) -> dict[str, float]:
     """Model-state bytes per rank predicted by the ZeRO paper (Rajbhandari et al., 2020, sec. 5).
 
     With Psi parameters and N data-parallel ranks: fp32 training keeps 4 Psi parameter, 4 Psi gradient

@@ -7,7 +7,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -54,6 +54,37 @@ def micro_batch_seed(seed: int, step: int, index: int) -> int:
 
 def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def model_loss(model: nn.Module, model_class: str, batch: Mapping[str, Any]) -> torch.Tensor:
+    """`model(**batch)["loss"]`, checked to be a scalar tensor (`model_class` names the model in
+    the error)."""
+    with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
+        output = model(**batch)
+    if not isinstance(output, Mapping) or "loss" not in output:
+        raise TypeError(f"{model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
+    loss = output["loss"]
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise TypeError(f"{model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
+    return loss
+
+
+def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[Mapping[str, Any]], zero: int,
+                         accumulation: int, scale: float) -> tuple[torch.Tensor, int]:
+    """Forward and backward of a step's `accumulation` micro batches (on this rank, unpipelined),
+    each loss times `scale / accumulation`; returns the sum of their losses and the input_ids they
+    held. Under ZeRO 0-1 (replicated gradients) only the last backward all-reduces; sharded
+    gradients are reduce-scattered after every micro batch, so that each rank keeps only its shard."""
+    loss_sum, units = None, 0
+    for index, batch in enumerate(batches):
+        if zero <= 1:
+            model.set_requires_gradient_sync(index == accumulation - 1)
+        loss = model_loss(model, model_class, batch)
+        (loss * (scale / accumulation)).backward()
+        loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
+        if isinstance(batch.get("input_ids"), torch.Tensor):
+            units += batch["input_ids"].numel()
+    return loss_sum, units
 
 
 class Trainer:
@@ -287,16 +318,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- one step
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
-            if self.pipeline is not None:
+        if self.pipeline is not None:
+            with loss_only():
                 return self.pipeline.evaluate(batch)
-            output = self.model(**batch)
-        if not isinstance(output, Mapping) or "loss" not in output:
-            raise TypeError(f"{self.model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
-        loss = output["loss"]
-        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-            raise TypeError(f"{self.model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
-        return loss
+        return model_loss(self.model, self.model_class, batch)
 
     def _seeded_batches(self, dataset: Sequence[Batch], micro_batches: list[MicroBatch],
                         collate: Callable[[list[Batch]], Batch]) -> Iterator[Batch]:
@@ -348,22 +373,11 @@ class Trainer:
                                probe: StepMemoryProbe | None) -> dict[str, Any]:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
-        loss_sum = torch.zeros((), device=env.device)
-        units = 0
         if self.pipeline is not None:
             loss_sum, units = self._pipeline_passes(batches, scale)
-            batches = []
-        for index, batch in enumerate(batches):
-            batch = _to_device(batch, env.device)
-            if self.strategy.zero <= 1:
-                # Replicated gradients need one all-reduce per step, after the last micro batch;
-                # sharded ones are reduce-scattered every micro batch to keep only a shard.
-                self.model.set_requires_gradient_sync(index == accumulation - 1)
-            loss = self._loss(batch)
-            (loss * (scale / accumulation)).backward()
-            loss_sum += loss.detach().float()
-            if isinstance(batch.get("input_ids"), torch.Tensor):
-                units += batch["input_ids"].numel()
+        else:
+            loss_sum, units = accumulate_gradients(self.model, self.model_class, (_to_device(b, env.device) for b in batches),
+                                                   self.strategy.zero, accumulation, scale)
         if probe is not None:
             probe.after_backward()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import torchrun
-from trainers import Strategy, estimate_memory
+from trainers import Strategy, zero_model_states
 
 
 @pytest.mark.timeout(300)
@@ -14,7 +14,7 @@ def test_zero3_model_states_are_16_bytes_per_parameter_over_ranks(tmp_path):
     torchrun(2, "memory", str(tmp_path / "z3.pt"), "3")
     result = torch.load(tmp_path / "z3.pt")
     expected = 16 * result["numel"] / 2
-    assert estimate_memory(result["numel"], Strategy(zero=3), 2)["total"] == expected
+    assert zero_model_states(result["numel"], Strategy(zero=3), 2)["total"] == expected
     for report in result["reports"]:
         model_states = report["parameters"] + report["gradients"] + report["optimizer"]
         assert abs(model_states - expected) / expected < 0.10, report

@@ -1,0 +1,100 @@
+"""Run real training code on fake tensors: shapes, dtypes and storages without memory or compute.
+
+The memory estimator (`trainers.estimate`) traces one training step of a model as a rank of a
+larger job would run it: its parameters and activations are `FakeTensor`s, and the job's process
+group is torch's "fake" backend, whose collectives return at once. Three things make the trainer's
+own code run unchanged there:
+
+- `HostFakeMode` keeps small results computed from real tensors only (a batch's lengths, a drawn
+  seed) real, so code that reads them on the host (`.item()`, `.tolist()`, `int(...)`) runs, as it
+  does when validating lengths or ordering samples; everything large, and everything computed from
+  a fake tensor, is fake.
+- `fake_process_group` forms the fake job for one rank and builds device meshes on real tensors
+  (a mesh's coordinates are data-dependent: `nonzero` of its rank table).
+- `fake_copy` gives a real model's fake twin without copying its weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._pytree import tree_leaves
+
+HOST_BYTES = 1 << 16
+"""Largest result (bytes) of an operation on real tensors only that stays real."""
+
+
+class HostFakeMode(FakeTensorMode):
+    """`FakeTensorMode` in which operations whose inputs are all real and whose results are small
+    (at most `HOST_BYTES`), or data-dependent (`.item()`, `nonzero`), run for real."""
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        try:
+            shaped = super().__torch_dispatch__(func, types, args, kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        results = [t for t in tree_leaves(shaped) if isinstance(t, torch.Tensor)]
+        if sum(t.numel() * t.element_size() for t in results) > HOST_BYTES:
+            return shaped
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+
+def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake twins of its own (same shapes,
+    dtypes, devices, `requires_grad`); `model` is left as it was and no weight is copied."""
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = mode.from_tensor(buffer)
+    return copy.deepcopy(model, memo)
+
+
+def _mesh_init_on_real_tensors(init):  # type: ignore[no-untyped-def]
+    @functools.wraps(init)
+    def wrapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    return wrapped
+
+
+@contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """Be `rank` of a `world_size`-rank job on torch's fake backend inside the context. Needs a
+    process without a process group (the estimator runs in its own when the caller has one)."""
+    if dist.is_initialized():
+        raise RuntimeError("fake_process_group needs a process without a process group; this one has "
+                           f"{dist.get_world_size()} ranks")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    original = DeviceMesh.__init__
+    DeviceMesh.__init__ = _mesh_init_on_real_tensors(original)
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = original
+        dist.destroy_process_group()
