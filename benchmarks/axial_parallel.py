@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fold_memory import inputs  # noqa: E402
 from measure import launch_ranks  # noqa: E402
-from tensor_parallel import CollectiveBytes  # noqa: E402
+from trainers.step_counters import CollectiveLog  # noqa: E402
 
 
 def worker(crops: list[int], rows: int, out: str) -> None:
@@ -64,7 +64,7 @@ def worker(crops: list[int], rows: int, out: str) -> None:
     for crop in crops:
         batch = inputs(crop, rows, torch.device("cpu"))
         saved._storages.clear()
-        with TensorPeak() as peak, CollectiveBytes() as traffic:
+        with TensorPeak() as peak, CollectiveLog() as traffic:
             model(**batch, recycles=0)["loss"].backward()
         model.zero_grad(set_to_none=True)
         rows_out.append({"ranks": world, "crop": crop, "rows": rows, "evoformer_saved": saved.bytes,

@@ -132,10 +132,10 @@ def draw(timelines: list[dict], path: Path, title: str) -> None:
 
 def collectives_per_step(trainer, data) -> dict[str, int]:
     """Count of this rank's parameter all-gathers and gradient reduce-scatters in one more step."""
-    from tensor_parallel import CollectiveBytes
+    from trainers.step_counters import CollectiveLog
 
     trainer.config = dataclasses.replace(trainer.config, max_steps=trainer.step + 1)
-    with CollectiveBytes() as counting:
+    with CollectiveLog() as counting:
         started = time.perf_counter()
         trainer.fit(data)
         seconds = time.perf_counter() - started

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -46,29 +45,6 @@ SIZES = {
 }
 BATCH = 4
 """Sequences per forward (of block_size tokens)."""
-
-
-class CollectiveBytes(TorchDispatchMode):
-    """Payload bytes and calls of every c10d collective called inside, by kind: the whole tensor of
-    an all-reduce, the gathered output of an all-gather, the input of a reduce-scatter or all-to-all."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
-        if name.startswith("c10d::"):
-            kind = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
-                    "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::alltoall_base_": "all_to_all"}.get(name, name)
-            tensors = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
-            size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-            if kind in ("reduce_scatter", "all_to_all"):  # the input: what is reduced / sent
-                size = args[1].numel() * args[1].element_size()
-            self.bytes[kind] = self.bytes.get(kind, 0) + size
-            self.calls[kind] = self.calls.get(kind, 0) + 1
-        return func(*args, **(kwargs or {}))
 
 
 def analytic_collectives(shape: dict, tp: int, sequence_parallel: bool) -> dict[str, int]:
@@ -120,6 +96,7 @@ def tp_model(shape: dict, tp: int, sequence_parallel: bool):
 def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> dict:
     from torch.distributed.tensor import DTensor
 
+    from trainers.step_counters import CollectiveLog
     from trainers.saved_activations import SavedActivations
     from zoo.nn.logits import loss_only
 
@@ -138,7 +115,7 @@ def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> di
 
     block.register_forward_pre_hook(enter)
     block.register_forward_hook(leave)
-    with CollectiveBytes() as traffic, loss_only():
+    with CollectiveLog() as traffic, loss_only():
         model(ids, labels=ids)["loss"].backward()
     return {"block_saved_bytes": saved.bytes, "collective_bytes": traffic.bytes,
             "analytic_collective_bytes": analytic_collectives(shape, tp, sequence_parallel),

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,10 +44,15 @@ class MemoryEstimate:
     ranks: list[RankMemory]
     """One per traced rank: `peak` is the step's peak of tensor bytes on the rank, `by_device`
     its composition at that moment, by device and category."""
-    seconds: float = 0.0
-    """Wall time of the estimate, process start included."""
-    accumulation: int = 1
+    flops: list[int]
+    """Per traced rank: the step's floating-point operations (matrix multiplies, convolutions,
+    attention; recomputed forwards included; `trainers.step_counters.FlopCount`)."""
+    traffic: list[dict[tuple[str, tuple[int, ...]], int]]
+    """Per traced rank: payload bytes of the step's collectives by (kind, the group's global ranks)."""
+    accumulation: int
     """Micro batches per optimizer step on each data-parallel rank."""
+    seconds: float
+    """Wall time of tracing this layout (the estimating process's start not included)."""
 
     @property
     def peak(self) -> int:
@@ -62,14 +69,8 @@ class MemoryEstimate:
         return totals
 
 
-@dataclass(frozen=True)
-class _Job:
-    model_or_builder: ModelOrBuilder
-    example_batch: Mapping[str, Any]
-    strategy: Strategy
-    world_size: int
-    config: TrainConfig
-    ranks: list[int] = field(default_factory=list)
+Layout = tuple[Strategy, int, "TrainConfig | None"]
+"""(strategy, world size, config or None) of one job to estimate."""
 
 
 def estimate_memory(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], strategy: Strategy | None = None,
@@ -80,36 +81,57 @@ def estimate_memory(model_or_builder: ModelOrBuilder, example_batch: Mapping[str
     model_or_builder: an `nn.Module` (it is sent to the estimating process: for a model too large
         to build here, pass a builder instead), or a picklable callable returning one (a class with
         its config in a `functools.partial`, a module-level function), called on fake tensors.
-    example_batch: one micro batch, as the model's forward takes it (`model(**batch)["loss"]`).
+    example_batch: one micro batch, as the model's forward takes it (`model(**batch)["loss"]`);
+        a smaller config.micro_batch_size takes its first rows. Where activations depend on the
+        data (padded lengths, masked tokens), give the largest.
     config: the step's batch sizes (`global_batch_size` over `micro_batch_size` times the
         data-parallel ranks gives the micro batches per step) and AdamW's settings; default: one
         micro batch of the example's size per rank.
 
     Call it from a script's `if __name__ == "__main__":` block: it starts a fresh Python process.
     """
-    strategy = Strategy() if strategy is None else strategy
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
+    return estimate_layouts(model_or_builder, example_batch, [(Strategy() if strategy is None else strategy,
+                                                               world_size, config)])[0]
+
+
+def estimate_layouts(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
+                     layouts: Sequence[Layout]) -> list[MemoryEstimate]:
+    """`estimate_memory` of each (strategy, world size, config) in `layouts`, all in one process."""
     if not isinstance(model_or_builder, nn.Module) and not callable(model_or_builder):
         raise TypeError(f"model_or_builder must be a torch.nn.Module or a callable returning one; "
                         f"got {type(model_or_builder).__name__}")
     if not isinstance(example_batch, Mapping) or not example_batch:
         raise TypeError(f"example_batch must be a non-empty mapping of the model's inputs; got {example_batch!r:.80}")
+    micro = _batch_size(example_batch)
+    jobs = [_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_trace, model_or_builder, example_batch, jobs).result()
+
+
+@dataclass(frozen=True)
+class _Job:
+    strategy: Strategy
+    world_size: int
+    config: TrainConfig
+    ranks: tuple[int, ...]
+    """The ranks to trace."""
+
+
+def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> _Job:
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
     degree = strategy.tp * strategy.pp
     if not isinstance(world_size, int) or world_size < 1 or world_size % degree:
         raise ValueError(f"world_size must be a positive multiple of Strategy.tp x Strategy.pp = {degree}; "
                          f"got {world_size!r}")
     if strategy.pp > 1:
         raise NotImplementedError("estimate_memory does not trace pipeline-parallel steps yet (Strategy.pp > 1)")
-    micro = _batch_size(example_batch)
     dp = world_size // degree
     config = config or TrainConfig(global_batch_size=micro * dp, micro_batch_size=micro)
-    job = _Job(model_or_builder, example_batch, strategy, world_size, config, ranks=[0])
-    started = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        ranks = pool.apply(_trace, (job,))
-    accumulation = config.global_batch_size // (config.micro_batch_size * dp)
-    return MemoryEstimate(strategy, world_size, ranks, time.perf_counter() - started, accumulation)
+    if config.micro_batch_size > micro:
+        raise ValueError(f"config.micro_batch_size={config.micro_batch_size} needs an example_batch of at least as many "
+                         f"rows; got {micro}")
+    return _Job(strategy, world_size, config, ranks=(0,))
 
 
 def _batch_size(batch: Mapping[str, Any]) -> int:
@@ -119,18 +141,41 @@ def _batch_size(batch: Mapping[str, Any]) -> int:
     return sizes.pop()
 
 
-def _trace(job: _Job) -> list[RankMemory]:
-    """In the estimating process: each rank of `job.ranks` traced in its own fake job."""
-    return [_trace_rank(job, rank) for rank in job.ranks]
+def _trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], jobs: list[_Job]) -> list[MemoryEstimate]:
+    """In the estimating process: each job's ranks, each traced in its own fake job. An error
+    comes back as a RuntimeError holding its traceback (what torch raises does not always pickle)."""
+    try:
+        return _trace_jobs(model_or_builder, example_batch, jobs)
+    except Exception as error:
+        raise RuntimeError(f"estimating the step failed:\n{traceback.format_exc()}") from error
 
 
-def _trace_rank(job: _Job, rank: int) -> RankMemory:
+def _trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
+                jobs: list[_Job]) -> list[MemoryEstimate]:
+    estimates = []
+    for job in jobs:
+        started = time.perf_counter()
+        traces = [_trace_rank(model_or_builder, example_batch, job, rank) for rank in job.ranks]
+        dp = job.world_size // (job.strategy.tp * job.strategy.pp)
+        estimates.append(MemoryEstimate(job.strategy, job.world_size, [memory for memory, _, _ in traces],
+                                        [flops for _, flops, _ in traces], [traffic for _, _, traffic in traces],
+                                        job.config.global_batch_size // (job.config.micro_batch_size * dp),
+                                        time.perf_counter() - started))
+    return estimates
+
+
+def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: _Job,
+                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], int]]:
+    """(memory, FLOPs, collective bytes) of `rank`'s second training step: its first two micro
+    batches and the optimizer step are traced, the FLOPs and traffic of the micro batches between
+    them counted as the first's."""
     # Imported here: the estimating process needs them, the caller's does not.
     from trainers.data import check_batch_sizes
     from trainers.distributed import setup_distributed
     from trainers.fake_trace import HostFakeMode, fake_copy, fake_process_group
     from trainers.optim import TrainOptimizer
     from trainers.parallelize import parallelize
+    from trainers.step_counters import CollectiveLog, FlopCount
     from trainers.trainer import accumulate_gradients
 
     strategy, config = job.strategy, job.config
@@ -140,10 +185,10 @@ def _trace_rank(job: _Job, rank: int) -> RankMemory:
         accumulation = config.global_batch_size // (config.micro_batch_size * env.dp_size)
         mode = HostFakeMode()
         with mode:
-            if isinstance(job.model_or_builder, nn.Module):
-                model = fake_copy(job.model_or_builder, mode)
+            if isinstance(model_or_builder, nn.Module):
+                model = fake_copy(model_or_builder, mode)
             else:
-                model = job.model_or_builder()
+                model = model_or_builder()
             model_class = type(model).__name__
             model, _ = parallelize(model, strategy, env)
             optimizer = TrainOptimizer(model, config, shard_state=strategy.zero == 1,
@@ -151,14 +196,21 @@ def _trace_rank(job: _Job, rank: int) -> RankMemory:
             # The pattern of a step repeats from its second micro batch (gradients already held).
             traced = min(accumulation, 2)
 
-            def batches() -> Iterator[dict[str, Any]]:
-                """Each micro batch made inside the step, as the trainer collates it there."""
-                for _ in range(traced):
-                    yield {key: value.to(env.device, copy=True) if isinstance(value, torch.Tensor) else value
-                           for key, value in job.example_batch.items()}
+            first_micro_batch: list[tuple[int, dict]] = []
+            """The counters after the first micro batch (FLOPs, traffic), when counting."""
 
-            def step(probe: StepMemoryProbe | None) -> None:
-                accumulate_gradients(model, model_class, batches(), strategy.zero, traced, 1.0)
+            def batches(counters: tuple[FlopCount, CollectiveLog] | None = None) -> Iterator[dict[str, Any]]:
+                """Each micro batch made inside the step, as the trainer collates it there."""
+                for index in range(traced):
+                    if index == 1 and counters is not None:
+                        flops, traffic = counters
+                        first_micro_batch.append((flops.flops, traffic.payloads()))
+                    yield {key: value[: config.micro_batch_size].to(env.device, copy=True)
+                           if isinstance(value, torch.Tensor) and value.ndim else value
+                           for key, value in example_batch.items()}
+
+            def step(probe: StepMemoryProbe | None, counters: tuple[FlopCount, CollectiveLog] | None = None) -> None:
+                accumulate_gradients(model, model_class, batches(counters), strategy.zero, traced, 1.0)
                 if probe is not None:
                     probe.after_backward()
                 optimizer.step(config.lr)
@@ -167,6 +219,12 @@ def _trace_rank(job: _Job, rank: int) -> RankMemory:
             step(None)  # the first step creates the optimizer state; the trainer measures its second
             masters = [slot.work for slot in optimizer.slots if optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
-            with probe:
-                step(probe)
-            return probe.report(rank)
+            with probe, FlopCount() as flops, CollectiveLog() as traffic:
+                step(probe, (flops, traffic))
+            total_flops, total_traffic = flops.flops, traffic.payloads()
+            if first_micro_batch:  # the step's middle micro batches repeat its first (no gradient sync under ZeRO 0-1)
+                micro_flops, micro_traffic = first_micro_batch[0]
+                total_flops += (accumulation - traced) * micro_flops
+                for key, nbytes in micro_traffic.items():
+                    total_traffic[key] += (accumulation - traced) * nbytes
+            return probe.report(rank), total_flops, total_traffic

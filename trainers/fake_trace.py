@@ -7,8 +7,8 @@ own code run unchanged there:
 
 - `HostFakeMode` keeps small results computed from real tensors only (a batch's lengths, a drawn
   seed) real, so code that reads them on the host (`.item()`, `.tolist()`, `int(...)`) runs, as it
-  does when validating lengths or ordering samples; everything large, and everything computed from
-  a fake tensor, is fake.
+  does when validating lengths or ordering samples, and a fake tensor indexed by such a real mask
+  gets the mask's shape; everything large, and everything computed from a fake tensor, is fake.
 - `fake_process_group` forms the fake job for one rank and builds device meshes on real tensors
   (a mesh's coordinates are data-dependent: `nonzero` of its rank table).
 - `fake_copy` gives a real model's fake twin without copying its weights.
@@ -41,15 +41,22 @@ HOST_BYTES = 1 << 16
 
 
 class HostFakeMode(FakeTensorMode):
-    """`FakeTensorMode` in which operations whose inputs are all real and whose results are small
-    (at most `HOST_BYTES`), or data-dependent (`.item()`, `nonzero`), run for real."""
+    """`FakeTensorMode` in which operations on real tensors only whose results are small (at most
+    `HOST_BYTES`), or data-dependent (`.item()`, `nonzero`), run for real; so do small integer
+    factories (a drawn seed, positions). New floating-point tensors (parameters, buffers) are fake,
+    so that no later operation has to convert them."""
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(isinstance(t, FakeTensor) for t in inputs):
+            if func in _MASK_INDEXED and any(_is_real_mask(t) for t in args[1]):
+                # A fake tensor indexed by a real boolean mask: the mask's positions give the shape.
+                indices = [index for t in args[1] for index in (t.nonzero().unbind(1) if _is_real_mask(t) else [t])]
+                args = (args[0], indices, *args[2:])
             return super().__torch_dispatch__(func, types, args, kwargs)
         try:
             shaped = super().__torch_dispatch__(func, types, args, kwargs)
@@ -59,8 +66,18 @@ class HostFakeMode(FakeTensorMode):
         results = [t for t in tree_leaves(shaped) if isinstance(t, torch.Tensor)]
         if sum(t.numel() * t.element_size() for t in results) > HOST_BYTES:
             return shaped
+        if not inputs and any(t.is_floating_point() for t in results):
+            return shaped  # a new float tensor (a parameter, a buffer) is the model's, not host data
         with unset_fake_temporarily():
             return func(*args, **kwargs)
+
+
+_MASK_INDEXED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default}
+"""Operators whose output shape follows from a boolean mask among their indices."""
+
+
+def _is_real_mask(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and not isinstance(index, FakeTensor) and index.dtype == torch.bool
 
 
 def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:

@@ -1,0 +1,64 @@
+"""The planner: layouts that fit a budget, ranked by the cost model; budgets and devices checked."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from helpers import TINY
+from nlp.gpt import GPT
+from trainers.devices import DEVICES, DeviceSpec, device_spec, parse_bytes
+from trainers.planner import SearchSpace, plan
+
+CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False)
+"""A fixed CPU-like device, so that the ranking does not depend on this machine's load."""
+SPACE = SearchSpace(zero=(0, 3), offload=("none",), recompute=("none", "blocks"), micro_batch_sizes=(4, 2))
+
+
+def tiny_batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, TINY.vocab_size, (4, TINY.block_size), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.timeout(300)
+def test_plans_fit_the_budget_and_come_fastest_first():
+    plans = plan(functools.partial(GPT, TINY), tiny_batch(), 2, 10 << 20, CPU, space=SPACE, top=20)
+    assert len(plans) >= 6  # dp2 x {zero 0, 3} and tp2 x zero 0, each x recompute x micro 4 / 2
+    assert all(p.peak <= 10 << 20 for p in plans)
+    totals = [p.time.total for p in plans]
+    assert totals == sorted(totals)
+    by_flags = {p.train_flags(): p for p in plans}
+    one = by_flags["--nproc 2 --strategy.zero 0 --strategy.offload none --strategy.recompute none "
+                   "--strategy.precision fp32 --train.micro_batch_size 4"]
+    again = by_flags["--nproc 2 --strategy.zero 0 --strategy.offload none --strategy.recompute blocks "
+                     "--strategy.precision fp32 --train.micro_batch_size 4"]
+    assert again.estimate.flops[0] > one.estimate.flops[0]  # recompute runs the blocks' forward twice
+    assert again.peak < one.peak
+    sharded = by_flags["--nproc 2 --strategy.zero 3 --strategy.offload none --strategy.recompute none "
+                       "--strategy.precision fp32 --train.micro_batch_size 2"]
+    assert sharded.accumulation == 2 and sharded.time.data_parallel > one.time.data_parallel
+
+
+@pytest.mark.timeout(300)
+def test_a_budget_below_every_layout_names_what_would_fit():
+    with pytest.raises(ValueError, match=r"memory_budget=0.29 MiB per rank fits no layout on world_size=2; the smallest "
+                                         r"traced peak is \d+.\d\d MiB \(--nproc 2 .*\)"):
+        plan(functools.partial(GPT, TINY), tiny_batch(), 2, 300 << 10, CPU, space=SPACE, max_traces=4)
+    with pytest.raises(ValueError, match=r"memory_budget=0.10 MiB per rank is below the model states alone of every "
+                                         r"layout on world_size=2: at least 0.2\d MiB per rank \(ZeRO-3\)"):
+        plan(functools.partial(GPT, TINY), tiny_batch(), 2, 100 << 10, CPU, space=SPACE)
+
+
+def test_budgets_and_devices_are_checked():
+    assert parse_bytes("6GiB") == 6 << 30 and parse_bytes("512 mib") == 512 << 20 and parse_bytes("80GB") == 80 * 10**9
+    for bad in ("six", "6 parsecs", "-1GiB", 0, True):
+        with pytest.raises(ValueError, match=r"memory_budget must be a positive number of bytes or a string with a unit "
+                                             r"\(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"):
+            parse_bytes(bad)
+    assert device_spec("h100") is DEVICES["h100"]
+    with pytest.raises(ValueError, match="device must be one of 'h100', 'a100', 'cpu' or a trainers.DeviceSpec; got 'tpu'"):
+        device_spec("tpu")
+    measured = device_spec("cpu")
+    assert measured.fp32_flops > 1e8 and measured.host_bandwidth > 1e7

@@ -1,0 +1,246 @@
+"""Will it fit, and how fast: the layouts of a model on `world_size` devices that fit a memory
+budget, ranked by estimated step time.
+
+`plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor
+parallelism, micro-batch size; the global batch stays fixed), and orders them by a first guess of
+their step time (the model's FLOPs per example from one trace; the ZeRO paper's data-parallel
+traffic). It then traces up to `max_traces` of those whose model states alone fit, in that order,
+with the estimator (`trainers.estimate`: the layout's own step on fake tensors, giving its peak
+memory, FLOPs and collectives), and keeps those whose traced peak fits. The plans come back ranked
+by `step_time`, the cost model on the traced numbers:
+
+    compute        the step's FLOPs over the device's throughput (recompute's extra forward included)
+    tensor-parallel collectives over the link of their group (within a node or across nodes),
+                   with ring costs: 2(g-1)/g of the payload for an all-reduce, (g-1)/g for an
+                   all-gather or reduce-scatter
+    data-parallel  the same, hidden behind compute where the device overlaps them
+    offload        optimizer: gradients to the host and parameters back each step; params: the
+                   parameters to the device for forward and backward and gradients back
+
+Pipeline layouts are not searched yet: the estimator does not trace pipeline steps.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainers.config import TrainConfig
+from trainers.devices import DeviceSpec, device_spec, parse_bytes
+from trainers.estimate import MemoryEstimate, ModelOrBuilder, _batch_size, _Job, _trace_jobs
+from trainers.memory import zero_model_states
+from trainers.strategy import Strategy
+
+RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
+                "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
+                "broadcast": lambda g: 1.0}
+"""Bytes each rank moves per payload byte in a ring (or pipelined tree) collective of g ranks."""
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The strategies `plan` tries; None derives a dimension from the job."""
+
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages."""
+    offload: tuple[str, ...] = ("none", "optimizer", "params")
+    """Offload modes ("params" only with ZeRO 3)."""
+    recompute: tuple[str, ...] = ("none", "blocks")
+    """Recompute policies."""
+    tp: tuple[int, ...] | None = None
+    """Tensor-parallel degrees; None: 1 and each power of two that divides world_size and fits
+    in a node."""
+    micro_batch_sizes: tuple[int, ...] | None = None
+    """Micro-batch sizes; None: the example batch's rows, halved down to 1."""
+    precision: str | None = None
+    """Compute precision; None: bf16 on a GPU preset, fp32 on "cpu"."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Estimated seconds of one optimizer step, by part."""
+
+    compute: float
+    tensor_parallel: float
+    data_parallel: float
+    """The data-parallel collectives' seconds not hidden behind compute."""
+    offload: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tensor_parallel + self.data_parallel + self.offload
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layout that fits, with its traced memory and estimated step time."""
+
+    strategy: Strategy
+    micro_batch_size: int
+    accumulation: int
+    """Micro batches per step on each data-parallel rank."""
+    estimate: MemoryEstimate
+    time: StepTime
+
+    @property
+    def peak(self) -> int:
+        """Traced peak bytes per rank."""
+        return self.estimate.peak
+
+    def train_flags(self) -> str:
+        """The `zoo train` flags that run this plan (with --nproc world_size)."""
+        s = self.strategy
+        flags = [f"--nproc {self.estimate.world_size}"] + ([f"--tp {s.tp}"] if s.tp > 1 else [])
+        flags += [f"--strategy.zero {s.zero}", f"--strategy.offload {s.offload}", f"--strategy.recompute {s.recompute}",
+                  f"--strategy.precision {s.precision}", f"--train.micro_batch_size {self.micro_batch_size}"]
+        return " ".join(flags)
+
+
+def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], world_size: int,
+         memory_budget: int | str, device: str | DeviceSpec = "cpu", global_batch_size: int | None = None,
+         space: SearchSpace | None = None, top: int = 5, max_traces: int = 24) -> list[Plan]:
+    """The `top` fastest layouts of the model on `world_size` devices whose traced peak per rank
+    fits `memory_budget` (bytes or "6GiB"), fastest first.
+
+    example_batch: the largest micro batch to consider (smaller ones are its first rows).
+    global_batch_size: examples per optimizer step, fixed across plans (default: the example's rows
+    times world_size).
+    max_traces: layouts traced at most, in the order of their first guess of step time (each trace
+    runs the layout's step on fake tensors: about a second for a small model, several for 7B).
+    ValueError if no layout fits, naming the smallest peak found and its plan.
+    Call it from a script's `if __name__ == "__main__":` block: it starts a fresh Python process.
+    """
+    budget = parse_bytes(memory_budget)
+    spec = device_spec(device)
+    space = space or SearchSpace()
+    rows = _batch_size(example_batch)
+    global_batch_size = global_batch_size or rows * world_size
+    candidates = _candidates(space, spec, world_size, rows, global_batch_size)
+    if not candidates:
+        raise ValueError(f"no strategy of the search space splits global_batch_size={global_batch_size} over "
+                         f"world_size={world_size}")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        found, smallest, states = pool.submit(_search, model_or_builder, example_batch, candidates, world_size, budget,
+                                              spec, max_traces).result()
+    if not found:
+        if smallest is None:
+            raise ValueError(f"memory_budget={_size(budget)} per rank is below the model states alone of every layout on "
+                             f"world_size={world_size}: at least {_size(states)} per rank (ZeRO-3); more ranks shard "
+                             "them further")
+        raise ValueError(f"memory_budget={_size(budget)} per rank fits no layout on world_size={world_size}; the "
+                         f"smallest traced peak is {_size(smallest.peak)} ({smallest.train_flags()})")
+    return sorted(found, key=lambda p: p.time.total)[:top]
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
+
+
+def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
+    """The cost model (module docstring) on rank 0's traced step."""
+    strategy, memory = estimate.strategy, estimate.ranks[0]
+    throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
+    compute = estimate.flops[0] / throughput
+    tensor_parallel = data_parallel = 0.0
+    for (kind, ranks), nbytes in estimate.traffic[0].items():
+        if len(ranks) <= 1:
+            continue
+        nodes = {rank // spec.devices_per_node for rank in ranks}
+        bandwidth = spec.node_bandwidth if len(nodes) == 1 else spec.network_bandwidth
+        seconds = nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
+        if strategy.tp > 1 and len(ranks) == strategy.tp and ranks[-1] - ranks[0] == strategy.tp - 1:
+            tensor_parallel += seconds
+        else:
+            data_parallel += seconds
+    if spec.overlap:
+        data_parallel = max(0.0, data_parallel - compute)
+    state_bytes = memory.parameters + memory.gradients
+    offload = {"none": 0.0, "optimizer": 2 * state_bytes, "params": 3 * state_bytes}[strategy.offload] / spec.host_bandwidth
+    return StepTime(compute, tensor_parallel, data_parallel, offload)
+
+
+def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int,
+                global_batch_size: int) -> list[tuple[Strategy, TrainConfig]]:
+    precision = space.precision or ("fp32" if spec.name == "cpu" else "bf16")
+    tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16) if world_size % t == 0 and t <= spec.devices_per_node)
+    micros = space.micro_batch_sizes or tuple(sorted({max(rows >> k, 1) for k in range(rows.bit_length())}, reverse=True))
+    candidates = []
+    for tp in tps:
+        dp = world_size // tp
+        for micro in micros:
+            if micro > rows or global_batch_size % (micro * dp):
+                continue
+            config = TrainConfig(global_batch_size=global_batch_size, micro_batch_size=micro, max_steps=2,
+                                 warmup_steps=1, progress=False)
+            for zero in space.zero if dp > 1 else space.zero[:1]:  # one data-parallel rank: the stages coincide
+                for offload in space.offload:
+                    if offload == "params" and zero != 3:
+                        continue
+                    for recompute in space.recompute:
+                        strategy = Strategy(zero=zero, offload=offload, recompute=recompute, tp=tp, precision=precision)
+                        candidates.append((strategy, config))
+    return candidates
+
+
+def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
+            candidates: list[tuple[Strategy, TrainConfig]], world_size: int, budget: int, spec: DeviceSpec,
+            max_traces: int) -> tuple[list[Plan], Plan | None, float]:
+    """In the estimating process: screen, order and trace the candidates (module docstring);
+    returns the plans that fit, the traced plan of smallest peak, and the smallest model states
+    of a candidate (bytes per rank on the device)."""
+    try:
+        numel = _parameter_count(model_or_builder)
+        rows = _batch_size(example_batch)
+        first = _trace_jobs(model_or_builder, example_batch,
+                            [_Job(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
+                                  replace(candidates[0][1], micro_batch_size=rows), (0,))])[0]
+        flops_per_example = first.flops[0] / (rows * first.accumulation)
+        states = {id(s): zero_model_states(numel // s.tp, s, world_size)["device"] for s, _ in candidates}
+        kept = [(s, c) for s, c in candidates if states[id(s)] < budget]
+        kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, flops_per_example, world_size, spec))
+        found: list[Plan] = []
+        smallest: Plan | None = None
+        for strategy, config in kept[:max_traces]:
+            try:
+                estimate = _trace_jobs(model_or_builder, example_batch, [_Job(strategy, world_size, config, (0,))])[0]
+            except ValueError:  # a layout the model's plan refuses (tp not dividing its heads)
+                continue
+            traced = Plan(strategy, config.micro_batch_size, estimate.accumulation, estimate, step_time(estimate, spec))
+            if smallest is None or traced.peak < smallest.peak:
+                smallest = traced
+            if traced.peak <= budget:
+                found.append(traced)
+        return found, smallest, min(states.values())
+    except Exception as error:
+        raise RuntimeError(f"planning failed:\n{traceback.format_exc()}") from error
+
+
+def _parameter_count(model_or_builder: ModelOrBuilder) -> int:
+    if isinstance(model_or_builder, nn.Module):
+        return sum(p.numel() for p in model_or_builder.parameters())
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_or_builder().parameters())
+
+
+def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, flops_per_example: float, world_size: int,
+                 spec: DeviceSpec) -> float:
+    """Seconds of a step before tracing it: compute from the FLOPs per example (a third more under
+    recompute), the ZeRO paper's data-parallel volume (2 P for ZeRO 0-2, 3 P for ZeRO 3, P the
+    parameter bytes of a tensor-parallel rank), offload traffic."""
+    dp = world_size // strategy.tp
+    throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
+    compute = flops_per_example * config.global_batch_size / dp / strategy.tp / throughput
+    compute *= 4 / 3 if strategy.recompute == "blocks" else 1.0
+    parameter_bytes = 4 * numel / strategy.tp
+    volume = (3 if strategy.zero == 3 else 2) * parameter_bytes * (dp - 1) / dp
+    bandwidth = spec.node_bandwidth if world_size <= spec.devices_per_node else spec.network_bandwidth
+    communication = volume / bandwidth
+    offload = {"none": 0.0, "optimizer": 2 * parameter_bytes, "params": 3 * parameter_bytes}[strategy.offload]
+    return compute + (max(0.0, communication - compute) if spec.overlap else communication) + offload / spec.host_bandwidth

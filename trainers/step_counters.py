@@ -1,0 +1,90 @@
+"""What a piece of code computes and sends: the floating-point operations of its matrix
+multiplies, convolutions and attention, and every c10d collective it calls, with its payload and
+its group.
+
+The estimator counts a traced step's work with them (the planner's cost model); benchmarks count
+measured steps' traffic with the same instrument. Both only watch: no operation is decomposed and
+no hook is installed, so the memory of the step they watch is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+KINDS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
+         "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::alltoall_base_": "all_to_all",
+         "c10d::broadcast_": "broadcast"}
+"""c10d operators by the collective they run; any other c10d operator is logged under its own name."""
+
+
+class CollectiveLog(TorchDispatchMode):
+    """Payload bytes and calls of every c10d collective called inside, by kind and by group: the
+    whole tensor of an all-reduce or broadcast, the gathered output of an all-gather, the input of
+    a reduce-scatter or all-to-all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_group: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(lambda: [0, 0])
+        """(kind, the group's global ranks) -> [bytes, calls]."""
+
+    def payloads(self) -> dict[tuple[str, tuple[int, ...]], int]:
+        """Payload bytes by (kind, the group's global ranks), a copy."""
+        return defaultdict(int, {key: nbytes for key, (nbytes, _) in self.by_group.items()})
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        """Payload bytes by kind, all groups together."""
+        totals: dict[str, int] = defaultdict(int)
+        for (kind, _), (nbytes, _) in self.by_group.items():
+            totals[kind] += nbytes
+        return dict(totals)
+
+    @property
+    def calls(self) -> dict[str, int]:
+        """Calls by kind, all groups together."""
+        totals: dict[str, int] = defaultdict(int)
+        for (kind, _), (_, calls) in self.by_group.items():
+            totals[kind] += calls
+        return dict(totals)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
+        if name.startswith("c10d::"):
+            kind = KINDS.get(name, name)
+            tensors = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
+            tensors = [t for item in tensors for t in (item if isinstance(item, (list, tuple)) else [item])]
+            size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+            if kind in ("reduce_scatter", "all_to_all"):  # the input: what is reduced / sent
+                inputs = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+                inputs = [t for item in inputs for t in (item if isinstance(item, (list, tuple)) else [item])]
+                size = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+            group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)  # the first is the group
+            ranks = tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(group))) if group is not None else ()
+            record = self.by_group[kind, ranks]
+            record[0] += size
+            record[1] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class FlopCount(TorchDispatchMode):
+    """Floating-point operations of the operators `torch.utils.flop_counter` knows (matrix
+    multiplies, convolutions, attention kernels) called inside, from their shapes: works on fake
+    tensors. (torch's `FlopCounterMode` also tracks modules with gradient hooks and decomposes
+    other operators, which changes what a step holds.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            self.flops += count(*args, **kwargs, out_val=out)
+        return out
