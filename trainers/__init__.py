@@ -6,9 +6,12 @@ trainer applies it.
 """
 
 from trainers.config import TrainConfig
-from trainers.estimate import MemoryEstimate, estimate_memory
+from trainers.devices import DeviceSpec
+from trainers.estimate import MemoryEstimate, estimate_layouts, estimate_memory
 from trainers.memory import zero_model_states
+from trainers.planner import Plan, SearchSpace, plan
 from trainers.strategy import Strategy
 from trainers.trainer import Trainer
 
-__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory", "MemoryEstimate", "zero_model_states"]
+__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory", "estimate_layouts", "MemoryEstimate",
+           "zero_model_states", "plan", "Plan", "SearchSpace", "DeviceSpec"]

@@ -7,8 +7,9 @@ step's micro batches, the optimizer step) on fake tensors in a fake process grou
 (`trainers.memory.StepMemoryProbe`). So the estimate covers everything a real step holds at its
 peak: parameters, gradients, optimizer state, activations, backward temporaries, gathered ZeRO-3
 parameters, reduction buffers, for any model, ZeRO stage, offload, recompute, precision and
-tensor-parallel degree. It runs in a fresh process, so the caller's own process group, if any, is
-untouched.
+tensor-parallel degree. The same trace counts the step's FLOPs and collective traffic, which the
+planner's cost model (`trainers.planner`) turns into time. It runs in a fresh process, so the
+caller's own process group, if any, is untouched.
 """
 
 from __future__ import annotations
@@ -102,14 +103,16 @@ def estimate_layouts(model_or_builder: ModelOrBuilder, example_batch: Mapping[st
                         f"got {type(model_or_builder).__name__}")
     if not isinstance(example_batch, Mapping) or not example_batch:
         raise TypeError(f"example_batch must be a non-empty mapping of the model's inputs; got {example_batch!r:.80}")
-    micro = _batch_size(example_batch)
+    micro = batch_rows(example_batch)
     jobs = [_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_trace, model_or_builder, example_batch, jobs).result()
 
 
 @dataclass(frozen=True)
-class _Job:
+class TraceJob:
+    """One layout to trace."""
+
     strategy: Strategy
     world_size: int
     config: TrainConfig
@@ -117,7 +120,7 @@ class _Job:
     """The ranks to trace."""
 
 
-def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> _Job:
+def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> TraceJob:
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
     degree = strategy.tp * strategy.pp
@@ -131,27 +134,28 @@ def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro:
     if config.micro_batch_size > micro:
         raise ValueError(f"config.micro_batch_size={config.micro_batch_size} needs an example_batch of at least as many "
                          f"rows; got {micro}")
-    return _Job(strategy, world_size, config, ranks=(0,))
+    return TraceJob(strategy, world_size, config, ranks=(0,))
 
 
-def _batch_size(batch: Mapping[str, Any]) -> int:
+def batch_rows(batch: Mapping[str, Any]) -> int:
+    """The first (batch) dimension all of `batch`'s tensors share; ValueError if they differ."""
     sizes = {value.shape[0] for value in batch.values() if isinstance(value, torch.Tensor) and value.ndim}
     if len(sizes) != 1:
         raise ValueError(f"example_batch's tensors must share their first (batch) dimension; got sizes {sorted(sizes)}")
     return sizes.pop()
 
 
-def _trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], jobs: list[_Job]) -> list[MemoryEstimate]:
+def _trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], jobs: list[TraceJob]) -> list[MemoryEstimate]:
     """In the estimating process: each job's ranks, each traced in its own fake job. An error
     comes back as a RuntimeError holding its traceback (what torch raises does not always pickle)."""
     try:
-        return _trace_jobs(model_or_builder, example_batch, jobs)
+        return trace_jobs(model_or_builder, example_batch, jobs)
     except Exception as error:
         raise RuntimeError(f"estimating the step failed:\n{traceback.format_exc()}") from error
 
 
-def _trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
-                jobs: list[_Job]) -> list[MemoryEstimate]:
+def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
+                jobs: list[TraceJob]) -> list[MemoryEstimate]:
     estimates = []
     for job in jobs:
         started = time.perf_counter()
@@ -164,7 +168,7 @@ def _trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     return estimates
 
 
-def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: _Job,
+def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: TraceJob,
                 rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], int]]:
     """(memory, FLOPs, collective bytes) of `rank`'s second training step: its first two micro
     batches and the optimizer step are traced, the FLOPs and traffic of the micro batches between
@@ -197,30 +201,32 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             traced = min(accumulation, 2)
 
             first_micro_batch: list[tuple[int, dict]] = []
-            """The counters after the first micro batch (FLOPs, traffic), when counting."""
+            """The counters after the first micro batch (FLOPs, traffic)."""
 
-            def batches(counters: tuple[FlopCount, CollectiveLog] | None = None) -> Iterator[dict[str, Any]]:
+            def batches(counters: tuple[FlopCount, CollectiveLog]) -> Iterator[dict[str, Any]]:
                 """Each micro batch made inside the step, as the trainer collates it there."""
                 for index in range(traced):
-                    if index == 1 and counters is not None:
+                    if index == 1:
                         flops, traffic = counters
                         first_micro_batch.append((flops.flops, traffic.payloads()))
                     yield {key: value[: config.micro_batch_size].to(env.device, copy=True)
                            if isinstance(value, torch.Tensor) and value.ndim else value
                            for key, value in example_batch.items()}
 
-            def step(probe: StepMemoryProbe | None, counters: tuple[FlopCount, CollectiveLog] | None = None) -> None:
-                accumulate_gradients(model, model_class, batches(counters), strategy.zero, traced, 1.0)
-                if probe is not None:
-                    probe.after_backward()
-                optimizer.step(config.lr)
-                optimizer.zero_grad()
 
-            step(None)  # the first step creates the optimizer state; the trainer measures its second
+            # The trainer measures its second step, when the optimizer state exists: made here by
+            # one update from zero gradients, which the forward and backward would not change.
+            for param in optimizer.params:
+                param.grad = torch.zeros_like(param)
+            optimizer.step(config.lr)
+            optimizer.zero_grad()
             masters = [slot.work for slot in optimizer.slots if optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
             with probe, FlopCount() as flops, CollectiveLog() as traffic:
-                step(probe, (flops, traffic))
+                accumulate_gradients(model, model_class, batches((flops, traffic)), strategy.zero, traced, 1.0)
+                probe.after_backward()
+                optimizer.step(config.lr)
+                optimizer.zero_grad()
             total_flops, total_traffic = flops.flops, traffic.payloads()
             if first_micro_batch:  # the step's middle micro batches repeat its first (no gradient sync under ZeRO 0-1)
                 micro_flops, micro_traffic = first_micro_batch[0]

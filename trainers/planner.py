@@ -34,7 +34,7 @@ from torch import nn
 
 from trainers.config import TrainConfig
 from trainers.devices import DeviceSpec, device_spec, parse_bytes
-from trainers.estimate import MemoryEstimate, ModelOrBuilder, _batch_size, _Job, _trace_jobs
+from trainers.estimate import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
 from trainers.memory import zero_model_states
 from trainers.strategy import Strategy
 
@@ -120,7 +120,7 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
     budget = parse_bytes(memory_budget)
     spec = device_spec(device)
     space = space or SearchSpace()
-    rows = _batch_size(example_batch)
+    rows = batch_rows(example_batch)
     global_batch_size = global_batch_size or rows * world_size
     candidates = _candidates(space, spec, world_size, rows, global_batch_size)
     if not candidates:
@@ -136,7 +136,7 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
                              "them further")
         raise ValueError(f"memory_budget={_size(budget)} per rank fits no layout on world_size={world_size}; the "
                          f"smallest traced peak is {_size(smallest.peak)} ({smallest.train_flags()})")
-    return sorted(found, key=lambda p: p.time.total)[:top]
+    return sorted(found, key=lambda p: (p.time.total, p.accumulation))[:top]  # ties: fewer, larger micro batches
 
 
 def _size(nbytes: float) -> str:
@@ -197,9 +197,9 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
     of a candidate (bytes per rank on the device)."""
     try:
         numel = _parameter_count(model_or_builder)
-        rows = _batch_size(example_batch)
-        first = _trace_jobs(model_or_builder, example_batch,
-                            [_Job(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
+        rows = batch_rows(example_batch)
+        first = trace_jobs(model_or_builder, example_batch,
+                            [TraceJob(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
                                   replace(candidates[0][1], micro_batch_size=rows), (0,))])[0]
         flops_per_example = first.flops[0] / (rows * first.accumulation)
         states = {id(s): zero_model_states(numel // s.tp, s, world_size)["device"] for s, _ in candidates}
@@ -209,7 +209,7 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
         smallest: Plan | None = None
         for strategy, config in kept[:max_traces]:
             try:
-                estimate = _trace_jobs(model_or_builder, example_batch, [_Job(strategy, world_size, config, (0,))])[0]
+                estimate = trace_jobs(model_or_builder, example_batch, [TraceJob(strategy, world_size, config, (0,))])[0]
             except ValueError:  # a layout the model's plan refuses (tp not dividing its heads)
                 continue
             traced = Plan(strategy, config.micro_batch_size, estimate.accumulation, estimate, step_time(estimate, spec))

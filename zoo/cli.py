@@ -1,4 +1,4 @@
-"""The `zoo` command line: list, info, train and export, plus the verbs the domains register
+"""The `zoo` command line: list, info, train, plan and export, plus the verbs the domains register
 (`zoo.commands`: generate, classify, transcribe, fold). It imports no domain package."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from zoo.commands import commands as domain_commands
 from zoo.logs import LEVELS, configure_logging
 from zoo.model_folder import CARD_FILE
+from zoo.plan_command import PLAN_USAGE, add_plan_arguments, cmd_plan
 from zoo.recipe_options import help_text, options
 from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import list_models, locate, read_config
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --pp: micro batches per pipeline run (--strategy.microbatches)")
     train.add_argument("--stages-per-rank", type=int, default=None,
                        help="with --pp: pipeline stages on each rank (--strategy.stages_per_rank)")
+    add_plan_arguments(commands.add_parser("plan", help="layouts that fit a memory budget, fastest first",
+                                           usage=PLAN_USAGE))
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")
@@ -200,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "train":
             cmd_train(args, rest)
+            return
+        if args.command == "plan":
+            cmd_plan(args, _parse_overrides(rest))
             return
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -79,6 +79,22 @@ class Bert(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
+    @staticmethod
+    def example_batch(config: BertConfig, rows: int) -> dict[str, torch.Tensor]:
+        """A training micro batch of `rows` full-length sequences (max_position_embeddings tokens)
+        of random tokens for the config's head: masked-LM labels on 15% of the positions, or one
+        class per sequence: what `zoo plan` estimates a step with."""
+        length = config.max_position_embeddings
+        ids = torch.randint(1, config.vocab_size, (rows, length))
+        batch = {"input_ids": ids, "attention_mask": torch.ones(rows, length, dtype=torch.long)}
+        if config.head == "mlm":
+            batch["labels"] = torch.where(torch.rand(rows, length) < 0.15, ids, IGNORE_INDEX)
+        elif config.head == "classification":
+            batch["labels"] = torch.randint(0, config.num_labels, (rows,))
+        else:
+            raise ValueError(f"BertConfig.head={config.head!r} has no training loss; a plan needs 'mlm' or 'classification'")
+        return batch
+
     def parallel_plan(self) -> ModelPlan:
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); under sequence parallelism the blocks run on sequence shards, split after

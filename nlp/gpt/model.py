@@ -54,6 +54,13 @@ class GPT(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
+    @staticmethod
+    def example_batch(config: GPTConfig, rows: int) -> dict[str, torch.Tensor]:
+        """A training micro batch of `rows` full-length sequences (input_ids = labels, (rows,
+        block_size)) of random tokens: what `zoo plan` estimates a step with."""
+        ids = torch.randint(0, config.vocab_size, (rows, config.block_size))
+        return {"input_ids": ids, "labels": ids}
+
     def parallel_plan(self) -> ModelPlan:
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); the word embedding, and through the tied weight the output head, split by

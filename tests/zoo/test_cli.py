@@ -146,6 +146,18 @@ def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
     return {"not_image": not_image, "truncated": truncated, "missing": missing}
 
 
+def test_plan_prints_layouts_that_fit_with_their_train_flags():
+    result = zoo_cli("plan", "gpt-shakespeare-char", "--nproc", "2", "--memory", "48MiB", "--micro-batch-size", "4",
+                     "--max-traces", "4", timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows, result.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert 0 < float(cells[1]) <= 48 and "peak MiB" in result.stdout
+        assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
+
+
 def test_bad_inputs_end_in_one_clear_line(tmp_path):
     bad = write_bad_inputs(tmp_path)
     cases = [
@@ -168,6 +180,13 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
          "Strategy.microbatches=3 must divide the micro batches of each step and data-parallel rank"),
         (("train", "gpt_shakespeare", "--nproc", "2", "--sequence-parallel"),
          "Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks and needs Strategy.tp > 1"),
+        (("plan", "gpt", "--nproc", "2", "--memory", "six"),
+         "memory_budget must be a positive number of bytes or a string with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"),
+        (("plan", "gpt", "--nproc", "2", "--memory", "1GiB", "--device", "tpu"),
+         "device must be one of 'h100', 'a100', 'cpu' or a trainers.DeviceSpec; got 'tpu'"),
+        (("plan", "transducer", "--nproc", "2", "--memory", "1GiB"),
+         "architecture 'transducer' has no example_batch(config, rows)"),
+        (("plan", "gpt", "--nproc", "2", "--memory", "1GiB", "--n_layers", "3"), "unknown option --n_layers"),
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
          "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
     ]

@@ -99,6 +99,15 @@ class ViT(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
+    @staticmethod
+    def example_batch(config: ViTConfig, rows: int) -> dict[str, torch.Tensor]:
+        """A training micro batch of `rows` random images of image_size and their classes: what
+        `zoo plan` estimates a step with."""
+        if config.head != "classification":
+            raise ValueError(f"ViTConfig.head={config.head!r} has no training loss; a plan needs 'classification'")
+        return {"pixel_values": torch.randn(rows, config.num_channels, config.image_size, config.image_size),
+                "labels": torch.randint(0, config.num_labels, (rows,))}
+
     def parallel_plan(self) -> ModelPlan:
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`). No sequence parallelism: 1 + (image / patch)^2 positions rarely split. A
