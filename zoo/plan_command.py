@@ -27,7 +27,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch-size", type=int, default=None,
                         help="examples per optimizer step (default: micro batch size x nproc)")
     parser.add_argument("--top", type=int, default=5, help="plans to print")
-    parser.add_argument("--max-traces", type=int, default=8, help="layouts traced at most (each takes seconds for 7B)")
+    parser.add_argument("--max-traces", type=int, default=4,
+                        help="layouts traced at most (about 10 s each for a 7B GPT on 2 cores)")
 
 
 def cmd_plan(args: argparse.Namespace, overrides: dict[str, str]) -> None:
