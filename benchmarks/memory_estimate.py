@@ -3,7 +3,9 @@ sizes and a model written here, at ZeRO 0 and 3 with recompute none and blocks, 
 
     python benchmarks/memory_estimate.py [--out benchmarks/results/memory_estimate.jsonl]
                                          [--families gpt bert vit conformer fold conv_lm]
-                                         [--reuse-measured]
+                                         [--world 2] [--reuse-measured]
+    MEMZOO_DEVICE=cuda python benchmarks/memory_estimate.py --world GPUS   (on GPUs: beside
+                                         torch.cuda.max_memory_allocated instead of RSS)
 
 For each family and size it
 - measures: one torchrun launch (2 gloo ranks) trains every case for 2 steps of 2 micro batches a
@@ -193,7 +195,8 @@ def _measure(family: str, size: str, zero: int, recompute: str, world: int) -> d
     report = trainer.memory_report()[0]
     return {"family": family, "size": size, "zero": zero, "recompute": recompute,
             "measured_peak": report["peak"], "measured_activations": report["activation_peak"],
-            "rss_delta": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before}
+            "rss_delta": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before,
+            "cuda_max_allocated": report.get("cuda_max_allocated")}
 
 
 def _rss() -> int:
@@ -246,10 +249,15 @@ def estimates(families: list[str], world: int) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     mib = 2**20
+    on_gpu = any(r.get("cuda_max_allocated") for r in rows)
+    other = "cuda max allocated MiB" if on_gpu else "RSS growth less baseline MiB (L)"
     lines = ["| model | size | parameters | ZeRO | recompute | estimated peak MiB | measured peak MiB | estimate / measured "
-             "| RSS growth less baseline MiB (L) | estimate / that |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| {other} | estimate / that |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        rss = r["rss_delta"] - r["baseline_rss_delta"] if r.get("rss_delta") else None
+        if on_gpu:
+            rss = r["cuda_max_allocated"]
+        else:
+            rss = r["rss_delta"] - r["baseline_rss_delta"] if r.get("rss_delta") else None
         lines.append(f"| {r['family']} | {r['size']} | {r['parameters'] / 1e6:.2f}M | {r['zero']} | {r['recompute']} | "
                      f"{r['estimated_peak'] / mib:.2f} | {r['measured_peak'] / mib:.2f} | "
                      f"{r['estimated_peak'] / r['measured_peak']:.3f} | "
@@ -264,6 +272,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/memory_estimate.jsonl")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=[*FAMILIES, BASELINE])
+    parser.add_argument("--world", type=int, default=2, help="ranks (GPUs under MEMZOO_DEVICE=cuda)")
     parser.add_argument("--reuse-measured", action="store_true",
                         help="estimate again against the measurements of the last run (OUT.measured.jsonl, OUT.rss.jsonl)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -274,25 +283,26 @@ def main() -> None:
         return
     started = time.time()
     measured_file, rss_file = Path(args.out).with_suffix(".measured.jsonl"), Path(args.out).with_suffix(".rss.jsonl")
-    environment = {"MEMZOO_DEVICE": "cpu"}
+    device = os.environ.get("MEMZOO_DEVICE", "cpu")
+    environment = {"MEMZOO_DEVICE": device}
     if args.reuse_measured:
         measured = [json.loads(line) for line in measured_file.read_text().splitlines()]
         rss = {row["case"]: row["rss_delta"] for row in map(json.loads, rss_file.read_text().splitlines())}
     else:
-        measured = launch_ranks(__file__, [2], str(measured_file), ["--families", *args.families], environment)
+        measured = launch_ranks(__file__, [args.world], str(measured_file), ["--families", *args.families], environment)
         rss = {}
-        for family in [BASELINE, *args.families]:  # a fresh process per case: its own peak resident set
+        for family in [BASELINE, *args.families] if device == "cpu" else []:  # a fresh process per case: its own peak RSS
             for zero, recompute in CASES:
                 case = f"{family}/L/{zero}/{recompute}"
-                rss[case] = launch_ranks(__file__, [2], str(rss_file) + ".tmp", ["--families", family, "--cases", case],
+                rss[case] = launch_ranks(__file__, [args.world], str(rss_file) + ".tmp", ["--families", family, "--cases", case],
                                          {**environment, **RETURN_FREED_BLOCKS})[0]["rss_delta"]
         rss_file.write_text("".join(json.dumps({"case": case, "rss_delta": delta}) + "\n" for case, delta in rss.items()))
     by_case = {(r["family"], r["size"], r["zero"], r["recompute"]): r for r in measured}
     rows = []
-    for estimate in estimates(args.families, 2):
+    for estimate in estimates(args.families, args.world):
         key = (estimate["family"], estimate["size"], estimate["zero"], estimate["recompute"])
         row = {**by_case[key], **estimate}
-        if key[1] == "L":
+        if key[1] == "L" and rss:
             row["rss_delta"] = rss["/".join(map(str, key))]
             row["baseline_rss_delta"] = rss[f"{BASELINE}/L/{key[2]}/{key[3]}"]
         else:
