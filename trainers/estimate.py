@@ -57,8 +57,18 @@ class MemoryEstimate:
 
     @property
     def peak(self) -> int:
-        """The largest peak among the ranks (bytes): what each device must hold."""
+        """The largest peak among the ranks (bytes), device and host memory together."""
         return max(rank.peak for rank in self.ranks)
+
+    @property
+    def device_peak(self) -> int:
+        """The largest share of the compute device (a GPU; on a CPU-only job, all of it) among the
+        ranks, at their peaks (bytes): what each device must hold when state is offloaded."""
+        shares = []
+        for rank in self.ranks:
+            on_device = [stats for device, stats in rank.by_device.items() if not device.startswith("cpu")]
+            shares.append(sum(sum(stats.values()) for stats in on_device or rank.by_device.values()))
+        return max(shares)
 
     def at_peak(self, rank: int = 0) -> dict[str, int]:
         """Bytes per category, all devices together, at the peak of `rank` (its index in `ranks`)."""

@@ -91,8 +91,8 @@ class Plan:
 
     @property
     def peak(self) -> int:
-        """Traced peak bytes per rank."""
-        return self.estimate.peak
+        """Traced peak bytes per rank on the compute device (offloaded state not counted)."""
+        return self.estimate.device_peak
 
     def train_flags(self) -> str:
         """The `zoo train` flags that run this plan (with --nproc world_size)."""

@@ -9,7 +9,10 @@ import torch
 
 from helpers import TINY
 from nlp.gpt import GPT
+from trainers import Strategy
 from trainers.devices import DEVICES, DeviceSpec, device_spec, parse_bytes
+from trainers.estimate import MemoryEstimate
+from trainers.memory import RankMemory
 from trainers.planner import SearchSpace, plan
 
 CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False)
@@ -62,3 +65,14 @@ def test_budgets_and_devices_are_checked():
         device_spec("tpu")
     measured = device_spec("cpu")
     assert measured.fp32_flops > 1e8 and measured.host_bandwidth > 1e7
+
+
+def test_the_budget_holds_the_device_share_of_an_offloaded_peak():
+    at_peak = {"cuda:0": {"parameters": 100, "activations": 300}, "cpu": {"optimizer": 800}}
+    rank = RankMemory(rank=0, parameters=100, gradients=0, optimizer=800, other=0, activation_peak=300, peak=1200,
+                      by_device=at_peak, cuda_max_allocated=None)
+    estimate = MemoryEstimate(Strategy(offload="optimizer"), 1, [rank], [0], [{}], 1, 0.0)
+    assert estimate.peak == 1200 and estimate.device_peak == 400
+    on_cpu = MemoryEstimate(Strategy(), 1, [RankMemory(0, 1, 0, 8, 0, 3, 12, {"cpu": {"optimizer": 8, "activations": 4}},
+                                                       None)], [0], [{}], 1, 0.0)
+    assert on_cpu.device_peak == 12
