@@ -18,7 +18,6 @@ The rest of the model (embedding, structure module, losses) is whole on every ra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,16 +28,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fold_memory import inputs  # noqa: E402
-from measure import launch_ranks  # noqa: E402
+from measure import finish_worker, launch_ranks  # noqa: E402
 from trainers.step_counters import CollectiveLog  # noqa: E402
 
 
 def worker(crops: list[int], rows: int, out: str) -> None:
-    import torch.distributed as dist
-
     from protein.model import FoldingModel
     from recipes.fold_tiny import FoldTinyConfig
-    from trainers.distributed import exit_process, setup_distributed, shutdown_distributed
+    from trainers.distributed import setup_distributed
     from trainers.saved_activations import SavedActivations
     from trainers.tensor_parallel import apply_tensor_parallel
     from trainers.tensor_peak import TensorPeak
@@ -69,11 +66,7 @@ def worker(crops: list[int], rows: int, out: str) -> None:
         model.zero_grad(set_to_none=True)
         rows_out.append({"ranks": world, "crop": crop, "rows": rows, "evoformer_saved": saved.bytes,
                          "step_peak": peak.peak, "traffic": traffic.bytes})
-    if dist.get_rank() == 0:
-        with open(out, "a") as handle:
-            handle.writelines(json.dumps(row) + "\n" for row in rows_out)
-    shutdown_distributed()
-    exit_process(0)
+    finish_worker(out, rows_out)
 
 
 def table(rows: list[dict]) -> str:

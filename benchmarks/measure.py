@@ -53,3 +53,17 @@ def ranks_device() -> str:
     if os.environ.get("MEMZOO_DEVICE") == "cuda":
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, NCCL"
     return f"CPU ({os.cpu_count()} cores), gloo"
+
+
+def finish_worker(out: str, rows: list[dict]) -> None:
+    """End a launched rank: rank 0 appends `rows` to `out` as JSON lines, then every rank leaves
+    the process group and exits (`trainers.distributed.exit_process`: no teardown aborts)."""
+    import torch.distributed as dist
+
+    from trainers.distributed import exit_process, shutdown_distributed
+
+    if dist.get_rank() == 0:
+        with open(out, "a") as sink:
+            sink.writelines(json.dumps(row) + "\n" for row in rows)
+    shutdown_distributed()
+    exit_process(0)

@@ -37,7 +37,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from measure import launch_ranks, ranks_device  # noqa: E402
+from measure import finish_worker, launch_ranks, ranks_device  # noqa: E402
 
 FAMILIES = ("gpt", "bert", "vit", "conformer", "fold", "conv_lm")
 RETURN_FREED_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -208,7 +208,7 @@ def _rss() -> int:
 def worker(out: str, families: list[str], cases: list[str]) -> None:
     import torch.distributed as dist
 
-    from trainers.distributed import exit_process, setup_distributed, shutdown_distributed
+    from trainers.distributed import setup_distributed
 
     setup_distributed()
     world = dist.get_world_size()
@@ -219,12 +219,7 @@ def worker(out: str, families: list[str], cases: list[str]) -> None:
                 if cases and f"{family}/{size}/{zero}/{recompute}" not in cases:
                     continue
                 rows.append(_measure(family, size, zero, recompute, world))
-    if dist.get_rank() == 0:
-        with open(out, "a") as sink:
-            for row in rows:
-                sink.write(json.dumps(row) + "\n")
-    shutdown_distributed()
-    exit_process(0)
+    finish_worker(out, rows)
 
 
 def estimates(families: list[str], world: int) -> list[dict]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from measure import launch_ranks, ranks_device  # noqa: E402
+from measure import finish_worker, launch_ranks, ranks_device  # noqa: E402
 
 SHAPE = dict(vocab_size=4096, block_size=128, n_layer=8, n_head=8, n_embd=128)
 BALANCE_VOCAB = 8192
@@ -147,7 +146,6 @@ def worker(out: str, timelines: str) -> None:
     import torch.distributed as dist
 
     from trainers import Strategy
-    from trainers.distributed import exit_process, shutdown_distributed
     from trainers.pipeline_schedules import analytic_bubble
     from trainers.pipeline_split import stage_costs
 
@@ -186,12 +184,7 @@ def worker(out: str, timelines: str) -> None:
             dist.all_gather_object(every, counts)
             rows.append({"kind": "data_parallel", "schedule": name, "stages_per_rank": stages_per_rank,
                          "per_rank": every})
-    if dist.get_rank() == 0:
-        with open(out, "a") as sink:
-            for row in rows:
-                sink.write(json.dumps(row) + "\n")
-    shutdown_distributed()
-    exit_process(0)
+    finish_worker(out, rows)
 
 
 def tables(rows: list[dict]) -> str:

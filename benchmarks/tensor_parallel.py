@@ -27,7 +27,6 @@ tp alone sbh (10 + 24/t + 5as/(ht)), with sequence parallelism (34 sbh + 5 a s^2
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -37,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from measure import launch_ranks, ranks_device  # noqa: E402
+from measure import finish_worker, launch_ranks, ranks_device  # noqa: E402
 
 SIZES = {
     "gpt-3M": dict(vocab_size=4096, block_size=256, n_layer=4, n_head=8, n_embd=256),
@@ -141,10 +140,6 @@ def model_states(shape: dict, tp: int) -> dict:
 
 
 def worker(out: str) -> None:
-    import torch.distributed as dist
-
-    from trainers.distributed import exit_process, shutdown_distributed
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rows = []
     for size, shape in SIZES.items():
@@ -157,12 +152,7 @@ def worker(out: str) -> None:
                     measured = {}
                 rows.append({"size": size, "world_size": world, "tp": tp, "dp": world // tp,
                              "sequence_parallel": sequence_parallel, **states, **measured})
-    if dist.get_rank() == 0:
-        with open(out, "a") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
-    shutdown_distributed()
-    exit_process(0)
+    finish_worker(out, rows)
 
 
 def tables(rows: list[dict]) -> str:

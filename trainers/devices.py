@@ -3,10 +3,13 @@ reaches, and the bandwidth of its links; and memory sizes written with units ("8
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,6 +38,8 @@ class DeviceSpec:
     overlap: bool
     """Whether data-parallel collectives run beside compute (NCCL on its own stream) rather than
     after it (gloo on the cores that compute)."""
+    latency: float
+    """Seconds a collective call costs besides its bytes."""
 
 
 GIB = 1 << 30
@@ -42,9 +47,10 @@ GIB = 1 << 30
 DEVICES = {
     # H100 SXM: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 (no TF32); NVLink 4 450 GB/s a direction;
     # 400 Gb/s InfiniBand per GPU; PCIe 5 x16.
-    "h100": DeviceSpec("h100", 80 * GIB, 0.5 * 989e12, 0.5 * 67e12, 450e9, 50e9, 55e9, 8, True),
+    # NCCL's small-message latency, about 20 us.
+    "h100": DeviceSpec("h100", 80 * GIB, 0.5 * 989e12, 0.5 * 67e12, 450e9, 50e9, 55e9, 8, True, 20e-6),
     # A100 SXM 80 GB: 312 TFLOP/s dense bf16, 19.5 fp32; NVLink 3 300 GB/s; 200 Gb/s InfiniBand; PCIe 4.
-    "a100": DeviceSpec("a100", 80 * GIB, 0.5 * 312e12, 0.5 * 19.5e12, 300e9, 25e9, 25e9, 8, True),
+    "a100": DeviceSpec("a100", 80 * GIB, 0.5 * 312e12, 0.5 * 19.5e12, 300e9, 25e9, 25e9, 8, True, 25e-6),
 }
 """Presets; "cpu" is measured on this machine when asked for (`device_spec`)."""
 
@@ -65,27 +71,30 @@ def parse_bytes(value: int | str, name: str = "memory_budget") -> int:
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
-def device_spec(device: str | DeviceSpec) -> DeviceSpec:
-    """The preset named `device` ("h100", "a100"), "cpu" measured here, or `device` itself."""
+def device_spec(device: str | DeviceSpec, ranks: int = 2) -> DeviceSpec:
+    """The preset named `device` ("h100", "a100"), "cpu" measured here for a job of `ranks`
+    processes, or `device` itself."""
     if isinstance(device, DeviceSpec):
         return device
     if device == "cpu":
-        return measure_cpu()
+        return measure_cpu(ranks)
     if device not in DEVICES:
         raise ValueError(f"device must be one of {', '.join(map(repr, [*DEVICES, 'cpu']))} or a "
                          f"trainers.DeviceSpec; got {device!r}")
     return DEVICES[device]
 
 
-def measure_cpu(seconds: float = 0.2) -> DeviceSpec:
-    """This machine as a device: matrix-multiply throughput of one thread (ranks run with
-    OMP_NUM_THREADS=1), fp32 and bf16; memory-copy bandwidth; gloo between ranks taken as a quarter
-    of the copy bandwidth (each byte is copied into and out of shared memory by both ends); no
-    overlap."""
+def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
+    """This machine as the device of each of `ranks` CPU processes (OMP_NUM_THREADS=1): one
+    thread's matrix-multiply throughput (fp32 and bf16), shared when there are more ranks than
+    cores; gloo's all-reduce bandwidth and per-call latency between min(ranks, 4) processes started
+    for the measurement; memory-copy bandwidth for offload; no overlap."""
+    cores = os.cpu_count() or 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fp32, bf16 = _matmul_flops(torch.float32, seconds), _matmul_flops(torch.bfloat16, seconds)
+        share = min(1.0, cores / max(ranks, 1))
+        fp32, bf16 = share * _matmul_flops(torch.float32, seconds), share * _matmul_flops(torch.bfloat16, seconds)
     finally:
         torch.set_num_threads(threads)
     source = torch.ones(1 << 24, dtype=torch.uint8)
@@ -95,9 +104,38 @@ def measure_cpu(seconds: float = 0.2) -> DeviceSpec:
         target.copy_(source)
         copies += 1
     copy_bandwidth = copies * source.numel() / (time.perf_counter() - started)
+    bandwidth, latency = gloo_link(min(max(ranks, 2), 4))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec("cpu", memory, bf16, fp32, copy_bandwidth / 4, copy_bandwidth / 4, copy_bandwidth,
-                      os.cpu_count() or 1, False)
+    return DeviceSpec("cpu", memory, bf16, fp32, bandwidth, bandwidth, copy_bandwidth, max(cores, ranks), False, latency)
+
+
+def gloo_link(ranks: int) -> tuple[float, float]:
+    """(bytes per second, seconds per call) of gloo all-reduces among `ranks` processes of this
+    machine: the ring bandwidth of 16 MiB all-reduces, the time of 1-element ones."""
+    with tempfile.TemporaryDirectory() as folder:
+        torch.multiprocessing.start_processes(_time_all_reduce, (ranks, folder), nprocs=ranks, start_method="spawn")
+        return tuple(json.loads(Path(folder, "link.json").read_text()))
+
+
+def _time_all_reduce(rank: int, ranks: int, folder: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(str(Path(folder, "store")), ranks), rank=rank, world_size=ranks)
+    large, small = torch.ones(1 << 22), torch.ones(1)
+    dist.all_reduce(large)
+    started = time.perf_counter()
+    for _ in range(3):
+        dist.all_reduce(large)
+    bandwidth = 3 * 2 * (ranks - 1) / ranks * large.nbytes / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for _ in range(50):
+        dist.all_reduce(small)
+    latency = (time.perf_counter() - started) / 50
+    if rank == 0:
+        Path(folder, "link.json").write_text(json.dumps([bandwidth, latency]))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _matmul_flops(dtype: torch.dtype, seconds: float) -> float:

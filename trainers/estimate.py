@@ -48,8 +48,9 @@ class MemoryEstimate:
     flops: list[int]
     """Per traced rank: the step's floating-point operations (matrix multiplies, convolutions,
     attention; recomputed forwards included; `trainers.step_counters.FlopCount`)."""
-    traffic: list[dict[tuple[str, tuple[int, ...]], int]]
-    """Per traced rank: payload bytes of the step's collectives by (kind, the group's global ranks)."""
+    traffic: list[dict[tuple[str, tuple[int, ...]], tuple[int, int]]]
+    """Per traced rank: (payload bytes, calls) of the step's collectives by (kind, the group's
+    global ranks)."""
     accumulation: int
     """Micro batches per optimizer step on each data-parallel rank."""
     seconds: float
@@ -179,8 +180,8 @@ def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any
 
 
 def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: TraceJob,
-                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], int]]:
-    """(memory, FLOPs, collective bytes) of `rank`'s second training step: its first two micro
+                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], tuple[int, int]]]:
+    """(memory, FLOPs, collective bytes and calls) of `rank`'s second training step: its first two micro
     batches and the optimizer step are traced, the FLOPs and traffic of the micro batches between
     them counted as the first's."""
     # Imported here: the estimating process needs them, the caller's does not.
@@ -218,7 +219,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 for index in range(traced):
                     if index == 1:
                         flops, traffic = counters
-                        first_micro_batch.append((flops.flops, traffic.payloads()))
+                        first_micro_batch.append((flops.flops, traffic.counts()))
                     yield {key: value[: config.micro_batch_size].to(env.device, copy=True)
                            if isinstance(value, torch.Tensor) and value.ndim else value
                            for key, value in example_batch.items()}
@@ -237,10 +238,12 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 probe.after_backward()
                 optimizer.step(config.lr)
                 optimizer.zero_grad()
-            total_flops, total_traffic = flops.flops, traffic.payloads()
+            total_flops, total_traffic = flops.flops, traffic.counts()
             if first_micro_batch:  # the step's middle micro batches repeat its first (no gradient sync under ZeRO 0-1)
                 micro_flops, micro_traffic = first_micro_batch[0]
-                total_flops += (accumulation - traced) * micro_flops
-                for key, nbytes in micro_traffic.items():
-                    total_traffic[key] += (accumulation - traced) * nbytes
+                repeats = accumulation - traced
+                total_flops += repeats * micro_flops
+                for key, (nbytes, calls) in micro_traffic.items():
+                    step_bytes, step_calls = total_traffic[key]
+                    total_traffic[key] = (step_bytes + repeats * nbytes, step_calls + repeats * calls)
             return probe.report(rank), total_flops, total_traffic

@@ -10,9 +10,9 @@ memory, FLOPs and collectives), and keeps those whose traced peak fits. The plan
 by `step_time`, the cost model on the traced numbers:
 
     compute        the step's FLOPs over the device's throughput (recompute's extra forward included)
-    tensor-parallel collectives over the link of their group (within a node or across nodes),
-                   with ring costs: 2(g-1)/g of the payload for an all-reduce, (g-1)/g for an
-                   all-gather or reduce-scatter
+    tensor-parallel collectives over the link of their group (within a node or across nodes):
+                   a latency per call, and ring costs: 2(g-1)/g of the payload for an
+                   all-reduce, (g-1)/g for an all-gather or reduce-scatter
     data-parallel  the same, hidden behind compute where the device overlaps them
     offload        optimizer: gradients to the host and parameters back each step; params: the
                    parameters to the device for forward and backward and gradients back
@@ -118,7 +118,7 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
     Call it from a script's `if __name__ == "__main__":` block: it starts a fresh Python process.
     """
     budget = parse_bytes(memory_budget)
-    spec = device_spec(device)
+    spec = device_spec(device, world_size)
     space = space or SearchSpace()
     rows = batch_rows(example_batch)
     global_batch_size = global_batch_size or rows * world_size
@@ -149,12 +149,12 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
     throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
     compute = estimate.flops[0] / throughput
     tensor_parallel = data_parallel = 0.0
-    for (kind, ranks), nbytes in estimate.traffic[0].items():
+    for (kind, ranks), (nbytes, calls) in estimate.traffic[0].items():
         if len(ranks) <= 1:
             continue
         nodes = {rank // spec.devices_per_node for rank in ranks}
         bandwidth = spec.node_bandwidth if len(nodes) == 1 else spec.network_bandwidth
-        seconds = nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
+        seconds = calls * spec.latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
         if strategy.tp > 1 and len(ranks) == strategy.tp and ranks[-1] - ranks[0] == strategy.tp - 1:
             tensor_parallel += seconds
         else:

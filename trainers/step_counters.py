@@ -32,9 +32,9 @@ class CollectiveLog(TorchDispatchMode):
         self.by_group: dict[tuple[str, tuple[int, ...]], list[int]] = defaultdict(lambda: [0, 0])
         """(kind, the group's global ranks) -> [bytes, calls]."""
 
-    def payloads(self) -> dict[tuple[str, tuple[int, ...]], int]:
-        """Payload bytes by (kind, the group's global ranks), a copy."""
-        return defaultdict(int, {key: nbytes for key, (nbytes, _) in self.by_group.items()})
+    def counts(self) -> dict[tuple[str, tuple[int, ...]], tuple[int, int]]:
+        """(payload bytes, calls) by (kind, the group's global ranks), a copy."""
+        return {key: (nbytes, calls) for key, (nbytes, calls) in self.by_group.items()}
 
     @property
     def bytes(self) -> dict[str, int]:

@@ -15,7 +15,7 @@ from trainers.estimate import MemoryEstimate
 from trainers.memory import RankMemory
 from trainers.planner import SearchSpace, plan
 
-CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False)
+CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False, 1e-4)
 """A fixed CPU-like device, so that the ranking does not depend on this machine's load."""
 SPACE = SearchSpace(zero=(0, 3), offload=("none",), recompute=("none", "blocks"), micro_batch_sizes=(4, 2))
 
@@ -63,8 +63,9 @@ def test_budgets_and_devices_are_checked():
     assert device_spec("h100") is DEVICES["h100"]
     with pytest.raises(ValueError, match="device must be one of 'h100', 'a100', 'cpu' or a trainers.DeviceSpec; got 'tpu'"):
         device_spec("tpu")
-    measured = device_spec("cpu")
+    measured = device_spec("cpu", ranks=4)
     assert measured.fp32_flops > 1e8 and measured.host_bandwidth > 1e7
+    assert measured.node_bandwidth > 1e6 and 0 < measured.latency < 0.1
 
 
 def test_the_budget_holds_the_device_share_of_an_offloaded_peak():
