@@ -39,17 +39,17 @@ class CollectiveLog(TorchDispatchMode):
     @property
     def bytes(self) -> dict[str, int]:
         """Payload bytes by kind, all groups together."""
-        totals: dict[str, int] = defaultdict(int)
-        for (kind, _), (nbytes, _) in self.by_group.items():
-            totals[kind] += nbytes
-        return dict(totals)
+        return self._by_kind(0)
 
     @property
     def calls(self) -> dict[str, int]:
         """Calls by kind, all groups together."""
+        return self._by_kind(1)
+
+    def _by_kind(self, field: int) -> dict[str, int]:
         totals: dict[str, int] = defaultdict(int)
-        for (kind, _), (_, calls) in self.by_group.items():
-            totals[kind] += calls
+        for (kind, _), record in self.by_group.items():
+            totals[kind] += record[field]
         return dict(totals)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
