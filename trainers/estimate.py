@@ -130,6 +130,12 @@ class TraceJob:
     ranks: tuple[int, ...]
     """The ranks to trace."""
 
+    @property
+    def accumulation(self) -> int:
+        """Micro batches per optimizer step on each data-parallel rank."""
+        dp = self.world_size // (self.strategy.tp * self.strategy.pp)
+        return self.config.global_batch_size // (self.config.micro_batch_size * dp)
+
 
 def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> TraceJob:
     if not isinstance(strategy, Strategy):
@@ -166,16 +172,14 @@ def _trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], j
 
 
 def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
-                jobs: list[TraceJob]) -> list[MemoryEstimate]:
+               jobs: list[TraceJob]) -> list[MemoryEstimate]:
     estimates = []
     for job in jobs:
         started = time.perf_counter()
         traces = [_trace_rank(model_or_builder, example_batch, job, rank) for rank in job.ranks]
-        dp = job.world_size // (job.strategy.tp * job.strategy.pp)
         estimates.append(MemoryEstimate(job.strategy, job.world_size, [memory for memory, _, _ in traces],
                                         [flops for _, flops, _ in traces], [traffic for _, _, traffic in traces],
-                                        job.config.global_batch_size // (job.config.micro_batch_size * dp),
-                                        time.perf_counter() - started))
+                                        job.accumulation, time.perf_counter() - started))
     return estimates
 
 
@@ -197,7 +201,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     with fake_process_group(job.world_size, rank):
         env = setup_distributed(strategy.tp, strategy.pp)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, env.dp_size)
-        accumulation = config.global_batch_size // (config.micro_batch_size * env.dp_size)
+        accumulation = job.accumulation
         mode = HostFakeMode()
         with mode:
             if isinstance(model_or_builder, nn.Module):
@@ -223,7 +227,6 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                     yield {key: value[: config.micro_batch_size].to(env.device, copy=True)
                            if isinstance(value, torch.Tensor) and value.ndim else value
                            for key, value in example_batch.items()}
-
 
             # The trainer measures its second step, when the optimizer state exists: made here by
             # one update from zero gradients, which the forward and backward would not change.
