@@ -107,17 +107,19 @@ class Transducer(nn.Module):
         """Each Conformer block is one shard and recompute unit; its two feed-forwards and its
         attention are tensor-parallel regions (fc1 and q, k, v column-, fc2 and out row-parallel). A
         pipeline's first stage holds the feature statistics and the subsampling, its last the
-        decoder, joiner and the pruned loss's linears."""
+        decoder, joiner and the pruned loss's linears. config.samplewise_memory_budget sizes the
+        sample-wise losses' groups; the subsampling convolutions are recomputed with the blocks."""
         blocks = "encoder.blocks.*"
         attn = f"{blocks}.attn.attn"
-        return ModelPlan(blocks=(blocks,),
+        return ModelPlan(blocks=(blocks,), recompute=("encoder.subsampling",),
                          pipeline=PipelineSplit(pre=("encoder.subsampling", "feature_mean", "feature_std"),
                                                 post=("decoder", "joiner", "simple_am", "simple_lm")),
                          colwise=(f"{blocks}.ff1.mlp.fc1", f"{blocks}.ff2.mlp.fc1", f"{attn}.q", f"{attn}.k", f"{attn}.v"),
                          rowwise=(f"{blocks}.ff1.mlp.fc2", f"{blocks}.ff2.mlp.fc2", f"{attn}.out"),
                          regions=(f"{blocks}.ff1.mlp", f"{blocks}.ff2.mlp", attn),
                          heads=tuple((f"{attn}.{name}", self.config.encoder.width // self.config.encoder.heads)
-                                     for name in "qkv"))
+                                     for name in "qkv"),
+                         chunk_memory="samplewise_memory_budget")
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: drives the pruned losses' warm-up."""

@@ -19,7 +19,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from torch import nn
 
 from trainers.config import TrainConfig
 from trainers.memory import RankMemory, StepMemoryProbe
+from trainers.recompute import Keep, OpCost
 from trainers.strategy import Strategy
 
 ModelOrBuilder = nn.Module | Callable[[], nn.Module]
@@ -55,6 +56,9 @@ class MemoryEstimate:
     """Micro batches per optimizer step on each data-parallel rank."""
     seconds: float
     """Wall time of tracing this layout (the estimating process's start not included)."""
+    block_ops: dict[str, list[OpCost]] = field(default_factory=dict)
+    """For a job traced with `TraceJob.profile`: per block, the costs of the operator calls that
+    recompute could skip (`trainers.recompute.OpCost`), of traced rank 0."""
 
     @property
     def peak(self) -> int:
@@ -129,6 +133,15 @@ class TraceJob:
     config: TrainConfig
     ranks: tuple[int, ...]
     """The ranks to trace."""
+    keep: Keep | Mapping[str, Keep] | None = None
+    """What each block keeps for backward (`trainers.recompute.Keep`; one for every block, or one
+    per block name); None: as strategy.recompute says."""
+    chunk_bytes: int | None = None
+    """Bytes one chunk of the chunked operations may take (`trainers.budget.set_chunk_bytes`);
+    None: as built."""
+    profile: bool = False
+    """Record the costs of the operators each block that keeps only its inputs reruns
+    (`MemoryEstimate.block_ops`)."""
 
     @property
     def accumulation(self) -> int:
@@ -173,27 +186,32 @@ def _trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], j
 
 def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
                jobs: list[TraceJob]) -> list[MemoryEstimate]:
+    """`MemoryEstimate` of each job, traced in this process (which must not be in a process group)."""
     estimates = []
     for job in jobs:
         started = time.perf_counter()
         traces = [_trace_rank(model_or_builder, example_batch, job, rank) for rank in job.ranks]
-        estimates.append(MemoryEstimate(job.strategy, job.world_size, [memory for memory, _, _ in traces],
-                                        [flops for _, flops, _ in traces], [traffic for _, _, traffic in traces],
-                                        job.accumulation, time.perf_counter() - started))
+        estimates.append(MemoryEstimate(job.strategy, job.world_size, [trace[0] for trace in traces],
+                                        [trace[1] for trace in traces], [trace[2] for trace in traces],
+                                        job.accumulation, time.perf_counter() - started, traces[0][3]))
     return estimates
 
 
 def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: TraceJob,
-                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], tuple[int, int]]]:
-    """(memory, FLOPs, collective bytes and calls) of `rank`'s second training step: its first two micro
-    batches and the optimizer step are traced, the FLOPs and traffic of the micro batches between
-    them counted as the first's."""
+                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], tuple[int, int]],
+                                    dict[str, list[OpCost]]]:
+    """(memory, FLOPs, collective bytes and calls, block operator costs) of `rank`'s second training
+    step: its first two micro batches and the optimizer step are traced, the FLOPs and traffic of
+    the micro batches between them counted as the first's."""
     # Imported here: the estimating process needs them, the caller's does not.
     from trainers.data import check_batch_sizes
+    from trainers.budget import set_chunk_bytes
     from trainers.distributed import setup_distributed
     from trainers.fake_trace import HostFakeMode, fake_copy, fake_process_group
     from trainers.optim import TrainOptimizer
     from trainers.parallelize import parallelize
+    from trainers.recompute import RecomputePolicy
+    from zoo.plan import model_plan
     from trainers.step_counters import CollectiveLog, FlopCount
     from trainers.trainer import accumulate_gradients
 
@@ -209,7 +227,13 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             else:
                 model = model_or_builder()
             model_class = type(model).__name__
-            model, _ = parallelize(model, strategy, env)
+            set_chunk_bytes(model, job.chunk_bytes)
+            policy = None
+            if job.keep is not None or job.profile:
+                blocks = model_plan(model).recompute_names(model)
+                keep = job.keep if isinstance(job.keep, Mapping) else dict.fromkeys(blocks, job.keep or "inputs")
+                policy = RecomputePolicy(keep, profile=job.profile)
+            model, _ = parallelize(model, strategy, env, recompute=policy)
             optimizer = TrainOptimizer(model, config, shard_state=strategy.zero == 1,
                                        offload=strategy.offload == "optimizer", group=env.mesh["dp"].get_group())
             # The pattern of a step repeats from its second micro batch (gradients already held).
@@ -249,4 +273,4 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 for key, (nbytes, calls) in micro_traffic.items():
                     step_bytes, step_calls = total_traffic[key]
                     total_traffic[key] = (step_bytes + repeats * nbytes, step_calls + repeats * calls)
-            return probe.report(rank), total_flops, total_traffic
+            return probe.report(rank), total_flops, total_traffic, {} if policy is None else policy.profiles

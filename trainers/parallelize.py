@@ -22,45 +22,17 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from trainers.distributed import DistEnv
 from trainers.pipeline_parallel import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
 from trainers.pipeline_stage import StageModule
+from trainers.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.strategy import Strategy
 from trainers.tensor_parallel import apply_tensor_parallel, check_plan
-from zoo.plan import model_plan
+from zoo.plan import model_plan, resolve
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# Outputs worth keeping under selective recompute: the matrix multiplies and attention kernels.
-# Everything else (norms, activations, dropout, adds) is recomputed in backward.
-_SAVED_UNDER_SELECTIVE = {
-    torch.ops.aten.mm.default,
-    torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default,
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
-
-
-def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _SAVED_UNDER_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def apply_recompute(model: nn.Module, block_names: list[str], mode: str) -> None:
-    """Wrap each named block in non-reentrant `torch.utils.checkpoint` ("blocks") or in selective
-    checkpointing that keeps matmul/attention outputs ("selective"). State-dict keys are unchanged."""
-    kwargs = {"context_fn": partial(create_selective_checkpoint_contexts, _selective_policy)} if mode == "selective" else {}
-    for name in block_names:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, checkpoint_wrapper(getattr(parent, child), preserve_rng_state=True, **kwargs))
-
 
 @dataclass
 class PipelineParts:
@@ -73,11 +45,12 @@ class PipelineParts:
 
 
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
-                microbatches: int = 1) -> tuple[nn.Module, PipelineParts | None]:
+                microbatches: int = 1, recompute: RecomputePolicy | None = None) -> tuple[nn.Module, PipelineParts | None]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
     rank's stages) and, when strategy.pp > 1, its `PipelineParts`. The pipeline split balances
     the stages' costs on `example_batch` (one micro batch; None balances parameter counts), with
-    `microbatches` per optimizer step spreading the optimizer's cost.
+    `microbatches` per optimizer step spreading the optimizer's cost. `recompute`, when given,
+    decides what each block keeps instead of strategy.recompute (a memory budget's per-operator choice).
 
     A model built on the meta device is materialised after sharding, each rank allocating only its
     shard, then initialised by its `init_weights()` method."""
@@ -99,13 +72,19 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
             f"model {type(model).__name__} was built on the meta device but has no init_weights() "
             "method to materialise its parameters after sharding"
         )
-    if strategy.recompute != "none":
+    units = block_names + resolve(model, plan.recompute, "recompute")
+    if recompute is None and strategy.recompute != "none":
         if not block_names:
             raise ValueError(
                 f"Strategy.recompute={strategy.recompute!r} needs blocks to recompute, but "
                 f"{type(model).__name__} declares none (define parallel_plan() returning zoo.plan.ModelPlan)"
             )
-        apply_recompute(model, block_names, strategy.recompute)
+        recompute = RecomputePolicy(uniform_keep(units, strategy.recompute))
+    if recompute is not None:
+        missing = sorted(set(units) - set(recompute.keep))
+        if missing:
+            raise ValueError(f"the recompute policy names no choice for recompute units {missing[:3]}")
+        apply_recompute(model, recompute, units)
 
     common = dict(
         mesh=env.mesh["dp"],

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from trainers.devices import parse_bytes
+
 ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -88,7 +90,19 @@ class Strategy:
     pp * stages_per_rank stages, stage s placed on pipeline rank s % pp. Needs a schedule of
     `MULTI_STAGE_SCHEDULES` when > 1."""
 
+    memory_budget: int | str | None = None
+    """Bytes each rank's training step may hold at its peak: an int, or a string with a unit
+    ("6GiB", "512 MiB"), kept as an int. The trainer then plans for its own model, world and batch
+    (`trainers.budget`) and applies the cheapest way to stay under it: smaller chunks of the
+    chunked operations, which operator outputs each block keeps for backward (the rest is
+    recomputed), and, when that is not enough, a higher ZeRO stage (several data-parallel ranks)
+    or offload (on a GPU). `recompute` is then chosen by the budget; `zero` and `offload` are
+    where the search starts; the other fields stay. The first steps are measured, and a step
+    that went over tightens the choice. None: no budget."""
+
     def __post_init__(self) -> None:
+        if self.memory_budget is not None:
+            self.memory_budget = parse_bytes(self.memory_budget, "Strategy.memory_budget")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:

@@ -9,7 +9,7 @@ import resource
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from trainers.budget import BudgetPlan, fit_budget, set_chunk_bytes, tighten
 from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
                                  resume_candidates, save_checkpoint)
 from trainers.config import TrainConfig
@@ -25,7 +26,7 @@ from trainers.continuation import REFUSED, REPORTED, changed_settings, check_con
 from trainers.data import MicroBatch, StepSampler, check_batch_sizes, pipeline_microbatches
 from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
-from trainers.memory import StepMemoryProbe, gather_reports
+from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
 from trainers.gradients import scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
@@ -34,6 +35,7 @@ from trainers.pipeline_comm import PipelineLink
 from trainers.pipeline_runtime import GeneratorState, Pipeline
 from trainers.pipeline_schedules import check_schedule, schedule_orders
 from trainers.pipeline_sharding import StageSharding
+from trainers.recompute import RecomputePolicy
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
@@ -43,6 +45,9 @@ log = logging.getLogger("trainers")
 MEMORY_PROBE_STEP = 1
 """Which step of a `fit` is measured for `memory_report()`: the second it runs (0-based 1), when
 optimizer state already exists; the first when it runs only one."""
+BUDGET_STEPS_HELD = 2
+"""Under a memory budget, steps are measured until this many have stayed within it (the first,
+and the second, when optimizer state exists)."""
 
 
 def micro_batch_seed(seed: int, step: int, index: int) -> int:
@@ -99,7 +104,8 @@ class Trainer:
     def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None,
                  example_batch: Batch | None = None) -> None:
         """example_batch: one micro batch, from which a pipeline split (strategy.pp > 1) estimates
-        each block's cost; without it the stages balance parameter counts."""
+        each block's cost (without it the stages balance parameter counts) and a memory budget
+        (strategy.memory_budget) plans; give the largest when batches differ in size."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
         if not isinstance(config, TrainConfig):
@@ -119,7 +125,15 @@ class Trainer:
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
-        self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches)
+        self.budget_plan: BudgetPlan | None = None
+        """Under a memory budget, what the trainer chose to hold it (`trainers.budget`)."""
+        self.recompute: RecomputePolicy | None = None
+        self._budget_steps_held = 0
+        if strategy.memory_budget is not None:
+            strategy = self._plan_budget(model, strategy, example_batch)
+            self.strategy = strategy
+        self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
+                                                      self.recompute)
         self.pipeline = None
         if self.pipeline_parts is not None:
             layout = self.pipeline_parts.layout
@@ -316,6 +330,53 @@ class Trainer:
         """This rank's pipeline group when the model is pipelined."""
         return None if self.pipeline is None else self.env.mesh["pp"].get_group()
 
+    # ---------------------------------------------------------------- memory budget
+    def _plan_budget(self, model: nn.Module, strategy: Strategy, example_batch: Batch | None) -> Strategy:
+        """Plan for strategy.memory_budget on rank 0 and apply the plan on every rank: the
+        strategy to parallelise with (returned), the recompute policy, the chunk sizes."""
+        if example_batch is None:
+            raise ValueError("Strategy.memory_budget needs Trainer(example_batch=...): one micro batch (the largest) "
+                             "to plan the step's memory with; got None")
+        if strategy.pp > 1:
+            raise NotImplementedError("Strategy.memory_budget with Strategy.pp > 1: the estimator does not trace "
+                                      "pipelines yet")
+        outcome: list[Any] = [None]
+        if self.env.rank == 0:
+            try:
+                outcome[0] = fit_budget(model, example_batch, strategy, self.env.world_size, self.config,
+                                        self.env.device)
+            except Exception as error:  # every rank raises it, rather than waiting for rank 0
+                outcome[0] = error
+        dist.broadcast_object_list(outcome, src=0)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        plan = self.budget_plan = outcome[0]
+        if self.env.is_main:
+            log.info("memory budget %s per rank: %s. Candidates traced: %s", f"{strategy.memory_budget / 2**20:,.1f} MiB",
+                     plan.describe(), "; ".join(plan.tried))
+        set_chunk_bytes(model, plan.chunk_bytes)
+        self.recompute = RecomputePolicy(plan.keep)
+        return replace(plan.strategy, memory_budget=strategy.memory_budget)
+
+    def _hold_budget(self, report: RankMemory) -> int:
+        """After a measured step: when the largest peak over the ranks (returned) went over the
+        budget, tighten what the blocks keep or the chunks for the next steps (the same on every rank)."""
+        measured = report.cuda_max_allocated if report.cuda_max_allocated is not None else report.peak
+        peak = torch.tensor(float(measured), device=self.env.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        peak, budget = int(peak.item()), self.strategy.memory_budget
+        if peak <= budget:
+            self._budget_steps_held += 1
+            if self.env.is_main:
+                log.info("step %d held %s of the %s memory budget", self.step + 1, f"{peak / 2**20:,.1f} MiB",
+                         f"{budget / 2**20:,.1f} MiB")
+            return peak
+        change = tighten(self.budget_plan, self.recompute, self.model, peak)
+        if self.env.is_main:
+            log.warning("step %d peaked at %s, over the %s memory budget: %s", self.step + 1,
+                        f"{peak / 2**20:,.1f} MiB", f"{budget / 2**20:,.1f} MiB", change)
+        return peak
+
     # ---------------------------------------------------------------- one step
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         if self.pipeline is not None:
@@ -339,13 +400,19 @@ class Trainer:
             follow_step(self.step)
         probe = None
         last = self.step == config.max_steps - 1
-        if self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last):
+        measure = self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last)
+        hold = self.budget_plan is not None and self._budget_steps_held < BUDGET_STEPS_HELD
+        if measure or hold:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
         with probe or nullcontext():
             record = self._forward_backward_step(batches, accumulation, probe)
         if probe is not None:
-            self._memory = gather_reports(probe.report(env.rank))
+            report = probe.report(env.rank)
+            if measure:
+                self._memory = gather_reports(report)
+            if hold:  # the largest over the ranks, in the step's record
+                record["measured_peak_bytes"] = self._hold_budget(report)
         self._steps_run += 1
         return record
 

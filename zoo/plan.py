@@ -71,6 +71,9 @@ class ModelPlan:
     blocks: tuple[str, ...] = ()
     """The repeated blocks: each is one FSDP unit (its parameters gathered together) and one
     recompute unit."""
+    recompute: tuple[str, ...] = ()
+    """Further recompute units outside the blocks, whose activations are worth recomputing too (a
+    convolutional front end): recomputed whenever the blocks are."""
 
     colwise: tuple[str, ...] = ()
     """`nn.Linear`s split by output features under tensor parallelism (attention q, k, v, the
@@ -110,12 +113,22 @@ class ModelPlan:
     pipeline: PipelineSplit | None = None
     """Where the model cuts into pipeline stages; None: it cannot run under pipeline parallelism."""
 
+    chunk_memory: str | None = None
+    """The field of the model's `config` holding the bytes one chunk of the model's own chunked
+    operations may take at their largest intermediate (the Evoformer's attention and outer
+    products, a sample-wise loss's joiner groups), read at each forward: a trainer holding a memory
+    budget sets it. The fused layers of `zoo.nn` follow `zoo.nn.chunk_memory` instead."""
+
     def block_names(self, model: nn.Module) -> list[str]:
         """Names of the modules of `model` matched by `blocks`, in `named_modules()` order.
 
         Raises ValueError when a pattern matches nothing, so a renamed module cannot silently
         turn per-block sharding off."""
         return resolve(model, self.blocks, "blocks")
+
+    def recompute_names(self, model: nn.Module) -> list[str]:
+        """Names of the recompute units of `model`: the blocks, then the modules of `recompute`."""
+        return self.block_names(model) + resolve(model, self.recompute, "recompute")
 
     @property
     def tensor_parallel(self) -> bool:
@@ -128,7 +141,7 @@ class ModelPlan:
         names = [name for name, _ in model.named_modules() if name]
         present = lambda pattern: any(_matches(name, pattern) for name in names)  # noqa: E731
         fields = {f.name: tuple(p for p in getattr(self, f.name) if present(p)) for f in fields_of(self)
-                  if f.name not in ("heads", "pipeline")}
+                  if f.name not in ("heads", "pipeline", "chunk_memory")}
         return replace(self, **fields, heads=tuple(h for h in self.heads if present(h[0])))
 
     def names(self, model: nn.Module, field: str) -> list[str]:

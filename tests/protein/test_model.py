@@ -12,7 +12,7 @@ from protein.data import CropConfig, FoldingExamples, collate_folding, load_chai
 from protein.evoformer import EvoformerConfig
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
-from trainers.parallelize import apply_recompute
+from trainers.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.saved_activations import SavedActivations
 
 TINY = FoldConfig(evoformer=EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
@@ -61,7 +61,7 @@ def test_only_the_last_recycle_keeps_activations(batch):
 def test_recompute_is_bit_identical_in_float32(batch):
     plain = model(seed=2).train()
     recomputed = copy.deepcopy(plain)
-    apply_recompute(recomputed, recomputed.parallel_plan().block_names(recomputed), "blocks")
+    apply_recompute(recomputed, RecomputePolicy(uniform_keep(recomputed.parallel_plan().block_names(recomputed), "blocks")))
     results = []
     for folding in (plain, recomputed):
         torch.manual_seed(3)

@@ -18,16 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zoo.nn.dropout import SEED_BOUND, check_probability, draw_seed, keep_mask
+from zoo.nn.chunk_memory import rows_per_chunk
+from zoo.nn.dropout import check_probability, draw_seed, keep_mask
 from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.rotary import apply_rotary
 
-SCORE_CHUNK_ELEMENTS = 1 << 23
-"""Score elements per query chunk in `_ChunkedAttention` (32 MiB in float32)."""
-
-
-def _chunk_seed(seed: int, chunk: int) -> int:
-    return (seed + 1_000_003 * chunk) % SEED_BOUND
+def _rows_keep(shape: torch.Size, p: float, seed: int, start: int, device: torch.device) -> torch.Tensor:
+    """The dropout scale (keep / (1 - p)) of query rows start .. start + shape[2] of the (B, H, Sq,
+    Sk) probabilities: rows of one mask laid out (Sq, B, H, Sk), so the same whatever the chunks."""
+    b, h, rows, keys = shape
+    keep = keep_mask((rows, b, h, keys), p, seed, device, offset=start * b * h * keys).permute(1, 2, 0, 3)
+    return keep * (1.0 / (1.0 - p))
 
 
 def _chunk_scores(q_chunk, k, start, scale, bias, causal, sq):
@@ -55,12 +56,12 @@ class _ChunkedAttention(torch.autograd.Function):
         seed = draw_seed(p)
         acc = lse.dtype
         ke_acc = ke.to(acc)
-        for index, start in enumerate(range(0, q.shape[2], chunk)):
+        for start in range(0, q.shape[2], chunk):
             scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal, q.shape[2])
             chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
             probs = scores.sub_(chunk_lse[..., None]).exp_()
             if p:
-                probs *= keep_mask(probs.shape, p, _chunk_seed(seed, index), q.device) * (1.0 / (1.0 - p))
+                probs *= _rows_keep(probs.shape, p, seed, start, q.device)
             lse[:, :, start : start + chunk] = chunk_lse
             out[:, :, start : start + chunk] = probs.to(v.dtype) @ ve
         ctx.save_for_backward(q, k, v, bias, out, lse)
@@ -80,7 +81,7 @@ class _ChunkedAttention(torch.autograd.Function):
         grad_k = torch.zeros(ke.shape, dtype=acc, device=q.device)
         grad_v = torch.zeros(ve.shape, dtype=acc, device=q.device)
         ke_acc = ke.to(acc)
-        for index, start in enumerate(range(0, q.shape[2], chunk)):
+        for start in range(0, q.shape[2], chunk):
             rows = slice(start, start + chunk)
             q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
             probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal, q.shape[2])
@@ -88,7 +89,7 @@ class _ChunkedAttention(torch.autograd.Function):
             grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
             dropped = probs
             if p:
-                keep = keep_mask(probs.shape, p, _chunk_seed(seed, index), q.device) * (1.0 / (1.0 - p))
+                keep = _rows_keep(probs.shape, p, seed, start, q.device)
                 dropped = probs * keep
                 grad_probs *= keep
             grad_v += dropped.transpose(-1, -2) @ g_chunk.to(acc)
@@ -140,7 +141,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if key_padding_mask is not None:
             bias = torch.zeros(key_padding_mask.shape, dtype=torch.float32, device=q.device)
             bias = bias.masked_fill_(~key_padding_mask, float("-inf"))[:, None, None, :]
-        chunk = max(1, SCORE_CHUNK_ELEMENTS // (q.shape[0] * q.shape[1] * k.shape[2]))
+        chunk = rows_per_chunk(4 * q.shape[0] * q.shape[1] * k.shape[2])  # float32 scores of one query row
         return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
     mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
     if causal and (mask is not None or q.shape[2] != k.shape[2]):  # else SDPA's is_causal serves

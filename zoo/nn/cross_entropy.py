@@ -16,13 +16,12 @@ from typing import Literal
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
+from zoo.nn.chunk_memory import rows_per_chunk
 from zoo.nn.backend import Backend, resolve_backend
 from zoo.nn.loss_gradients import GradientsFromForward
 from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy, vocab_first_row
 
 Reduction = Literal["mean", "sum"]
-DEFAULT_CHUNK_ELEMENTS = 1 << 23
-"""Logit elements per chunk (32 MiB in float32) when `chunk_size` is not given."""
 
 IGNORE_INDEX = -100
 """Label of a position without a target (Hugging Face's and torch's convention)."""
@@ -115,7 +114,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     `ignore_index` for positions without a target. Logits are reduced in float32.
     reduction "mean" divides by the number of labelled tokens (as `F.cross_entropy`), "sum" does not.
     label_smoothing eps mixes the one-hot target with the uniform distribution, as in PyTorch.
-    chunk_size: tokens per chunk (default: about 8 M logit elements per chunk).
+    chunk_size: tokens per chunk (default: the float32 logits of a chunk fit
+        `zoo.nn.chunk_memory.chunk_bytes()`, 32 MiB unless set).
     backend: the chunk's loss and logit gradient by a Triton kernel or PyTorch (`zoo.nn.backend`).
     Returns the scalar float32 loss; its backward yields gradients for hidden, weight and bias.
 
@@ -127,7 +127,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         return _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing, reduction, chunk_size)
     _check(hidden, weight, labels, bias, reduction, label_smoothing)
     if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight.shape[0])
+        chunk_size = rows_per_chunk(4 * weight.shape[0])  # float32 logits of one token
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size,
@@ -143,7 +143,7 @@ def _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing,
     weight_local, bias_local = weight.to_local(), None if bias is None else bias.to_local()
     _check(hidden, weight_local, labels, bias_local, reduction, label_smoothing)
     if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // weight_local.shape[0])
+        chunk_size = rows_per_chunk(4 * weight_local.shape[0])  # float32 logits of one token
     mesh, vocab = weight.device_mesh, weight.shape[0]
     first = vocab_first_row(vocab, mesh.size(), mesh.get_local_rank())
     return VocabParallelLinearCrossEntropy.apply(hidden, weight_local, bias_local, labels, first, vocab, ignore_index,

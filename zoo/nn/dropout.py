@@ -45,9 +45,10 @@ _MIX = ((30, _signed(0xBF58476D1CE4E5B9)), (27, _signed(0x94D049BB133111EB)), (3
 """SplitMix64 (Steele et al., 2014): state step, then (shift, multiplier) of each finalizer round."""
 
 
-def random_words(count: int, seed: int, device: torch.device) -> torch.Tensor:
-    """(count,) int64 of uniformly random bits: SplitMix64 of element offsets 1..count under `seed`."""
-    z = torch.arange(1, count + 1, dtype=torch.int64, device=device).mul_(_GOLDEN_GAMMA).add_(seed)
+def random_words(count: int, seed: int, device: torch.device, first: int = 0) -> torch.Tensor:
+    """(count,) int64 of uniformly random bits: SplitMix64 of element offsets first + 1 ..
+    first + count under `seed`."""
+    z = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device).mul_(_GOLDEN_GAMMA).add_(seed)
     shifted = torch.empty_like(z)
     for shift, multiplier in _MIX:  # z ^= z >>> shift (logical: arithmetic shift, sign bits masked off)
         torch.bitwise_right_shift(z, shift, out=shifted)
@@ -57,11 +58,15 @@ def random_words(count: int, seed: int, device: torch.device) -> torch.Tensor:
     return z
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: torch.device) -> torch.Tensor:
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: torch.device,
+              offset: int = 0) -> torch.Tensor:
     """The PyTorch path's mask: a bool tensor of `shape`, True (kept) with probability 1 - p
-    (p rounded to a multiple of 2^-16), the same for the same (seed, shape, device)."""
+    (p rounded to a multiple of 2^-16), the same for the same (seed, shape, device). `offset`
+    makes it elements offset .. offset + numel of the mask of a larger flat shape, so that a
+    mask made in pieces equals the whole one."""
     count = math.prod(shape)
-    uniforms = random_words(-(-count // 4), seed, device).view(torch.int16)[:count]
+    first, skip = divmod(offset, 4)
+    uniforms = random_words(-(-(count + skip) // 4), seed, device, first).view(torch.int16)[skip : skip + count]
     return (uniforms >= round(p * 2**16) - 2**15).view(shape)
 
 

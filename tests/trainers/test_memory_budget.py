@@ -1,0 +1,148 @@
+"""Training under `Strategy(memory_budget=)`: a quarter of the unconstrained peak, the same losses;
+the per-operator recompute it rests on; its errors."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+import torch
+
+from helpers import lm_examples, relative_error, tiny_gpt
+from trainers import Strategy, TrainConfig, Trainer
+from trainers.budget import MemoryBudgetError
+from trainers.data import first_micro_batch
+from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
+
+
+def gpt_case():
+    from nlp.data import TokenBlocks
+    from nlp.gpt import GPT, GPTConfig
+    from nlp.tokenizers import CharTokenizer
+    from zoo.corpora import shakespeare_text
+
+    text = shakespeare_text()[:20_000]
+    tokenizer = CharTokenizer("".join(sorted(set(text))))
+    data = TokenBlocks(torch.tensor(tokenizer.encode(text)), 128)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layer=16, n_head=4, n_embd=32, dropout=0.1)
+    return (lambda: GPT(config)), data, None, 32
+
+
+def conformer_case():
+    from asr.data import SpeechExamples, collate_speech, recorded_speech
+    from asr.model import Transducer, TransducerConfig
+    from asr.text import TranscriptTokenizer
+
+    tokenizer = TranscriptTokenizer("char")
+    data = list(SpeechExamples(recorded_speech(), tokenizer))[:6]  # every step holds the same 6 recordings
+    config = TransducerConfig.sized("tiny", vocab_size=tokenizer.vocab_size, encoder_layers=10, encoder_width=64,
+                                    decoder_dim=64, joiner_dim=64, loss="samplewise", spec_augment=None)
+    return (lambda: Transducer(config)), data, collate_speech, len(data)
+
+
+def fold_case():
+    from protein.data import CropConfig, FoldingExamples, collate_folding, load_chains
+    from protein.evoformer import EvoformerConfig
+    from protein.model import FoldConfig, FoldingModel
+
+    chains = [chain for chain in load_chains("train") if len(chain.sequence) >= 48][:4]
+    data = FoldingExamples(chains, CropConfig(crop_size=48, msa_rows=8, withhold_profile=0.0))
+    config = FoldConfig(evoformer=EvoformerConfig(blocks=8), max_recycles=0)
+    return (lambda: FoldingModel(config)), data, collate_folding, 1
+
+
+def train(case, budget, tmp_path):
+    build, data, collate, rows = case
+    config = TrainConfig(global_batch_size=rows, micro_batch_size=rows, max_steps=2, lr=1e-3, warmup_steps=1,
+                         log_every=1, progress=False, output_dir=str(tmp_path / f"run-{budget}"))
+    torch.manual_seed(0)
+    trainer = Trainer(build(), config, Strategy(memory_budget=budget), example_batch=first_micro_batch(data, rows, collate))
+    history = trainer.fit(data, collate_fn=collate)
+    return trainer, history
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [gpt_case, conformer_case, fold_case], ids=["gpt", "conformer", "fold"])
+def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplog):
+    built = case()
+    free, free_history = train(built, None, tmp_path)
+    budget = free.memory_report()[0]["peak"] // 4
+    with caplog.at_level(logging.INFO, logger="trainers"):
+        held, history = train(built, budget, tmp_path)
+    peaks = [record["measured_peak_bytes"] for record in history]
+    assert len(peaks) == 2 and max(peaks) <= budget, (peaks, budget, held.budget_plan.describe())
+    assert held.budget_plan.peak <= budget
+    assert any(keep != "all" for keep in held.budget_plan.keep.values())  # it had to recompute
+    for record, reference in zip(history, free_history, strict=True):
+        assert abs(record["loss"] - reference["loss"]) <= 1e-6 * abs(reference["loss"]), (record, reference)
+    assert "memory budget" in caplog.text and "estimated peak" in caplog.text
+
+
+def test_a_budget_below_the_floor_names_the_smallest_peak_and_a_world_that_fits(tmp_path):
+    examples = lm_examples(8)
+    config = TrainConfig(global_batch_size=4, micro_batch_size=4, max_steps=1, progress=False,
+                         output_dir=str(tmp_path / "run"))
+    with pytest.raises(MemoryBudgetError, match=r"memory_budget=0\.1 MiB per rank is below .* the smallest peak found is "
+                                                r"[0-9.]+ MiB .* model states; .*(ranks|micro batch)"):
+        Trainer(tiny_gpt(), config, Strategy(memory_budget=100_000), example_batch=first_micro_batch(examples, 4))
+    with pytest.raises(ValueError, match="memory_budget needs Trainer\\(example_batch=...\\)"):
+        Trainer(tiny_gpt(), config, Strategy(memory_budget="1GiB"))
+    with pytest.raises(ValueError, match="accepted|KiB, MiB, GiB"):
+        Strategy(memory_budget="6 parsecs")
+    assert Strategy(memory_budget="1.5 KiB").memory_budget == 1536
+
+
+def test_keeping_chosen_operators_gives_the_plain_gradients():
+    model = tiny_gpt(dropout=0.1)
+    batch = {key: torch.stack([e[key] for e in lm_examples(4)]) for key in ("input_ids", "labels")}
+
+    def gradients(module):
+        torch.manual_seed(3)
+        module.zero_grad()
+        module(**batch)["loss"].backward()
+        return [p.grad.clone() for p in module.parameters()]
+
+    plain = gradients(model)
+    names = model.parallel_plan().recompute_names(model)
+    policy = RecomputePolicy(uniform_keep(names, "blocks"), profile=True)
+    apply_recompute(model, policy)
+    assert all(torch.equal(a, b) for a, b in zip(gradients(model), plain, strict=True))
+    costs = policy.profiles[names[0]]
+    assert costs and all(cost.flops > 0 and cost.bytes > 0 for cost in costs)
+    half = choose_saved_ops(policy.profiles, sum(cost.bytes for cost in costs))
+    assert 0 < sum(map(len, half.values())) < sum(len(c) for c in policy.profiles.values())
+    for keep in (half, dict.fromkeys(names, "all"), dict.fromkeys(names, "matmuls")):
+        policy.keep.update(keep)  # changed between steps, without rebuilding the model
+        assert all(torch.equal(a, b) for a, b in zip(gradients(model), plain, strict=True))
+
+
+def test_the_knapsack_keeps_the_most_flops_within_the_bytes():
+    generator = torch.Generator().manual_seed(0)
+    sizes = torch.randint(1, 50, (2, 6), generator=generator).tolist()
+    flops = torch.randint(1, 100, (2, 6), generator=generator).tolist()
+    profiles = {f"b{b}": [OpCost(("aten.mm.default", i), sizes[b][i] * 1000, flops[b][i]) for i in range(6)]
+                for b in range(2)}
+    items = [(block, cost) for block, costs in profiles.items() for cost in costs]
+    for capacity in (0, 20_000, 77_000, 150_000, 10**6):
+        chosen = choose_saved_ops(profiles, capacity)
+        kept = [cost for block, cost in items if cost.key in chosen[block]]
+        assert sum(cost.bytes for cost in kept) <= capacity
+        best = max(sum(c.flops for _, c in subset) for r in range(len(items) + 1)
+                   for subset in itertools.combinations(items, r) if sum(c.bytes for _, c in subset) <= capacity)
+        assert sum(cost.flops for cost in kept) == best, capacity
+
+
+def test_the_dropout_mask_of_chunked_attention_does_not_depend_on_the_chunks():
+    from zoo.nn import chunk_memory
+    from zoo.nn.attention import attention
+
+    q, k, v = (torch.randn(2, 3, 40, 8, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(3))
+    results = []
+    for chunk in (None, 4 * 2 * 3 * 40 * 3):  # whole, then 3 query rows per chunk
+        chunk_memory.set_chunk_bytes(chunk)
+        torch.manual_seed(0)
+        out = attention(q, k, v, causal=True, dropout_p=0.3)
+        results.append([out, *torch.autograd.grad(out.square().sum(), (q, k, v))])
+    for whole, chunked in zip(*results):
+        assert relative_error(chunked, whole) < 1e-6

@@ -1,0 +1,250 @@
+"""Training under a hard memory budget (`Strategy.memory_budget`): the plan that fits, and how it
+tightens at run time.
+
+`fit_budget` plans for the trainer's own model, world and batch by tracing candidate steps with
+the estimator (`trainers.estimate`), cheapest first, for each state layout (the given ZeRO stage,
+then higher stages when there are several data-parallel ranks, then offload on a GPU):
+1. keep every activation, chunks as built;
+2. the same with chunks of budget / 16 (`set_chunk_bytes`): attention scores, logits, the
+   model's own chunked operations;
+3. every block keeps only its inputs (full recompute), which also records what each block's
+   operators would cost to keep (`trainers.recompute.OpCost`); chunks of budget / 64 if that
+   is still too much;
+4. between the two, the operator outputs to keep chosen by the knapsack of kept bytes against
+   recomputed FLOPs (`trainers.recompute.choose_saved_ops`) within the room full recompute
+   leaves, checked by one more trace (and the room shrunk by any excess).
+The first candidate whose estimated peak fits (with `PLANNING_MARGIN` to spare) is the plan. Recompute and chunking change what is
+alive, never what is computed: the losses are those of the unconstrained run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import traceback
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainers.config import TrainConfig
+from trainers.memory import zero_model_states
+from trainers.recompute import Keep, OpCost, RecomputePolicy, choose_saved_ops
+from trainers.strategy import Strategy
+from zoo.nn import chunk_memory
+from zoo.plan import model_plan
+
+log = logging.getLogger("trainers")
+
+MIN_CHUNK_BYTES = 2**20
+"""The smallest chunk a plan or a tightening sets (1 MiB)."""
+PLANNING_MARGIN = 0.03
+"""Share of the budget a plan leaves free for the estimate's error (within 2% of the measured
+peak in `benchmarks/memory_estimate.py`)."""
+
+
+class MemoryBudgetError(ValueError):
+    """The budget cannot be held by any plan the trainer can apply."""
+
+
+def set_chunk_bytes(model: nn.Module, nbytes: int | None) -> None:
+    """Chunk the fused layers (`zoo.nn.chunk_memory`) and the model's own chunked operations (the
+    config field its plan names, `zoo.plan.ModelPlan.chunk_memory`) within `nbytes` per chunk;
+    None: the fused layers' default, the model's field as it is."""
+    chunk_memory.set_chunk_bytes(nbytes)
+    name = model_plan(model).chunk_memory
+    if nbytes is not None and name is not None:
+        setattr(model.config, name, nbytes)
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+@dataclass
+class BudgetPlan:
+    """What a trainer applies to hold its memory budget."""
+
+    strategy: Strategy
+    """The strategy to apply: the given one with the chosen ZeRO stage and offload (its
+    `recompute` says whether any block recomputes)."""
+    keep: dict[str, Keep]
+    """What each block keeps for backward (`trainers.recompute.Keep`)."""
+    chunk_bytes: int | None
+    """Bytes per chunk of the chunked operations (`set_chunk_bytes`); None: as built."""
+    peak: int
+    """The estimated peak of the plan (bytes per rank, on the compute device)."""
+    block_ops: dict[str, list[OpCost]] = field(default_factory=dict)
+    """Each block's operator costs (from the full-recompute trace), to tighten with at run time."""
+    tried: list[str] = field(default_factory=list)
+    """One line per traced candidate: what it was and its estimated peak."""
+
+    def describe(self) -> str:
+        """What the plan keeps and chunks, in one line."""
+        kept = [keep for keep in self.keep.values()]
+        if all(keep == "all" for keep in kept):
+            recompute = "no recompute"
+        elif all(keep == "inputs" for keep in kept):
+            recompute = "every block recomputed from its inputs"
+        else:
+            chosen = sum(len(keep) for keep in kept if isinstance(keep, frozenset))
+            total = sum(len(ops) for ops in self.block_ops.values())
+            recompute = f"blocks keep {chosen} of {total} operator outputs, recomputing the rest"
+        chunks = "chunks as built" if self.chunk_bytes is None else f"chunks of {_mib(self.chunk_bytes)}"
+        return (f"ZeRO {self.strategy.zero}, offload {self.strategy.offload}, {recompute}, {chunks}: "
+                f"estimated peak {_mib(self.peak)}")
+
+
+def fit_budget(model: nn.Module, example_batch: Mapping[str, Any], strategy: Strategy, world_size: int,
+               config: TrainConfig, device: torch.device) -> BudgetPlan:
+    """The cheapest plan whose estimated peak per rank stays within strategy.memory_budget (see
+    the module docstring), traced in a fresh process; `MemoryBudgetError` naming the smallest
+    peak found, and the world size whose ZeRO-3 shards would fit, when none does."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        outcome = pool.submit(_fit_in_fresh_process, model, example_batch, strategy, world_size, config,
+                              device.type).result()
+    if isinstance(outcome, str):
+        raise MemoryBudgetError(outcome)
+    return outcome
+
+
+def _fit_in_fresh_process(model, example_batch, strategy, world_size, config, device_type):
+    try:
+        return _Search(model, example_batch, strategy, world_size, config, device_type).run()
+    except MemoryBudgetError as error:
+        return str(error)
+    except Exception as error:
+        raise RuntimeError(f"planning for the memory budget failed:\n{traceback.format_exc()}") from error
+
+
+class _Search:
+    """The candidate ladder of `fit_budget`, in the estimating process."""
+
+    def __init__(self, model, example_batch, strategy, world_size, config, device_type) -> None:
+        from trainers.estimate import batch_rows
+
+        self.model, self.batch, self.world, self.config = model, example_batch, world_size, config
+        self.budget = strategy.memory_budget
+        self.target = int(self.budget * (1 - PLANNING_MARGIN))
+        self.on_gpu = device_type == "cuda"
+        self.base = replace(strategy, recompute="none")
+        batch_rows(example_batch)
+        self.tried: list[str] = []
+        self.smallest: tuple[int, str, Any] | None = None
+
+    def _trace(self, strategy: Strategy, keep, chunk: int | None, profile: bool = False):
+        from trainers.estimate import TraceJob, trace_jobs
+
+        job = TraceJob(strategy, self.world, self.config, ranks=(0,), keep=keep, chunk_bytes=chunk, profile=profile)
+        estimate = trace_jobs(self.model, self.batch, [job])[0]
+        peak = estimate.device_peak if self.on_gpu else estimate.peak
+        label = {"all": "keep everything", "inputs": "recompute every block"}.get(keep, "keep chosen operators") \
+            if isinstance(keep, str) else "keep chosen operators"
+        self.tried.append(f"ZeRO {strategy.zero}, offload {strategy.offload}, {label}, "
+                          f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}: {_mib(peak)}")
+        if self.smallest is None or peak < self.smallest[0]:
+            self.smallest = (peak, self.tried[-1], estimate)
+        return peak, estimate
+
+    def _layouts(self) -> list[Strategy]:
+        dp = self.world // (self.base.tp * self.base.pp)
+        layouts = [self.base]
+        if dp > 1:
+            layouts += [replace(self.base, zero=zero) for zero in range(self.base.zero + 1, 4)]
+        if self.on_gpu:
+            top = layouts[-1]
+            if top.offload == "none":
+                layouts.append(replace(top, offload="optimizer"))
+            if top.offload != "params":
+                layouts.append(replace(top, zero=3, offload="params"))
+        return layouts
+
+    def run(self) -> BudgetPlan:
+        budget = self.target
+        blocks = None
+        for layout in self._layouts():
+            peak, _ = self._trace(layout, "all", None)
+            if peak <= budget:
+                return self._plan(layout, "all", None, peak, blocks)
+            chunk = max(MIN_CHUNK_BYTES, budget // 16)
+            peak, _ = self._trace(layout, "all", chunk)
+            if peak <= budget:
+                return self._plan(layout, "all", chunk, peak, blocks)
+            floor, estimate = self._trace(layout, "inputs", chunk, profile=True)
+            if floor > budget:
+                chunk = max(MIN_CHUNK_BYTES, budget // 64)
+                floor, estimate = self._trace(layout, "inputs", chunk, profile=True)
+                if floor > budget:
+                    continue
+            blocks = estimate.block_ops
+            recompute = replace(layout, recompute="blocks")
+            room = budget - floor
+            for _ in range(3):
+                keep = choose_saved_ops(blocks, room)
+                if not any(keep.values()):
+                    break
+                peak, _ = self._trace(recompute, keep, chunk)
+                if peak <= budget:
+                    return self._plan(recompute, keep, chunk, peak, blocks)
+                room -= peak - budget
+            return self._plan(recompute, "inputs", chunk, floor, blocks)
+        raise MemoryBudgetError(self._refusal())
+
+    def _plan(self, strategy: Strategy, keep, chunk, peak, blocks) -> BudgetPlan:
+        if isinstance(keep, str):
+            names = list(blocks) if blocks else model_plan(self.model).recompute_names(self.model)
+            keep = dict.fromkeys(names, keep)
+        return BudgetPlan(strategy, keep, chunk, peak, blocks or {}, self.tried)
+
+    def _refusal(self) -> str:
+        """The error when nothing fits: the smallest peak found and a world size that would fit."""
+        peak, what, estimate = self.smallest
+        states = estimate.ranks[0].model_states
+        numel = sum(p.numel() for p in self.model.parameters())
+        whole = zero_model_states(numel, replace(self.base, zero=0, offload="none"), self.base.tp * self.base.pp)
+        rest = peak - states
+        if rest < self.budget:
+            ranks = math.ceil(whole["total"] / (self.budget - rest)) * self.base.tp * self.base.pp
+            hint = (f"ZeRO-3 over {max(ranks, self.world + 1)} ranks would bring the model states within the "
+                    f"{_mib(self.budget - rest)} the rest leaves")
+        else:
+            hint = ("no number of ranks brings it down: activations and temporaries alone take "
+                    f"{_mib(rest)}; use a smaller micro batch")
+        return (f"Strategy.memory_budget={_mib(self.budget)} per rank is below what this job needs on {self.world} "
+                f"rank(s): the smallest peak found is {_mib(peak)} ({what}), of which {_mib(states)} are model "
+                f"states; {hint}. Tried: " + "; ".join(self.tried))
+
+
+def tighten(plan: BudgetPlan, policy: RecomputePolicy, model: nn.Module, peak: int) -> str:
+    """After a measured step peaked at `peak` bytes, over the budget: change `policy` (what the
+    blocks keep) or the chunks for the next steps, and update `plan`; returns what changed.
+    In order: keep fewer operator outputs (the excess and a quarter more), recompute every block,
+    quarter the chunks (down to `MIN_CHUNK_BYTES`). MemoryBudgetError when nothing is left."""
+    budget = plan.strategy.memory_budget
+    excess = peak - budget
+    kept = {name: keep for name, keep in policy.keep.items() if isinstance(keep, frozenset) and keep}
+    if kept:
+        sizes = {(name, cost.key): cost.bytes for name, costs in plan.block_ops.items() for cost in costs}
+        held = sum(sizes[name, key] for name, keys in kept.items() for key in keys)
+        choice = choose_saved_ops(plan.block_ops, held - excess - excess // 4)
+        policy.keep.update(choice)
+        plan.keep.update(choice)
+        return (f"blocks now keep {sum(map(len, choice.values()))} operator outputs "
+                f"({_mib(sum(sizes[name, key] for name, keys in choice.items() for key in keys))}, was {_mib(held)})")
+    if any(keep != "inputs" for keep in policy.keep.values()):
+        policy.keep.update(dict.fromkeys(policy.keep, "inputs"))
+        plan.keep.update(policy.keep)
+        return "every block now recomputes from its inputs"
+    current = chunk_memory.chunk_bytes() if plan.chunk_bytes is None else plan.chunk_bytes
+    if current > MIN_CHUNK_BYTES:
+        plan.chunk_bytes = max(MIN_CHUNK_BYTES, current // 4)
+        set_chunk_bytes(model, plan.chunk_bytes)
+        return f"chunks now take {_mib(plan.chunk_bytes)}"
+    raise MemoryBudgetError(f"a step peaked at {_mib(peak)}, over Strategy.memory_budget={_mib(budget)}, with every "
+                            f"block recomputed and chunks of {_mib(current)}: nothing is left to tighten; plan with a "
+                            f"larger budget, more ranks or a smaller micro batch")
