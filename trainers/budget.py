@@ -61,6 +61,9 @@ def set_chunk_bytes(model: nn.Module, nbytes: int | None) -> None:
         setattr(model.config, name, nbytes)
 
 
+_KEEP_LABELS = {"all": "keep everything", "inputs": "recompute every block", "matmuls": "keep matmul outputs"}
+
+
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f} MiB"
 
@@ -143,8 +146,7 @@ class _Search:
         job = TraceJob(strategy, self.world, self.config, ranks=(0,), keep=keep, chunk_bytes=chunk, profile=profile)
         estimate = trace_jobs(self.model, self.batch, [job])[0]
         peak = estimate.device_peak if self.on_gpu else estimate.peak
-        label = {"all": "keep everything", "inputs": "recompute every block"}.get(keep, "keep chosen operators") \
-            if isinstance(keep, str) else "keep chosen operators"
+        label = _KEEP_LABELS[keep] if isinstance(keep, str) else "keep chosen operators"
         self.tried.append(f"ZeRO {strategy.zero}, offload {strategy.offload}, {label}, "
                           f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}: {_mib(peak)}")
         if self.smallest is None or peak < self.smallest[0]:

@@ -60,7 +60,13 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if text.lower() == "none" and type(None) in args:
             return None
-        return _convert(text, next(a for a in args if a is not type(None)), where)
+        candidates = [a for a in args if a is not type(None)]
+        for candidate in candidates[:-1]:  # the first type the text converts to (int before str)
+            try:
+                return _convert(text, candidate, where)
+            except ValueError:
+                pass
+        return _convert(text, candidates[-1], where)
     if origin is tuple and args[1:] == (Ellipsis,):
         return tuple(_convert(p, args[0], where) for p in text.split(",") if p)
     if origin is tuple:

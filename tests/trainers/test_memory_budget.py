@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import typing
 
 import pytest
 import torch
@@ -146,3 +147,13 @@ def test_the_dropout_mask_of_chunked_attention_does_not_depend_on_the_chunks():
         results.append([out, *torch.autograd.grad(out.square().sum(), (q, k, v))])
     for whole, chunked in zip(*results):
         assert relative_error(chunked, whole) < 1e-6
+
+
+def test_the_command_line_takes_a_budget_with_a_unit_or_in_bytes():
+    from zoo.recipes import _convert
+
+    hint = typing.get_type_hints(Strategy)["memory_budget"]
+    assert _convert("6GiB", hint, "strategy.memory_budget") == "6GiB"
+    assert _convert("1048576", hint, "strategy.memory_budget") == 2**20
+    assert _convert("none", hint, "strategy.memory_budget") is None
+    assert Strategy(memory_budget=_convert("6GiB", hint, "strategy.memory_budget")).memory_budget == 6 * 2**30
