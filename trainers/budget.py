@@ -19,7 +19,6 @@ alive, never what is computed: the losses are those of the unconstrained run.
 
 from __future__ import annotations
 
-import logging
 import math
 import multiprocessing
 import traceback
@@ -37,8 +36,6 @@ from trainers.recompute import Keep, OpCost, RecomputePolicy, choose_saved_ops
 from trainers.strategy import Strategy
 from zoo.nn import chunk_memory
 from zoo.plan import model_plan
-
-log = logging.getLogger("trainers")
 
 MIN_CHUNK_BYTES = 2**20
 """The smallest chunk a plan or a tightening sets (1 MiB)."""
@@ -76,9 +73,10 @@ class BudgetPlan:
     """The strategy to apply: the given one with the chosen ZeRO stage and offload (its
     `recompute` says whether any block recomputes)."""
     keep: dict[str, Keep]
-    """What each block keeps for backward (`trainers.recompute.Keep`)."""
+    """What each block keeps for backward as planned (`trainers.recompute.Keep`); the trainer's
+    `RecomputePolicy` starts from it and is what `tighten` changes."""
     chunk_bytes: int | None
-    """Bytes per chunk of the chunked operations (`set_chunk_bytes`); None: as built."""
+    """Bytes per chunk of the chunked operations as planned (`set_chunk_bytes`); None: as built."""
     peak: int
     """The estimated peak of the plan (bytes per rank, on the compute device)."""
     block_ops: dict[str, list[OpCost]] = field(default_factory=dict)
@@ -88,7 +86,7 @@ class BudgetPlan:
 
     def describe(self) -> str:
         """What the plan keeps and chunks, in one line."""
-        kept = [keep for keep in self.keep.values()]
+        kept = list(self.keep.values())
         if all(keep == "all" for keep in kept):
             recompute = "no recompute"
         elif all(keep == "inputs" for keep in kept):
@@ -132,18 +130,19 @@ class _Search:
         from trainers.estimate import batch_rows
 
         self.model, self.batch, self.world, self.config = model, example_batch, world_size, config
+        self.micro = batch_rows(example_batch)
         self.budget = strategy.memory_budget
         self.target = int(self.budget * (1 - PLANNING_MARGIN))
         self.on_gpu = device_type == "cuda"
         self.base = replace(strategy, recompute="none")
-        batch_rows(example_batch)
         self.tried: list[str] = []
         self.smallest: tuple[int, str, Any] | None = None
 
     def _trace(self, strategy: Strategy, keep, chunk: int | None, profile: bool = False):
-        from trainers.estimate import TraceJob, trace_jobs
+        from trainers.estimate import layout_job, trace_jobs
 
-        job = TraceJob(strategy, self.world, self.config, ranks=(0,), keep=keep, chunk_bytes=chunk, profile=profile)
+        job = replace(layout_job(strategy, self.world, self.config, self.micro), keep=keep, chunk_bytes=chunk,
+                      profile=profile)
         estimate = trace_jobs(self.model, self.batch, [job])[0]
         peak = estimate.device_peak if self.on_gpu else estimate.peak
         label = _KEEP_LABELS[keep] if isinstance(keep, str) else "keep chosen operators"
@@ -212,7 +211,7 @@ class _Search:
         rest = peak - states
         if rest < self.budget:
             ranks = math.ceil(whole["total"] / (self.budget - rest)) * self.base.tp * self.base.pp
-            hint = (f"ZeRO-3 over {max(ranks, self.world + 1)} ranks would bring the model states within the "
+            hint = (f"ZeRO-3 over {ranks} ranks would bring the model states within the "
                     f"{_mib(self.budget - rest)} the rest leaves")
         else:
             hint = ("no number of ranks brings it down: activations and temporaries alone take "
@@ -223,30 +222,30 @@ class _Search:
 
 
 def tighten(plan: BudgetPlan, policy: RecomputePolicy, model: nn.Module, peak: int) -> str:
-    """After a measured step peaked at `peak` bytes, over the budget: change `policy` (what the
-    blocks keep) or the chunks for the next steps, and update `plan`; returns what changed.
-    In order: keep fewer operator outputs (the excess and a quarter more), recompute every block,
-    quarter the chunks (down to `MIN_CHUNK_BYTES`). MemoryBudgetError when nothing is left."""
+    """After a measured step peaked at `peak` bytes, over the budget of `plan`: change `policy`
+    (what the blocks keep) or the chunks for the next steps; returns what changed. In order: keep
+    fewer operator outputs (the excess and a quarter more), recompute every block, quarter the
+    chunks (down to `MIN_CHUNK_BYTES`). MemoryBudgetError when nothing is left."""
     budget = plan.strategy.memory_budget
     excess = peak - budget
-    kept = {name: keep for name, keep in policy.keep.items() if isinstance(keep, frozenset) and keep}
-    if kept:
-        sizes = {(name, cost.key): cost.bytes for name, costs in plan.block_ops.items() for cost in costs}
-        held = sum(sizes[name, key] for name, keys in kept.items() for key in keys)
-        choice = choose_saved_ops(plan.block_ops, held - excess - excess // 4)
+    sizes = {(name, cost.key): cost.bytes for name, costs in plan.block_ops.items() for cost in costs}
+
+    def held(keep: Mapping[str, Keep]) -> int:
+        return sum(sizes[name, key] for name, keys in keep.items() if isinstance(keys, frozenset) for key in keys)
+
+    before = held(policy.keep)
+    if before:
+        choice = choose_saved_ops(plan.block_ops, before - excess - excess // 4)
         policy.keep.update(choice)
-        plan.keep.update(choice)
-        return (f"blocks now keep {sum(map(len, choice.values()))} operator outputs "
-                f"({_mib(sum(sizes[name, key] for name, keys in choice.items() for key in keys))}, was {_mib(held)})")
+        return (f"blocks now keep {sum(map(len, choice.values()))} operator outputs ({_mib(held(choice))}, "
+                f"was {_mib(before)})")
     if any(keep != "inputs" for keep in policy.keep.values()):
         policy.keep.update(dict.fromkeys(policy.keep, "inputs"))
-        plan.keep.update(policy.keep)
         return "every block now recomputes from its inputs"
-    current = chunk_memory.chunk_bytes() if plan.chunk_bytes is None else plan.chunk_bytes
+    current = chunk_memory.chunk_bytes()
     if current > MIN_CHUNK_BYTES:
-        plan.chunk_bytes = max(MIN_CHUNK_BYTES, current // 4)
-        set_chunk_bytes(model, plan.chunk_bytes)
-        return f"chunks now take {_mib(plan.chunk_bytes)}"
+        set_chunk_bytes(model, max(MIN_CHUNK_BYTES, current // 4))
+        return f"chunks now take {_mib(chunk_memory.chunk_bytes())}"
     raise MemoryBudgetError(f"a step peaked at {_mib(peak)}, over Strategy.memory_budget={_mib(budget)}, with every "
                             f"block recomputed and chunks of {_mib(current)}: nothing is left to tighten; plan with a "
                             f"larger budget, more ranks or a smaller micro batch")

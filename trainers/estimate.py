@@ -119,7 +119,7 @@ def estimate_layouts(model_or_builder: ModelOrBuilder, example_batch: Mapping[st
     if not isinstance(example_batch, Mapping) or not example_batch:
         raise TypeError(f"example_batch must be a non-empty mapping of the model's inputs; got {example_batch!r:.80}")
     micro = batch_rows(example_batch)
-    jobs = [_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
+    jobs = [layout_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(_trace, model_or_builder, example_batch, jobs).result()
 
@@ -150,7 +150,9 @@ class TraceJob:
         return self.config.global_batch_size // (self.config.micro_batch_size * dp)
 
 
-def _job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> TraceJob:
+def layout_job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> TraceJob:
+    """The `TraceJob` of one layout, checked, for an example batch of `micro` rows; `config` None:
+    one micro batch of the example's size per rank."""
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
     degree = strategy.tp * strategy.pp
