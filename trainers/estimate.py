@@ -10,6 +10,11 @@ parameters, reduction buffers, for any model, ZeRO stage, offload, recompute, pr
 tensor-parallel degree. The same trace counts the step's FLOPs and collective traffic, which the
 planner's cost model (`trainers.planner`) turns into time. It runs in a fresh process, so the
 caller's own process group, if any, is untouched.
+
+A pipelined job (Strategy.pp > 1) is traced on each pipeline rank, which runs its stages through
+the schedule with the carries of its peers made up from their shapes (`trainers.fake_pipeline`):
+so the activations of the micro batches a schedule keeps in flight, and the stage boundaries'
+buffers, are counted where they are held.
 """
 
 from __future__ import annotations
@@ -58,7 +63,10 @@ class MemoryEstimate:
     """Wall time of tracing this layout (the estimating process's start not included)."""
     block_ops: dict[str, list[OpCost]] = field(default_factory=dict)
     """For a job traced with `TraceJob.profile`: per block, the costs of the operator calls that
-    recompute could skip (`trainers.recompute.OpCost`), of traced rank 0."""
+    recompute could skip (`trainers.recompute.OpCost`), each block's from the traced rank that
+    holds it."""
+    pp_split: tuple[int, ...] | None = None
+    """Under pipeline parallelism, the blocks of each stage traced (`Strategy.pp_split`)."""
 
     @property
     def peak(self) -> int:
@@ -102,7 +110,7 @@ def estimate_memory(model_or_builder: ModelOrBuilder, example_batch: Mapping[str
         data (padded lengths, masked tokens), give the largest.
     config: the step's batch sizes (`global_batch_size` over `micro_batch_size` times the
         data-parallel ranks gives the micro batches per step) and AdamW's settings; default: one
-        micro batch of the example's size per rank.
+        micro batch of the example's size per rank, or pp of them per pipeline.
 
     Call it from a script's `if __name__ == "__main__":` block: it starts a fresh Python process.
     """
@@ -152,21 +160,25 @@ class TraceJob:
 
 def layout_job(strategy: Strategy, world_size: int, config: TrainConfig | None, micro: int) -> TraceJob:
     """The `TraceJob` of one layout, checked, for an example batch of `micro` rows; `config` None:
-    one micro batch of the example's size per rank."""
+    one micro batch of the example's size per rank, or pp of them per pipeline."""
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
     degree = strategy.tp * strategy.pp
     if not isinstance(world_size, int) or world_size < 1 or world_size % degree:
         raise ValueError(f"world_size must be a positive multiple of Strategy.tp x Strategy.pp = {degree}; "
                          f"got {world_size!r}")
-    if strategy.pp > 1:
-        raise NotImplementedError("estimate_memory does not trace pipeline-parallel steps yet (Strategy.pp > 1)")
     dp = world_size // degree
-    config = config or TrainConfig(global_batch_size=micro * dp, micro_batch_size=micro)
+    config = config or TrainConfig(global_batch_size=micro * dp * strategy.pp, micro_batch_size=micro)
     if config.micro_batch_size > micro:
         raise ValueError(f"config.micro_batch_size={config.micro_batch_size} needs an example_batch of at least as many "
                          f"rows; got {micro}")
-    return TraceJob(strategy, world_size, config, ranks=(0,))
+    return TraceJob(strategy, world_size, config, ranks=pipeline_ranks(strategy, world_size))
+
+
+def pipeline_ranks(strategy: Strategy, world_size: int) -> tuple[int, ...]:
+    """The ranks to trace: the first of each pipeline rank's (data, tensor)-parallel group (their
+    stages differ; the ranks of one group hold the same)."""
+    return tuple(range(0, world_size, world_size // strategy.pp))
 
 
 def batch_rows(batch: Mapping[str, Any]) -> int:
@@ -193,35 +205,56 @@ def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any
     for job in jobs:
         started = time.perf_counter()
         traces = [_trace_rank(model_or_builder, example_batch, job, rank) for rank in job.ranks]
-        estimates.append(MemoryEstimate(job.strategy, job.world_size, [trace[0] for trace in traces],
-                                        [trace[1] for trace in traces], [trace[2] for trace in traces],
-                                        job.accumulation, time.perf_counter() - started, traces[0][3]))
+        block_ops = {name: ops for trace in traces for name, ops in trace.block_ops.items()}
+        estimates.append(MemoryEstimate(job.strategy, job.world_size, [t.memory for t in traces],
+                                        [t.flops for t in traces], [t.traffic for t in traces], job.accumulation,
+                                        time.perf_counter() - started, block_ops, traces[0].pp_split))
     return estimates
 
 
+@dataclass
+class _RankTrace:
+    """What tracing one rank's step gives."""
+
+    memory: RankMemory
+    flops: int
+    traffic: dict[tuple[str, tuple[int, ...]], tuple[int, int]]
+    block_ops: dict[str, list[OpCost]]
+    pp_split: tuple[int, ...] | None
+
+
 def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: TraceJob,
-                rank: int) -> tuple[RankMemory, int, dict[tuple[str, tuple[int, ...]], tuple[int, int]],
-                                    dict[str, list[OpCost]]]:
-    """(memory, FLOPs, collective bytes and calls, block operator costs) of `rank`'s second training
-    step: its first two micro batches and the optimizer step are traced, the FLOPs and traffic of
-    the micro batches between them counted as the first's."""
+                rank: int) -> _RankTrace:
+    """The memory, FLOPs, collective bytes and calls, and block operator costs of `rank`'s second
+    training step: its first two micro batches (pipelined: its first two runs of the schedule) and
+    the optimizer step are traced, the FLOPs and traffic of those between counted as the first's."""
     # Imported here: the estimating process needs them, the caller's does not.
-    from trainers.data import check_batch_sizes
+    from trainers.data import check_batch_sizes, pipeline_microbatches
     from trainers.budget import set_chunk_bytes
     from trainers.distributed import setup_distributed
+    from trainers.fake_pipeline import TracedLink, carry_specs
     from trainers.fake_trace import HostFakeMode, fake_copy, fake_process_group
     from trainers.optim import TrainOptimizer
     from trainers.parallelize import parallelize
+    from trainers.pipeline_schedules import check_schedule
+    from trainers.pipeline_step import build_pipeline, pipeline_passes
     from trainers.recompute import RecomputePolicy
     from zoo.plan import model_plan
     from trainers.step_counters import CollectiveLog, FlopCount
     from trainers.trainer import accumulate_gradients
 
     strategy, config = job.strategy, job.config
+    micro_batch = {key: value[: config.micro_batch_size] if isinstance(value, torch.Tensor) and value.ndim else value
+                   for key, value in example_batch.items()}
     with fake_process_group(job.world_size, rank):
         env = setup_distributed(strategy.tp, strategy.pp)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, env.dp_size)
         accumulation = job.accumulation
+        # Micro batches per pass: one, or a pipeline run of them.
+        per_pass = pipeline_microbatches(config.global_batch_size, config.micro_batch_size, env.dp_size,
+                                         strategy.microbatches) if strategy.pp > 1 else 1
+        if strategy.pp > 1:
+            check_schedule(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, per_pass)
         mode = HostFakeMode()
         with mode:
             if isinstance(model_or_builder, nn.Module):
@@ -235,24 +268,28 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 blocks = model_plan(model).recompute_names(model)
                 keep = job.keep if isinstance(job.keep, Mapping) else dict.fromkeys(blocks, job.keep or "inputs")
                 policy = RecomputePolicy(keep, profile=job.profile)
-            model, _ = parallelize(model, strategy, env, recompute=policy)
+            specs = carry_specs(model, micro_batch) if strategy.pp > 1 else None
+            model, parts = parallelize(model, strategy, env, micro_batch, per_pass, recompute=policy)
+            pipeline = None if parts is None else build_pipeline(
+                parts, strategy, env, per_pass, TracedLink(env.mesh["pp"].get_group(), parts.layout.ranges, env.device,
+                                                           specs))
             optimizer = TrainOptimizer(model, config, shard_state=strategy.zero == 1,
                                        offload=strategy.offload == "optimizer", group=env.mesh["dp"].get_group())
-            # The pattern of a step repeats from its second micro batch (gradients already held).
-            traced = min(accumulation, 2)
+            # The pattern of a step repeats from its second pass (gradients already held).
+            passes = accumulation // per_pass
+            traced = min(passes, 2)
 
-            first_micro_batch: list[tuple[int, dict]] = []
-            """The counters after the first micro batch (FLOPs, traffic)."""
+            first_pass: list[tuple[int, dict]] = []
+            """The counters after the first pass (FLOPs, traffic)."""
 
             def batches(counters: tuple[FlopCount, CollectiveLog]) -> Iterator[dict[str, Any]]:
                 """Each micro batch made inside the step, as the trainer collates it there."""
-                for index in range(traced):
-                    if index == 1:
+                for index in range(traced * per_pass):
+                    if index == per_pass:
                         flops, traffic = counters
-                        first_micro_batch.append((flops.flops, traffic.counts()))
-                    yield {key: value[: config.micro_batch_size].to(env.device, copy=True)
-                           if isinstance(value, torch.Tensor) and value.ndim else value
-                           for key, value in example_batch.items()}
+                        first_pass.append((flops.flops, traffic.counts()))
+                    yield {key: value.to(env.device, copy=True) if isinstance(value, torch.Tensor) and value.ndim
+                           else value for key, value in micro_batch.items()}
 
             # The trainer measures its second step, when the optimizer state exists: made here by
             # one update from zero gradients, which the forward and backward would not change.
@@ -263,16 +300,21 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             masters = [slot.work for slot in optimizer.slots if optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
             with probe, FlopCount() as flops, CollectiveLog() as traffic:
-                accumulate_gradients(model, model_class, batches((flops, traffic)), strategy.zero, traced, 1.0)
+                if pipeline is None:
+                    accumulate_gradients(model, model_class, batches((flops, traffic)), strategy.zero, traced, 1.0)
+                else:
+                    pipeline_passes(pipeline, parts, batches((flops, traffic)), traced * per_pass, per_pass, 1.0,
+                                    env.device)
                 probe.after_backward()
                 optimizer.step(config.lr)
                 optimizer.zero_grad()
             total_flops, total_traffic = flops.flops, traffic.counts()
-            if first_micro_batch:  # the step's middle micro batches repeat its first (no gradient sync under ZeRO 0-1)
-                micro_flops, micro_traffic = first_micro_batch[0]
-                repeats = accumulation - traced
-                total_flops += repeats * micro_flops
-                for key, (nbytes, calls) in micro_traffic.items():
+            if first_pass:  # the step's middle passes repeat its first (no gradient sync under ZeRO 0-1)
+                pass_flops, pass_traffic = first_pass[0]
+                repeats = passes - traced
+                total_flops += repeats * pass_flops
+                for key, (nbytes, calls) in pass_traffic.items():
                     step_bytes, step_calls = total_traffic[key]
                     total_traffic[key] = (step_bytes + repeats * nbytes, step_calls + repeats * calls)
-            return probe.report(rank), total_flops, total_traffic, {} if policy is None else policy.profiles
+            return _RankTrace(probe.report(rank), total_flops, total_traffic, {} if policy is None else policy.profiles,
+                              None if parts is None else tuple(len(r) for r in parts.layout.ranges))

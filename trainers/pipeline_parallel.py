@@ -48,8 +48,8 @@ class PipelineLayout:
     """Pipeline ranks."""
     pp_rank: int
     """This rank's pipeline coordinate."""
-    costs: PieceCosts
-    """The estimated costs the split balanced."""
+    costs: PieceCosts | None
+    """The estimated costs the split balanced (None for a split given by Strategy.pp_split)."""
     tied: list[str]
     """Parameter names held by both the first and the last stage."""
 
@@ -111,6 +111,15 @@ def agreed(costs: PieceCosts) -> PieceCosts:
     return PieceCosts(values[0].item(), values[1:-1].tolist(), values[-1].item())
 
 
+def given_split(counts: tuple[int, ...], blocks: int) -> list[range]:
+    """Block ranges of consecutive stages of `counts` blocks each (Strategy.pp_split); ValueError
+    unless they cover the model's `blocks`."""
+    if sum(counts) != blocks:
+        raise ValueError(f"Strategy.pp_split={counts} covers {sum(counts)} blocks; the model has {blocks}")
+    ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+    return [range(end - count, end) for end, count in zip(ends, counts)]
+
+
 def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, env: DistEnv,
                        example_batch: Mapping[str, Any] | None, microbatches: int) -> PipelineLayout:
     """Cut `model` into strategy.pp * strategy.stages_per_rank stages and prune it to this rank's."""
@@ -119,11 +128,15 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     pre, pre_buffers = resolve_pieces(model, split.pre, "pre")
     post, post_buffers = resolve_pieces(model, split.post, "post")
     modules = model.get_submodule
-    costs = agreed(estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
-                                  [modules(n) for n in post], example_batch, strategy.recompute != "none", microbatches))
+    if strategy.pp_split is not None:
+        costs, ranges = None, given_split(strategy.pp_split, len(block_names))
+    else:
+        costs = agreed(estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
+                                      [modules(n) for n in post], example_batch, strategy.recompute != "none",
+                                      microbatches))
+        ranges = balanced_split(costs, strategy.pp * strategy.stages_per_rank)
     layout = PipelineLayout(
-        ranges=balanced_split(costs, strategy.pp * strategy.stages_per_rank), block_names=block_names, pre=pre,
-        post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
+        ranges=ranges, block_names=block_names, pre=pre, post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
         tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)))
     keep: set[str] = set()
     for stage in layout.local_stages:

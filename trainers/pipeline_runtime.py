@@ -193,7 +193,9 @@ class Pipeline:
             if stage.is_first:
                 torch.autograd.backward(saved.outputs, saved.grads)
             else:
-                stage_backward_weight(stage.parameters(), saved.weight_pass)
+                # Retained: torch frees each parameter group's graph as it goes, but groups can
+                # share nodes (the Evoformer's); the graph goes with `saved` right after.
+                stage_backward_weight(stage.parameters(), saved.weight_pass, retain_graph=True)
             del pending[key]
 
     def _send_input_grads(self, stage: StageModule, micro: int, inputs: list[torch.Tensor]) -> None:

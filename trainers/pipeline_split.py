@@ -7,8 +7,8 @@ modules) comes from an example micro batch:
   loss (which makes its gradients in forward) count as they run, which FLOPs times a training
   factor miss: on GPT with an 8k-word head that estimate weighs the head at 6 blocks where it
   trains like 4;
-- estimated, for a model on the meta device (or on request): its training FLOPs, counted by
-  `FlopCounterMode` on meta or fake tensors (no memory allocated, nothing computed), plus the
+- estimated, for a model on the meta device or of fake tensors (the memory estimator's), or on request: its training FLOPs, counted by
+  `trainers.step_counters.FlopCount` on meta or fake tensors (no memory allocated, nothing computed), plus the
   optimizer's work on its parameters. A 50k-word head costs what its matrix multiply costs, an
   embedding lookup almost nothing.
 Without an example batch the cost is the parameter count. The stages are then the contiguous
@@ -26,8 +26,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+
+from trainers.step_counters import FlopCount
 
 TRAINING_FLOPS_PER_FORWARD = 3.0
 """A training step's FLOPs over the forward's: the backward computes input and weight gradients."""
@@ -66,7 +72,8 @@ def estimate_costs(model: nn.Module, blocks: list[nn.Module], pre: list[nn.Modul
         return PieceCosts(float(_parameter_count(pre)), [float(_parameter_count([b])) for b in blocks],
                           float(_parameter_count(post)))
     on_meta = any(p.is_meta for p in model.parameters())
-    measure = not on_meta if measure is None else measure
+    traced = any(isinstance(p, FakeTensor) for p in model.parameters())  # the memory estimator's fake model
+    measure = not (on_meta or traced) if measure is None else measure
     block_factor = RECOMPUTE_FLOPS_PER_FORWARD if recompute else TRAINING_FLOPS_PER_FORWARD
     if measure:
         with torch.random.fork_rng():
@@ -77,7 +84,8 @@ def estimate_costs(model: nn.Module, blocks: list[nn.Module], pre: list[nn.Modul
         extra = forward[1:-1] if forward is not None else [0.0] * len(blocks)
         return PieceCosts(trained[0], [t + f for t, f in zip(trained[1:-1], extra)], trained[-1])
     try:
-        forward = _per_piece(model, blocks, example_batch, "meta" if on_meta else "fake", _flops)
+        forward = _per_piece(model, blocks, example_batch, "meta" if on_meta else "ambient" if traced else "fake",
+                             _flops)
     except (DynamicOutputShapeException, DataDependentOutputException):
         raise ValueError(f"{type(model).__name__}'s forward has data-dependent shapes, which FLOP counting on "
                          f"{'meta' if on_meta else 'fake'} tensors cannot run; measure the pieces on a real device "
@@ -117,22 +125,24 @@ def _training_seconds(run: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def _flops(run: Callable[[], Any]) -> tuple[Any, float]:
-    counter = FlopCounterMode(display=False)
-    with counter:
+    with FlopCount() as counter:
         result = run()
-    return result, float(counter.get_total_flops())
+    return result, float(counter.flops)
 
 
 def _per_piece(model: nn.Module, blocks: list[nn.Module], batch: Mapping[str, Any], tensors: str,
                meter: Callable[[Callable[[], Any]], tuple[Any, float]]) -> list[float]:
     """[enter, block 0, ..., exit]: `meter` of each piece's forward (run without gradients unless
     the meter enables them) on `tensors` "real" (the batch on the model's device), "fake" or
-    "meta" copies of the batch."""
+    "meta" copies of the batch, or "ambient" (the batch as given, under the fake mode the
+    model's fake parameters come from)."""
     fake = FakeTensorMode(allow_non_fake_inputs=True) if tensors == "fake" else None
     device = "meta" if tensors == "meta" else next(model.parameters()).device
 
     def place(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
+            return value
+        if tensors == "ambient":
             return value
         return fake.from_tensor(value) if fake is not None else value.to(device)
 

@@ -90,6 +90,12 @@ class Strategy:
     pp * stages_per_rank stages, stage s placed on pipeline rank s % pp. Needs a schedule of
     `MULTI_STAGE_SCHEDULES` when > 1."""
 
+    pp_split: tuple[int, ...] | None = None
+    """Blocks of each pipeline stage, in stage order: pp * stages_per_rank counts of at least one,
+    summing to the model's blocks (`zoo.plan.ModelPlan.blocks`). None: the stages balance each
+    block's estimated cost on the example batch (`trainers.pipeline_split`). The planner and the
+    memory budget give the split they traced, so that the run is the one they estimated."""
+
     memory_budget: int | str | None = None
     """Bytes each rank's training step may hold at its peak: an int, or a string with a unit
     ("6GiB", "512 MiB"), kept as an int. The trainer then plans for its own model, world and batch
@@ -127,6 +133,13 @@ class Strategy:
         if self.stages_per_rank > 1 and self.pp == 1:
             raise ValueError(f"Strategy.stages_per_rank={self.stages_per_rank} places stages on pipeline ranks "
                              "and needs Strategy.pp > 1; got pp=1")
+        if self.pp_split is not None:
+            self.pp_split = tuple(self.pp_split)
+            stages = self.pp * self.stages_per_rank
+            if self.pp == 1 or len(self.pp_split) != stages or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.pp_split):
+                raise ValueError(f"Strategy.pp_split must give pp x stages_per_rank = {stages} block counts of at least "
+                                 f"1 each (with pp > 1); got {self.pp_split!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp == 1:

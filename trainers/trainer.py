@@ -31,10 +31,8 @@ from trainers.metrics import MetricsSink
 from trainers.gradients import scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
-from trainers.pipeline_comm import PipelineLink
-from trainers.pipeline_runtime import GeneratorState, Pipeline
-from trainers.pipeline_schedules import check_schedule, schedule_orders
-from trainers.pipeline_sharding import StageSharding
+from trainers.pipeline_schedules import check_schedule
+from trainers.pipeline_step import build_pipeline, pipeline_passes
 from trainers.recompute import RecomputePolicy
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
@@ -136,11 +134,7 @@ class Trainer:
                                                       self.recompute)
         self.pipeline = None
         if self.pipeline_parts is not None:
-            layout = self.pipeline_parts.layout
-            link = PipelineLink(self.env.mesh["pp"].get_group(), layout.num_stages, self.env.device)
-            orders = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
-            self.pipeline = Pipeline(self.pipeline_parts.stages, orders, self.env.pp_rank, strategy.pp, link,
-                                     StageSharding(orders[self.env.pp_rank], strategy.zero, strategy.pp_schedule))
+            self.pipeline = build_pipeline(self.pipeline_parts, strategy, self.env, microbatches)
         self.microbatches = microbatches
         self.optimizer = TrainOptimizer(
             self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
@@ -416,32 +410,14 @@ class Trainer:
         self._steps_run += 1
         return record
 
-    def _pipeline_passes(self, batches: Iterator[Batch], scale: float) -> tuple[torch.Tensor, int]:
-        """Forward and backward of the step's micro batches through the pipeline, `microbatches`
-        per run; returns the sum of their losses (on every rank) and the input_ids they held."""
-        collated, generators = [], []
-        for batch in batches:  # each seeded and collated as in one process (`_seeded_batches`)
-            collated.append(_to_device(batch, self.env.device))
-            generators.append(GeneratorState.capture(self.env.device))
-        batches = collated
-        runs, m = len(batches) // self.microbatches, self.microbatches
-        losses: list[torch.Tensor] = []
-        for run in range(runs):
-            part = slice(run * m, (run + 1) * m)
-            losses += self.pipeline.train(batches[part], generators[part], scale / len(batches),
-                                          last_run=run == runs - 1)
-        loss_sum = torch.stack(losses).float().sum() if losses else torch.zeros((), device=self.env.device)
-        self.pipeline.from_last_stage(loss_sum)
-        self.pipeline_parts.tied.sum_gradients()
-        units = sum(b["input_ids"].numel() for b in batches if isinstance(b.get("input_ids"), torch.Tensor))
-        return loss_sum, units
-
     def _forward_backward_step(self, batches: Iterator[Batch], accumulation: int,
                                probe: StepMemoryProbe | None) -> dict[str, Any]:
         config, env = self.config, self.env
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         if self.pipeline is not None:
-            loss_sum, units = self._pipeline_passes(batches, scale)
+            loss_sum, units = pipeline_passes(self.pipeline, self.pipeline_parts,
+                                              (_to_device(b, env.device) for b in batches), accumulation,
+                                              self.microbatches, scale, env.device)
         else:
             loss_sum, units = accumulate_gradients(self.model, self.model_class, (_to_device(b, env.device) for b in batches),
                                                    self.strategy.zero, accumulation, scale)

@@ -1,9 +1,12 @@
 """Measured training-step memory, run by the estimator's tests under torchrun.
 
-    memory_worker.py OUT CASE ...   CASE = model/zero/recompute (a `pipeline_worker.MODELS` key):
-                                    2 steps of 2 micro batches per rank, each micro batch two copies
-                                    of the model's first example (what the estimate is given); every
-                                    rank's memory report (of the second step) per case, to OUT
+    memory_worker.py OUT CASE ...   CASE = model/zero/recompute[/schedule] (model: a
+                                    `pipeline_worker.MODELS` key; a schedule pipelines the model
+                                    over every rank, its blocks shared evenly): 2 steps of 4 x
+                                    WORLD_SIZE examples in micro batches of 2 (2 per rank, or all
+                                    through the pipeline), each two copies of the model's first
+                                    example (what the estimate is given); every rank's memory
+                                    report (of the second step) per case, to OUT
 """
 
 from __future__ import annotations
@@ -20,20 +23,27 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 from pipeline_worker import MODELS, config  # noqa: E402
 from trainers import Strategy, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
+from zoo.plan import model_plan  # noqa: E402
 
 
-def case_strategy(case: str) -> tuple[str, Strategy]:
-    """"model/zero/recompute" -> (model, Strategy)."""
-    model, zero, recompute = case.split("/")
-    return model, Strategy(zero=int(zero), recompute=recompute)
+def case_strategy(case: str, world_size: int = 2) -> tuple[str, Strategy]:
+    """"model/zero/recompute[/schedule]" -> (model, Strategy)."""
+    model, zero, recompute, *schedule = case.split("/")
+    if not schedule:
+        return model, Strategy(zero=int(zero), recompute=recompute)
+    built = MODELS[model][0]()
+    blocks = len(model_plan(built).block_names(built))
+    split = tuple(blocks // world_size + (i < blocks % world_size) for i in range(world_size))
+    return model, Strategy(zero=int(zero), recompute=recompute, pp=world_size, pp_schedule=schedule[0], pp_split=split)
 
 
 def measure(out: str, *cases: str) -> None:
     reports = {}
     for case in cases:
-        name, strategy = case_strategy(case)
+        world_size = int(os.environ["WORLD_SIZE"])
+        name, strategy = case_strategy(case, world_size)
         build, examples, collate = MODELS[name]
-        trainer = Trainer(build(), config(global_batch_size=4 * int(os.environ["WORLD_SIZE"]), max_steps=2), strategy)
+        trainer = Trainer(build(), config(global_batch_size=4 * world_size, max_steps=2), strategy)
         trainer.fit([examples(1)[0]] * 16, collate_fn=collate)
         reports[case] = trainer.memory_report()
     if dist.get_rank() == 0:

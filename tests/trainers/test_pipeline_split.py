@@ -11,7 +11,7 @@ from torch import nn
 from helpers import tiny_gpt
 from trainers import Strategy
 from trainers.data import pipeline_microbatches
-from trainers.pipeline_parallel import check_pipeline_plan
+from trainers.pipeline_parallel import check_pipeline_plan, given_split
 from trainers.pipeline_split import PieceCosts, balanced_split, estimate_costs, stage_costs
 from trainers.pipeline_stage import prune
 from zoo.plan import ModelPlan, model_plan
@@ -78,6 +78,13 @@ def test_more_stages_than_blocks_is_refused():
         balanced_split(PieceCosts(1.0, [1.0] * 4, 1.0), 5)
 
 
+def test_a_given_split_is_taken_as_given():
+    assert given_split((1, 3), 4) == [range(0, 1), range(1, 4)]
+    assert given_split((2, 1, 1), 4) == [range(0, 2), range(2, 3), range(3, 4)]
+    with pytest.raises(ValueError, match=r"Strategy.pp_split=\(2, 3\) covers 5 blocks; the model has 4"):
+        given_split((2, 3), 4)
+
+
 def test_pruning_keeps_the_stage_modules_under_their_names():
     model = tiny_gpt(n_layer=4)
     prune(model, {"blocks.2", "blocks.3", "norm", "embeddings.word"})
@@ -106,6 +113,11 @@ def test_a_model_without_split_points_is_refused():
     (dict(pp=2, stages_per_rank=2), "Strategy.stages_per_rank=2 needs a schedule that runs several stages"),
     (dict(stages_per_rank=2, pp_schedule="interleaved_1f1b"), "needs Strategy.pp > 1; got pp=1"),
     (dict(pp=2, microbatches=0), "Strategy.microbatches must be None or an integer >= 1; got 0"),
+    (dict(pp=2, pp_split=(3,)), "Strategy.pp_split must give pp x stages_per_rank = 2 block counts of at least 1 "
+                                "each (with pp > 1); got (3,)"),
+    (dict(pp=2, pp_split=(4, 0)), "Strategy.pp_split must give pp x stages_per_rank = 2 block counts"),
+    (dict(pp_split=(4,)), "Strategy.pp_split must give pp x stages_per_rank = 1 block counts of at least 1 each "
+                          "(with pp > 1)"),
 ])
 def test_strategy_refuses_bad_pipeline_fields(fields, message):
     with pytest.raises(ValueError, match=message.replace("*", r"\*").replace("(", r"\(").replace(")", r"\)")):
