@@ -33,6 +33,8 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._redistribute import _gen_transform_infos
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_leaves
 
@@ -115,3 +117,15 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
     finally:
         DeviceMesh.__init__ = original
         dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Clear DTensor's caches of sharding decisions, whose results hold the meshes they were made
+    on: a later fake job's equal mesh (the same ranks seen from another rank) would otherwise get
+    back a mesh whose process groups were destroyed with the job."""
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()

@@ -1,10 +1,10 @@
 """Will it fit, and how fast: the layouts of a model on `world_size` devices that fit a memory
 budget, ranked by estimated step time.
 
-`plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor
-parallelism, micro-batch size; the global batch stays fixed), and orders them by a first guess of
-their step time (the model's FLOPs per example from one trace; the ZeRO paper's data-parallel
-traffic). It then traces up to `max_traces` of those whose model states alone fit, in that order,
+`plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor and
+pipeline parallelism, pipeline schedule, micro-batch size; the global batch stays fixed), and
+orders them by a first guess of their step time (the model's FLOPs per example from one trace; the
+ZeRO paper's data-parallel traffic; the schedule's textbook bubble). It then traces up to `max_traces` of those whose model states alone fit, in that order,
 with the estimator (`trainers.estimate`: the layout's own step on fake tensors, giving its peak
 memory, FLOPs and collectives), and keeps those whose traced peak fits. The plans come back ranked
 by `step_time`, the cost model on the traced numbers:
@@ -16,12 +16,20 @@ by `step_time`, the cost model on the traced numbers:
     data-parallel  the same, hidden behind compute where the device overlaps them
     offload        optimizer: gradients to the host and parameters back each step; params: the
                    parameters to the device for forward and backward and gradients back
+    pipeline       the schedule's bubble: the busiest pipeline rank's compute times the idle
+                   share of the schedule run with unit pass costs (`pipeline_schedules.simulate`),
+                   and the point-to-point sends of the busiest rank over their link
 
-Pipeline layouts are not searched yet: the estimator does not trace pipeline steps.
+These are Alpa's two levels: the stages of a pipelined layout are cut by the dynamic program of
+`trainers.pipeline_split` (on FLOPs, in the trace), and each stage's intra-operator layout (ZeRO,
+tensor parallelism, recompute) is chosen by the search; a plan fixes its split in
+`Strategy.pp_split`, so the run is the one traced. A pipelined layout is traced on its first and
+last pipeline ranks: the first holds the most micro batches in flight, the last the loss head.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import traceback
 from collections.abc import Mapping, Sequence
@@ -36,11 +44,12 @@ from trainers.config import TrainConfig
 from trainers.devices import DeviceSpec, device_spec, parse_bytes
 from trainers.estimate import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
 from trainers.memory import zero_model_states
+from trainers.pipeline_schedules import analytic_bubble, schedule_orders, simulate
 from trainers.strategy import Strategy
 
 RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
                 "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
-                "broadcast": lambda g: 1.0}
+                "broadcast": lambda g: 1.0, "send": lambda g: 1.0}
 """Bytes each rank moves per payload byte in a ring (or pipelined tree) collective of g ranks."""
 
 
@@ -57,6 +66,12 @@ class SearchSpace:
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees; None: 1 and each power of two that divides world_size and fits
     in a node."""
+    pp: tuple[int, ...] | None = None
+    """Pipeline-parallel degrees; None: 1 and each power of two that divides world_size (a model
+    without pipeline split points, or with fewer blocks than stages, is not pipelined)."""
+    pp_schedules: tuple[str, ...] = ("1f1b", "zero_bubble", "gpipe")
+    """Pipeline schedules of pipelined layouts (one stage per rank; a step's micro batches in one
+    run)."""
     micro_batch_sizes: tuple[int, ...] | None = None
     """Micro-batch sizes; None: the example batch's rows, halved down to 1."""
     precision: str | None = None
@@ -72,10 +87,12 @@ class StepTime:
     data_parallel: float
     """The data-parallel collectives' seconds not hidden behind compute."""
     offload: float
+    pipeline: float = 0.0
+    """The pipeline's bubble and point-to-point transfers."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.tensor_parallel + self.data_parallel + self.offload
+        return self.compute + self.tensor_parallel + self.data_parallel + self.offload + self.pipeline
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,9 @@ class Plan:
         """The `zoo train` flags that run this plan (with --nproc world_size)."""
         s = self.strategy
         flags = [f"--nproc {self.estimate.world_size}"] + ([f"--tp {s.tp}"] if s.tp > 1 else [])
+        if s.pp > 1:
+            split = ",".join(map(str, self.estimate.pp_split or s.pp_split))
+            flags += [f"--pp {s.pp}", f"--pp-schedule {s.pp_schedule}", f"--strategy.pp_split {split}"]
         flags += [f"--strategy.zero {s.zero}", f"--strategy.offload {s.offload}", f"--strategy.recompute {s.recompute}",
                   f"--strategy.precision {s.precision}", f"--train.micro_batch_size {self.micro_batch_size}"]
         return " ".join(flags)
@@ -144,36 +164,61 @@ def _size(nbytes: float) -> str:
 
 
 def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
-    """The cost model (module docstring) on rank 0's traced step."""
-    strategy, memory = estimate.strategy, estimate.ranks[0]
+    """The cost model (module docstring) on the traced step: each part is the largest over the
+    traced ranks."""
+    strategy = estimate.strategy
     throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
-    compute = estimate.flops[0] / throughput
-    tensor_parallel = data_parallel = 0.0
-    for (kind, ranks), (nbytes, calls) in estimate.traffic[0].items():
-        if len(ranks) <= 1:
-            continue
-        nodes = {rank // spec.devices_per_node for rank in ranks}
-        bandwidth = spec.node_bandwidth if len(nodes) == 1 else spec.network_bandwidth
-        seconds = calls * spec.latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
-        if strategy.tp > 1 and len(ranks) == strategy.tp and ranks[-1] - ranks[0] == strategy.tp - 1:
-            tensor_parallel += seconds
-        else:
-            data_parallel += seconds
+    compute = max(estimate.flops) / throughput
+    tensor_parallel = data_parallel = point_to_point = 0.0
+    for traffic in estimate.traffic:
+        rank_tp = rank_dp = rank_p2p = 0.0
+        for (kind, ranks), (nbytes, calls) in traffic.items():
+            if len(ranks) <= 1 or kind == "c10d::recv_":  # a transfer is the sender's
+                continue
+            kind = "send" if kind == "c10d::send" else kind
+            nodes = {rank // spec.devices_per_node for rank in ranks}
+            bandwidth = spec.node_bandwidth if len(nodes) == 1 else spec.network_bandwidth
+            seconds = calls * spec.latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
+            if kind == "send":
+                rank_p2p += seconds
+            elif strategy.tp > 1 and len(ranks) == strategy.tp and ranks[-1] - ranks[0] == strategy.tp - 1:
+                rank_tp += seconds
+            else:
+                rank_dp += seconds
+        tensor_parallel, data_parallel = max(tensor_parallel, rank_tp), max(data_parallel, rank_dp)
+        point_to_point = max(point_to_point, rank_p2p)
     if spec.overlap:
         data_parallel = max(0.0, data_parallel - compute)
+    memory = max(estimate.ranks, key=lambda rank: rank.parameters + rank.gradients)
     state_bytes = memory.parameters + memory.gradients
     offload = {"none": 0.0, "optimizer": 2 * state_bytes, "params": 3 * state_bytes}[strategy.offload] / spec.host_bandwidth
-    return StepTime(compute, tensor_parallel, data_parallel, offload)
+    bubble = 0.0
+    if strategy.pp > 1:
+        microbatches = estimate.accumulation if strategy.microbatches is None else strategy.microbatches
+        bubble = compute * idle_share(strategy, microbatches)
+    return StepTime(compute, tensor_parallel, data_parallel, offload, bubble + point_to_point)
+
+
+def idle_share(strategy: Strategy, microbatches: int) -> float:
+    """Idle time over busy time of a pipeline rank when `strategy`'s schedule runs `microbatches`
+    with unit pass costs (`trainers.pipeline_schedules.simulate`)."""
+    orders = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
+    timeline = simulate(orders, strategy.stages_per_rank)
+    busy = max(sum(end - start for _, start, end in rank) for rank in timeline.spans)
+    return timeline.makespan / busy - 1
 
 
 def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int,
                 global_batch_size: int) -> list[tuple[Strategy, TrainConfig]]:
     precision = space.precision or ("fp32" if spec.name == "cpu" else "bf16")
     tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16) if world_size % t == 0 and t <= spec.devices_per_node)
+    pps = space.pp or tuple(1 << k for k in range(world_size.bit_length()) if world_size % (1 << k) == 0)
     micros = space.micro_batch_sizes or tuple(sorted({max(rows >> k, 1) for k in range(rows.bit_length())}, reverse=True))
     candidates = []
-    for tp in tps:
-        dp = world_size // tp
+    for tp, pp in itertools.product(tps, pps):
+        if world_size % (tp * pp):
+            continue
+        dp = world_size // (tp * pp)
         for micro in micros:
             if micro > rows or global_batch_size % (micro * dp):
                 continue
@@ -184,8 +229,9 @@ def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int
                     if offload == "params" and zero != 3:
                         continue
                     for recompute in space.recompute:
-                        strategy = Strategy(zero=zero, offload=offload, recompute=recompute, tp=tp, precision=precision)
-                        candidates.append((strategy, config))
+                        for schedule in space.pp_schedules if pp > 1 else ("1f1b",):
+                            candidates.append((Strategy(zero=zero, offload=offload, recompute=recompute, tp=tp, pp=pp,
+                                                        pp_schedule=schedule, precision=precision), config))
     return candidates
 
 
@@ -202,16 +248,20 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
                             [TraceJob(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
                                   replace(candidates[0][1], micro_batch_size=rows), (0,))])[0]
         flops_per_example = first.flops[0] / (rows * first.accumulation)
-        states = {id(s): zero_model_states(numel // s.tp, s, world_size)["device"] for s, _ in candidates}
+        states = {id(s): zero_model_states(numel // (s.tp * s.pp), s, world_size)["device"]
+                  for s, _ in candidates}
         kept = [(s, c) for s, c in candidates if states[id(s)] < budget]
         kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, flops_per_example, world_size, spec))
         found: list[Plan] = []
         smallest: Plan | None = None
         for strategy, config in kept[:max_traces]:
+            ends = (0, world_size - world_size // strategy.pp) if strategy.pp > 1 else (0,)
             try:
-                estimate = trace_jobs(model_or_builder, example_batch, [TraceJob(strategy, world_size, config, (0,))])[0]
-            except ValueError:  # a layout the model's plan refuses (tp not dividing its heads)
+                estimate = trace_jobs(model_or_builder, example_batch, [TraceJob(strategy, world_size, config, ends)])[0]
+            except ValueError:  # a layout the model's plan refuses (tp not dividing its heads, no pipeline split)
                 continue
+            strategy = replace(strategy, pp_split=estimate.pp_split)  # the run cuts the stages traced
+            estimate = replace(estimate, strategy=strategy)
             traced = Plan(strategy, config.micro_batch_size, estimate.accumulation, estimate, step_time(estimate, spec))
             if smallest is None or traced.peak < smallest.peak:
                 smallest = traced
@@ -232,13 +282,18 @@ def _parameter_count(model_or_builder: ModelOrBuilder) -> int:
 def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, flops_per_example: float, world_size: int,
                  spec: DeviceSpec) -> float:
     """Seconds of a step before tracing it: compute from the FLOPs per example (a third more under
-    recompute), the ZeRO paper's data-parallel volume (2 P for ZeRO 0-2, 3 P for ZeRO 3, P the
-    parameter bytes of a tensor-parallel rank), offload traffic."""
-    dp = world_size // strategy.tp
+    recompute; a pipeline's bubble by its textbook fraction), the ZeRO paper's data-parallel
+    volume (2 P for ZeRO 0-2, 3 P for ZeRO 3, P the parameter bytes of a tensor- and
+    pipeline-parallel rank), offload traffic."""
+    degree = strategy.tp * strategy.pp
+    dp = world_size // degree
     throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
-    compute = flops_per_example * config.global_batch_size / dp / strategy.tp / throughput
+    compute = flops_per_example * config.global_batch_size / dp / degree / throughput
     compute *= 4 / 3 if strategy.recompute == "blocks" else 1.0
-    parameter_bytes = 4 * numel / strategy.tp
+    if strategy.pp > 1:
+        microbatches = config.global_batch_size // (config.micro_batch_size * dp)
+        compute /= 1 - analytic_bubble(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
+    parameter_bytes = 4 * numel / degree
     volume = (3 if strategy.zero == 3 else 2) * parameter_bytes * (dp - 1) / dp
     bandwidth = spec.node_bandwidth if world_size <= spec.devices_per_node else spec.network_bandwidth
     communication = volume / bandwidth

@@ -63,7 +63,7 @@ def plan_table(plans: list) -> str:
     every peak is below one GiB), the step time by part, and the flags."""
     unit, scale = ("GiB", 2**30) if max(p.peak for p in plans) >= 2**30 else ("MiB", 2**20)
     lines = [f"| # | peak {unit} | parameters | gradients | optimizer | activations + temporaries | step s | compute | "
-             "tensor-parallel | data-parallel | offload | zoo train flags |", "|" + "---|" * 12]
+             "tensor-parallel | data-parallel | offload | pipeline | zoo train flags |", "|" + "---|" * 13]
     for index, p in enumerate(plans, 1):
         parts = p.estimate.at_peak()
         t = p.time
@@ -71,5 +71,5 @@ def plan_table(plans: list) -> str:
                      f"{parts['gradients'] / scale:.2f} | {parts['optimizer'] / scale:.2f} | "
                      f"{(parts['activations'] + parts['temporaries']) / scale:.2f} | "
                      f"{t.total:.3f} | {t.compute:.3f} | {t.tensor_parallel:.3f} | {t.data_parallel:.3f} | "
-                     f"{t.offload:.3f} | `{p.train_flags()}` |")
+                     f"{t.offload:.3f} | {t.pipeline:.3f} | `{p.train_flags()}` |")
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from trainers.planner import SearchSpace, plan
 
 CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False, 1e-4)
 """A fixed CPU-like device, so that the ranking does not depend on this machine's load."""
-SPACE = SearchSpace(zero=(0, 3), offload=("none",), recompute=("none", "blocks"), micro_batch_sizes=(4, 2))
+SPACE = SearchSpace(zero=(0, 3), offload=("none",), recompute=("none", "blocks"), pp=(1,), micro_batch_sizes=(4, 2))
 
 
 def tiny_batch() -> dict[str, torch.Tensor]:
@@ -42,6 +42,27 @@ def test_plans_fit_the_budget_and_come_fastest_first():
     sharded = by_flags["--nproc 2 --strategy.zero 3 --strategy.offload none --strategy.recompute none "
                        "--strategy.precision fp32 --train.micro_batch_size 2"]
     assert sharded.accumulation == 2 and sharded.time.data_parallel > one.time.data_parallel
+
+
+@pytest.mark.timeout(300)
+def test_pipelined_plans_carry_their_split_and_their_bubble():
+    space = SearchSpace(zero=(0,), offload=("none",), recompute=("none",), pp=(1, 2), micro_batch_sizes=(2,))
+    plans = plan(functools.partial(GPT, TINY), tiny_batch(), 2, 10 << 20, CPU, space=space, top=20)
+    by_schedule = {p.strategy.pp_schedule: p for p in plans if p.strategy.pp == 2}
+    assert set(by_schedule) == {"gpipe", "1f1b", "zero_bubble"}
+    plain = next(p for p in plans if p.strategy.pp == 1)
+    gpipe, one_f_one_b = by_schedule["gpipe"], by_schedule["1f1b"]
+    # TINY has 2 blocks: one a stage, traced on both pipeline ranks; 4 micro batches of 2 a step.
+    assert one_f_one_b.strategy.pp_split == (1, 1) and len(one_f_one_b.estimate.ranks) == 2
+    assert one_f_one_b.train_flags().startswith("--nproc 2 --pp 2 --pp-schedule 1f1b --strategy.pp_split 1,1 ")
+    assert one_f_one_b.accumulation == 4 and plain.accumulation == 2
+    # GPipe keeps all 4 micro batches' activations on the first stage, 1F1B at most 2.
+    assert gpipe.peak > one_f_one_b.peak
+    assert one_f_one_b.time.pipeline > 0 == plain.time.pipeline
+    # The bubble: 1F1B's ranks idle (p - 1) / m of their busy time at unit pass costs.
+    flops = max(one_f_one_b.estimate.flops)
+    assert one_f_one_b.time.compute == pytest.approx(flops / CPU.fp32_flops)
+    assert one_f_one_b.time.pipeline >= one_f_one_b.time.compute * (2 - 1) / 4
 
 
 @pytest.mark.timeout(300)
