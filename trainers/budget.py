@@ -15,6 +15,11 @@ then higher stages when there are several data-parallel ranks, then offload on a
    leaves, checked by one more trace (and the room shrunk by any excess).
 The first candidate whose estimated peak fits (with `PLANNING_MARGIN` to spare) is the plan. Recompute and chunking change what is
 alive, never what is computed: the losses are those of the unconstrained run.
+
+Under pipeline parallelism every pipeline rank is traced and must fit. The stages are cut once,
+by the first trace, and the plan keeps that split (`Strategy.pp_split`). The knapsack runs per
+pipeline rank, over its own blocks in its own room, a kept output counting once for each micro
+batch the schedule holds in flight there (`trainers.pipeline_schedules.in_flight`).
 """
 
 from __future__ import annotations
@@ -96,7 +101,8 @@ class BudgetPlan:
             total = sum(len(ops) for ops in self.block_ops.values())
             recompute = f"blocks keep {chosen} of {total} operator outputs, recomputing the rest"
         chunks = "chunks as built" if self.chunk_bytes is None else f"chunks of {_mib(self.chunk_bytes)}"
-        return (f"ZeRO {self.strategy.zero}, offload {self.strategy.offload}, {recompute}, {chunks}: "
+        stages = "" if self.strategy.pp == 1 else f"stages of {self.strategy.pp_split} blocks, "
+        return (f"ZeRO {self.strategy.zero}, offload {self.strategy.offload}, {stages}{recompute}, {chunks}: "
                 f"estimated peak {_mib(self.peak)}")
 
 
@@ -144,32 +150,36 @@ class _Search:
         job = replace(layout_job(strategy, self.world, self.config, self.micro), keep=keep, chunk_bytes=chunk,
                       profile=profile)
         estimate = trace_jobs(self.model, self.batch, [job])[0]
-        peak = estimate.device_peak if self.on_gpu else estimate.peak
+        peak = max(estimate.rank_peaks(device_only=self.on_gpu))
         label = _KEEP_LABELS[keep] if isinstance(keep, str) else "keep chosen operators"
         self.tried.append(f"ZeRO {strategy.zero}, offload {strategy.offload}, {label}, "
                           f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}: {_mib(peak)}")
+        if strategy.pp > 1 and self.base.pp_split is None:  # later traces cut the stages this one did
+            self.base = replace(self.base, pp_split=estimate.pp_split)
         if self.smallest is None or peak < self.smallest[0]:
             self.smallest = (peak, self.tried[-1], estimate)
         return peak, estimate
 
-    def _layouts(self) -> list[Strategy]:
+    def _layouts(self) -> list[tuple[int, str]]:
+        """(ZeRO stage, offload) of each state layout to try, in order."""
         dp = self.world // (self.base.tp * self.base.pp)
-        layouts = [self.base]
+        layouts = [(self.base.zero, self.base.offload)]
         if dp > 1:
-            layouts += [replace(self.base, zero=zero) for zero in range(self.base.zero + 1, 4)]
+            layouts += [(zero, self.base.offload) for zero in range(self.base.zero + 1, 4)]
         if self.on_gpu:
-            top = layouts[-1]
-            if top.offload == "none":
-                layouts.append(replace(top, offload="optimizer"))
-            if top.offload != "params":
-                layouts.append(replace(top, zero=3, offload="params"))
+            zero, offload = layouts[-1]
+            if offload == "none":
+                layouts.append((zero, "optimizer"))
+            if offload != "params":
+                layouts.append((3, "params"))
         return layouts
 
     def run(self) -> BudgetPlan:
         budget = self.target
         blocks = None
-        for layout in self._layouts():
-            peak, _ = self._trace(layout, "all", None)
+        for zero, offload in self._layouts():
+            peak, _ = self._trace(replace(self.base, zero=zero, offload=offload), "all", None)
+            layout = replace(self.base, zero=zero, offload=offload)  # with the stages that trace cut
             if peak <= budget:
                 return self._plan(layout, "all", None, peak, blocks)
             chunk = max(MIN_CHUNK_BYTES, budget // 16)
@@ -184,17 +194,38 @@ class _Search:
                     continue
             blocks = estimate.block_ops
             recompute = replace(layout, recompute="blocks")
-            room = budget - floor
+            rooms = [budget - peak for peak in estimate.rank_peaks(device_only=self.on_gpu)]
             for _ in range(3):
-                keep = choose_saved_ops(blocks, room)
+                keep = self._choose(estimate, rooms, layout)
                 if not any(keep.values()):
                     break
-                peak, _ = self._trace(recompute, keep, chunk)
+                peak, traced = self._trace(recompute, keep, chunk)
                 if peak <= budget:
                     return self._plan(recompute, keep, chunk, peak, blocks)
-                room -= peak - budget
+                rooms = [room - max(0, peak - budget)
+                         for room, peak in zip(rooms, traced.rank_peaks(device_only=self.on_gpu))]
             return self._plan(recompute, "inputs", chunk, floor, blocks)
         raise MemoryBudgetError(self._refusal())
+
+    def _choose(self, estimate, rooms: list[int], strategy: Strategy) -> dict[str, frozenset]:
+        """The operator outputs to keep: the knapsack in `rooms` (per traced rank), each rank over
+        its own blocks, a kept output weighing its bytes times the micro batches in flight there."""
+        from trainers.data import pipeline_microbatches
+        from trainers.pipeline_schedules import in_flight, schedule_orders
+
+        if len(rooms) == 1:
+            return choose_saved_ops(estimate.block_ops, max(rooms[0], 0))
+        dp = self.world // (strategy.tp * strategy.pp)
+        runs = pipeline_microbatches(self.config.global_batch_size, self.config.micro_batch_size, dp,
+                                     strategy.microbatches)
+        orders = schedule_orders(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, runs)
+        keep: dict[str, frozenset] = {}
+        for index, room in enumerate(rooms):
+            held = in_flight(orders[index])
+            mine = {name: [replace(cost, bytes=cost.bytes * held) for cost in costs]
+                    for name, costs in estimate.block_ops.items() if estimate.block_ranks[name] == index}
+            keep.update(choose_saved_ops(mine, max(room, 0)))
+        return keep
 
     def _plan(self, strategy: Strategy, keep, chunk, peak, blocks) -> BudgetPlan:
         if isinstance(keep, str):

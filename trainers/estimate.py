@@ -67,6 +67,8 @@ class MemoryEstimate:
     holds it."""
     pp_split: tuple[int, ...] | None = None
     """Under pipeline parallelism, the blocks of each stage traced (`Strategy.pp_split`)."""
+    block_ranks: dict[str, int] = field(default_factory=dict)
+    """For a profiled job: the index in `ranks` of the traced rank that holds each block."""
 
     @property
     def peak(self) -> int:
@@ -77,11 +79,17 @@ class MemoryEstimate:
     def device_peak(self) -> int:
         """The largest share of the compute device (a GPU; on a CPU-only job, all of it) among the
         ranks, at their peaks (bytes): what each device must hold when state is offloaded."""
+        return max(self.rank_peaks(device_only=True))
+
+    def rank_peaks(self, device_only: bool) -> list[int]:
+        """Each traced rank's peak (bytes): all of it, or (`device_only`) the compute device's share."""
+        if not device_only:
+            return [rank.peak for rank in self.ranks]
         shares = []
         for rank in self.ranks:
             on_device = [stats for device, stats in rank.by_device.items() if not device.startswith("cpu")]
             shares.append(sum(sum(stats.values()) for stats in on_device or rank.by_device.values()))
-        return max(shares)
+        return shares
 
     def at_peak(self, rank: int = 0) -> dict[str, int]:
         """Bytes per category, all devices together, at the peak of `rank` (its index in `ranks`)."""
@@ -206,9 +214,10 @@ def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any
         started = time.perf_counter()
         traces = [_trace_rank(model_or_builder, example_batch, job, rank) for rank in job.ranks]
         block_ops = {name: ops for trace in traces for name, ops in trace.block_ops.items()}
+        block_ranks = {name: index for index, trace in enumerate(traces) for name in trace.block_ops}
         estimates.append(MemoryEstimate(job.strategy, job.world_size, [t.memory for t in traces],
                                         [t.flops for t in traces], [t.traffic for t in traces], job.accumulation,
-                                        time.perf_counter() - started, block_ops, traces[0].pp_split))
+                                        time.perf_counter() - started, block_ops, traces[0].pp_split, block_ranks))
     return estimates
 
 

@@ -186,6 +186,17 @@ def simulate(orders: list[list[Action]], stages_per_rank: int, costs: dict[str, 
     return Timeline(spans)
 
 
+def in_flight(order: list[Action]) -> int:
+    """The most micro batches (of any stage) whose forward has run on a rank following `order`
+    and whose backward (weight pass, where split) has not: how many sets of stage activations it
+    holds at once."""
+    held = most = 0
+    for kind, _, _ in order:
+        held += {"F": 1, "B": -1, "W": -1}.get(kind, 0)
+        most = max(most, held)
+    return most
+
+
 def analytic_bubble(name: str, pp: int, stages_per_rank: int, microbatches: int) -> float:
     """The textbook bubble fraction at equal forward, input-gradient and weight-gradient costs:
     (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) with v stages per rank for

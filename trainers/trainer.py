@@ -331,9 +331,6 @@ class Trainer:
         if example_batch is None:
             raise ValueError("Strategy.memory_budget needs Trainer(example_batch=...): one micro batch (the largest) "
                              "to plan the step's memory with; got None")
-        if strategy.pp > 1:
-            raise NotImplementedError("Strategy.memory_budget with Strategy.pp > 1: the estimator does not trace "
-                                      "pipelines yet")
         outcome: list[Any] = [None]
         if self.env.rank == 0:
             try:

@@ -10,7 +10,7 @@ import typing
 import pytest
 import torch
 
-from helpers import lm_examples, relative_error, tiny_gpt
+from helpers import lm_examples, relative_error, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.budget import MemoryBudgetError
 from trainers.data import first_micro_batch
@@ -18,16 +18,7 @@ from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_
 
 
 def gpt_case():
-    from nlp.data import TokenBlocks
-    from nlp.gpt import GPT, GPTConfig
-    from nlp.tokenizers import CharTokenizer
-    from zoo.corpora import shakespeare_text
-
-    text = shakespeare_text()[:20_000]
-    tokenizer = CharTokenizer("".join(sorted(set(text))))
-    data = TokenBlocks(torch.tensor(tokenizer.encode(text)), 128)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layer=16, n_head=4, n_embd=32, dropout=0.1)
-    return (lambda: GPT(config)), data, None, 32
+    return shakespeare_gpt()
 
 
 def conformer_case():

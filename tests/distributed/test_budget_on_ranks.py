@@ -1,0 +1,41 @@
+"""A memory budget held on 2 gloo ranks: a pipelined GPT at a quarter of its peak (every pipeline
+rank traced, the knapsack per rank), and a data-parallel one whose model states force the ZeRO
+ladder; each with the losses of its unconstrained run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import torchrun
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("budget") / "runs.pt"
+    torchrun(2, str(out), "pp", "dp", script="budget_worker.py", timeout=600)
+    return torch.load(out, weights_only=False)
+
+
+def _held(run: dict) -> None:
+    assert len(run["peaks"]) == 2 and max(run["peaks"]) <= run["budget"], run
+    assert run["planned_peak"] <= run["budget"]
+    for held, free in zip(run["held"], run["free"], strict=True):
+        assert abs(held - free) <= 1e-6 * abs(free), (run["held"], run["free"])
+
+
+@pytest.mark.timeout(700)
+def test_a_pipeline_holds_a_quarter_of_its_peak(runs):
+    run = runs["pp"]
+    _held(run)
+    strategy = run["strategy"]
+    assert strategy.pp == 2 and strategy.pp_split == (16, 16) and strategy.recompute == "blocks", run["plan"]
+    assert "stages of (16, 16) blocks" in run["plan"]
+
+
+@pytest.mark.timeout(700)
+def test_model_states_over_the_budget_climb_the_zero_ladder(runs):
+    run = runs["dp"]
+    _held(run)
+    assert run["strategy"].zero > 0, run["tried"]
+    assert run["tried"][0].startswith("ZeRO 0, offload none, keep everything") and len(run["tried"]) >= 4
