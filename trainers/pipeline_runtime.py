@@ -6,8 +6,9 @@ stage's backward starts from the micro batch's loss times `loss_factor` (the los
 step's micro batch count), so gradients accumulate exactly as the one-process trainer's do. A
 zero-bubble schedule's "I" pass computes only the input carry's gradients (torch's
 `stage_backward_input`, which also keeps what the weight pass needs) and its "W" pass the
-parameters' (`stage_backward_weight`); on the first stage, whose input needs no gradient, "I" does
-nothing and "W" runs the whole backward.
+parameters'; on the first stage, whose input needs no gradient, "I" does
+nothing and "W" runs the whole backward. The weight pass is one backward over the stage's
+parameters (`trainers.weight_pass`).
 
 Data parallelism is switched around each action by `trainers.pipeline_sharding`.
 """
@@ -21,12 +22,13 @@ from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._backward import stage_backward_input
 
 from trainers.pipeline_comm import PipelineLink, differentiable
 from trainers.pipeline_schedules import Action, stage_rank
 from trainers.pipeline_sharding import StageSharding
 from trainers.pipeline_stage import StageModule
+from trainers.weight_pass import weight_pass
 from zoo.plan import Carry
 
 
@@ -193,9 +195,7 @@ class Pipeline:
             if stage.is_first:
                 torch.autograd.backward(saved.outputs, saved.grads)
             else:
-                # Retained: torch frees each parameter group's graph as it goes, but groups can
-                # share nodes (the Evoformer's); the graph goes with `saved` right after.
-                stage_backward_weight(stage.parameters(), saved.weight_pass, retain_graph=True)
+                weight_pass(stage.parameters(), saved.weight_pass)
             del pending[key]
 
     def _send_input_grads(self, stage: StageModule, micro: int, inputs: list[torch.Tensor]) -> None:
