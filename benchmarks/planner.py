@@ -4,7 +4,9 @@
 
 For each world size it lists the layouts of a GPT (4 blocks, width 256, 256 tokens, global batch
 16): ZeRO 0 and 3, recompute none and blocks, tensor-parallel degrees that divide the world, micro
-batches of 4 and 2 examples (one data-parallel rank: ZeRO 0 only); estimates each with the planner's
+batches of 4 and 2 examples (one data-parallel rank: ZeRO 0 only); and pipelined over 2 ranks (2
+blocks a stage) under GPipe, 1F1B and zero-bubble, ZeRO 0, no recompute, micro batches of 4 and 2
+(with tensor parallelism over the rest at 4 ranks); estimates each with the planner's
 cost model on the "cpu" device measured here (`trainers.planner.step_time` on the traced step), and
 measures each: one torchrun launch (gloo, OMP_NUM_THREADS=1) trains every layout for 5 steps, the
 median of steps 3-5. It prints predicted against measured seconds, the Spearman rank correlation,
@@ -41,7 +43,17 @@ def layouts(world: int) -> list[tuple[dict, int]]:
             for recompute in ("none", "blocks"):
                 for micro in (4, 2):
                     result.append((dict(zero=zero, recompute=recompute, tp=tp), micro))
+    for schedule in ("gpipe", "1f1b", "zero_bubble"):
+        for micro in (4, 2):
+            result.append((dict(zero=0, recompute="none", tp=world // 2, pp=2, pp_schedule=schedule, pp_split=(2, 2)),
+                           micro))
     return result
+
+
+def label(fields: dict) -> str:
+    """A layout's row label."""
+    text = f"tp {fields['tp']} ZeRO {fields['zero']} recompute {fields['recompute']}"
+    return text + (f" pp 2 {fields['pp_schedule']}" if fields.get("pp", 1) > 1 else "")
 
 
 def _config(micro: int):  # noqa: ANN202
@@ -138,7 +150,7 @@ def main() -> None:
         print(f"| {world} ranks: layout | micro batch | predicted s | measured s | traced peak MiB |\n|---|---|---|---|---|")
         for r in sorted(table, key=lambda r: r["predicted"]):
             f = r["fields"]
-            print(f"| tp {f['tp']} ZeRO {f['zero']} recompute {f['recompute']} | {r['micro']} | {r['predicted']:.3f} | "
+            print(f"| {label(f)} | {r['micro']} | {r['predicted']:.3f} | "
                   f"{r['measured']:.3f} | {r['peak'] / 2**20:.1f} |")
         rho = spearman([r["predicted"] for r in table], [r["measured"] for r in table])
         first = min(table, key=lambda r: r["predicted"])
