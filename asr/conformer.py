@@ -71,7 +71,7 @@ CONFORMER_SIZES = {
 """Preset encoder shapes (80 input bins)."""
 
 
-def subsampled_lengths(lengths: torch.Tensor, frame_stack: int = 1) -> torch.Tensor:
+def subsampled_lengths(lengths: torch.Tensor | int, frame_stack: int = 1) -> torch.Tensor | int:
     """Frames left of `lengths` frames after two 3x3 stride-2 convolutions without padding and
     merging `frame_stack` frames into one."""
     return (((lengths - 1) // 2 - 1) // 2) // frame_stack
@@ -87,7 +87,7 @@ class Subsampling(nn.Module):
         self.frame_stack = config.frame_stack
         self.conv1 = nn.Conv2d(1, first, 3, stride=2)
         self.conv2 = nn.Conv2d(first, second, 3, stride=2)
-        self.out = nn.Linear(config.frame_stack * second * subsampled_lengths(torch.tensor(config.input_dim)).item(),
+        self.out = nn.Linear(config.frame_stack * second * subsampled_lengths(config.input_dim),
                              config.width)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 
 from asr.conformer import CONFORMER_SIZES, ConformerConfig, ConformerEncoder
 from asr.decoder import Joiner, StatelessDecoder
-from asr.features import SpecAugment
+from asr.features import FeatureConfig, SpecAugment
 from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.plan import Carry, ModelPlan, PipelineSplit
@@ -102,6 +102,24 @@ class Transducer(nn.Module):
         self.register_buffer("feature_mean", torch.zeros(config.encoder.input_dim))
         self.register_buffer("feature_std", torch.ones(config.encoder.input_dim))
         self.training_step = 0
+
+    PLAN_SECONDS = 10
+    """Seconds of audio per utterance in `example_batch`."""
+    PLAN_TOKENS = 100
+    """Non-blank output tokens per utterance in `example_batch`."""
+
+    @staticmethod
+    def example_batch(config: TransducerConfig, rows: int) -> dict[str, torch.Tensor]:
+        """A training micro batch of `rows` utterances of PLAN_SECONDS seconds: input_features (rows,
+        T, F) random log-mel frames (T = 1001 for 10 s at a 10 ms hop, F = encoder.input_dim), an
+        attention_mask (rows, T) of ones and labels (rows, PLAN_TOKENS) of random non-blank tokens:
+        what `zoo plan` estimates a step with."""
+        features = FeatureConfig()
+        frames = int(features.frames(torch.tensor(Transducer.PLAN_SECONDS * features.sample_rate)))
+        labels = torch.randint(0, config.vocab_size - 1, (rows, Transducer.PLAN_TOKENS))
+        return {"input_features": torch.randn(rows, frames, config.encoder.input_dim),
+                "attention_mask": torch.ones(rows, frames, dtype=torch.long),
+                "labels": labels + (labels >= config.blank_id).long()}
 
     def parallel_plan(self) -> ModelPlan:
         """Each Conformer block is one shard and recompute unit; its two feed-forwards and its

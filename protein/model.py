@@ -24,11 +24,11 @@ from torch import nn
 
 from protein.chunking import chunk_size_for
 from protein.evoformer import Evoformer, EvoformerConfig
-from protein.features import MSA_FEATURES, relative_positions, target_features
+from protein.features import MSA_FEATURES, msa_features, relative_positions, target_features
 from protein.frames import Frames
 from protein.losses import distogram_logits, distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
 from protein.precision import LayerNorm
-from protein.residues import ALPHABET_SIZE
+from protein.residues import ALPHABET_SIZE, AMINO_ACIDS
 from protein.structure_module import StructureConfig, StructureModule
 from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
@@ -106,6 +106,29 @@ class FoldingModel(nn.Module):
         self.training_step = 0
         self.plddt_head = nn.Sequential(LayerNorm(width), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
+
+    PLAN_CROP = 256
+    """Residues per crop in `example_batch` (AlphaFold's initial-training crop)."""
+    PLAN_MSA_ROWS = 8
+    """MSA rows per crop in `example_batch` (the training crops' default)."""
+
+    @staticmethod
+    def example_batch(config: FoldConfig, rows: int) -> dict[str, torch.Tensor]:
+        """A training micro batch of `rows` random crops of PLAN_CROP residues L with a random
+        profile sampled into PLAN_MSA_ROWS rows S: input_ids, position_ids (rows, L), msa_features
+        (rows, S, L, MSA_FEATURES), msa_mask (rows, S, L), coordinates (rows, L, 5, 3) of a random walk
+        with 3.8 Å between residues, atom_mask (rows, L, 5) all present, attention_mask (rows, L) of
+        ones: what `zoo plan` estimates a step with."""
+        length, depth = FoldingModel.PLAN_CROP, FoldingModel.PLAN_MSA_ROWS
+        residues = torch.randint(0, len(AMINO_ACIDS), (rows, length))
+        profiles = torch.rand(rows, length, len(AMINO_ACIDS)).softmax(-1)
+        msa = [msa_features(r, p, depth) for r, p in zip(residues, profiles)]
+        steps = torch.nn.functional.normalize(torch.randn(rows, length, 1, 3), dim=-1) * 3.8
+        atoms = torch.randn(rows, length, 5, 3) * 1.5  # N, CA, C, O, CB about each residue
+        return {"input_ids": residues, "position_ids": torch.arange(length).expand(rows, length).clone(),
+                "msa_features": torch.stack([features for features, _ in msa]),
+                "msa_mask": torch.stack([mask for _, mask in msa]), "coordinates": steps.cumsum(1) + atoms,
+                "atom_mask": torch.ones(rows, length, 5, dtype=torch.bool), "attention_mask": torch.ones(rows, length)}
 
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit; under tensor parallelism the

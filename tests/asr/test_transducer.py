@@ -104,3 +104,22 @@ def test_beam_one_is_greedy_with_as_many_symbols_per_frame(symbols):
         assert max(len(h) - n for h, n in zip(searched, lengths.tolist())) > 0
     with pytest.raises(ValueError, match="beam and max_symbols_per_frame must be >= 1"):
         modified_beam_search(model, encoded, lengths, beam=0)
+
+
+@pytest.mark.parametrize("blank", [0, 7])
+def test_the_example_batch_is_ten_seconds_of_frames_with_non_blank_labels_the_model_trains_on(blank):
+    model = tiny(blank_id=blank)
+    batch = type(model).example_batch(model.config, 2)
+    assert batch["input_features"].shape == (2, 1001, BINS) and batch["attention_mask"].shape == (2, 1001)
+    assert batch["attention_mask"].dtype == torch.long and bool(batch["attention_mask"].eq(1).all())
+    labels = batch["labels"]
+    assert labels.shape == (2, 100) and bool(labels.ne(blank).all()) and 0 <= labels.min() <= labels.max() < 8
+    loss = model(**batch)["loss"]
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_the_model_builds_on_the_meta_device_as_a_planner_builds_it():
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in tiny().named_parameters()}
+    assert shapes == {name: p.shape for name, p in tiny().named_parameters()}

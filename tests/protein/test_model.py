@@ -134,3 +134,18 @@ def test_training_recycles_are_drawn_from_the_step_so_ranks_agree(batch):
     counts = [count(step) for step in range(8)]
     assert set(counts) == {1, 2}  # max_recycles = 1: one or two passes
     assert [count(step) for step in range(8)] == counts
+
+
+def test_the_example_batch_has_the_training_batch_format_and_trains(batch):
+    folding = model()
+    example = FoldingModel.example_batch(folding.config, 2)
+    assert example.keys() == batch.keys()
+    assert all(value.dtype == batch[key].dtype and value.ndim == batch[key].ndim for key, value in example.items())
+    shapes = {key: tuple(value.shape) for key, value in example.items()}
+    features = batch["msa_features"].shape[-1]
+    assert shapes == {"input_ids": (2, 256), "position_ids": (2, 256), "attention_mask": (2, 256),
+                      "msa_features": (2, 8, 256, features), "msa_mask": (2, 8, 256), "coordinates": (2, 256, 5, 3),
+                      "atom_mask": (2, 256, 5)}
+    loss = folding(**example)["loss"]
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in folding.parameters() if p.grad is not None)

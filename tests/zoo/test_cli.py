@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from zoo.model_folder import CARD_FILE
 
@@ -158,6 +161,40 @@ def test_plan_prints_layouts_that_fit_with_their_train_flags():
         assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
 
 
+@pytest.mark.parametrize("arch, fields", [("transducer", ()), ("fold", ("--evoformer.blocks", "2"))])
+def test_plan_traces_the_example_batch_of_each_architecture(arch, fields):
+    result = zoo_cli("plan", arch, "--nproc", "2", "--memory", "4GiB", "--max-traces", "2", "--top", "2", *fields,
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 2, result.stdout
+    mib = 1024 if "| peak GiB |" in result.stdout else 1  # the table's unit: GiB once a peak reaches one
+    peaks = [float(row.strip("|").split("|")[1]) * mib for row in rows]
+    assert all(0 < peak <= 4 * 1024 for peak in peaks), result.stdout
+
+
+def test_plan_of_an_architecture_without_an_example_batch_says_so():
+    from zoo.plan_command import cmd_plan
+    from zoo.registry import register
+
+    @dataclasses.dataclass
+    class NoBatchConfig:
+        """A config."""
+
+        width: int = 4
+        """Features."""
+
+    @register("test-no-example-batch", NoBatchConfig)
+    class NoBatch(torch.nn.Linear):
+        def __init__(self, config: NoBatchConfig) -> None:
+            super().__init__(config.width, config.width)
+
+    args = argparse.Namespace(model="test-no-example-batch", nproc=2, memory="1GiB", device="cpu", micro_batch_size=1,
+                              global_batch_size=None, top=1, max_traces=1)
+    with pytest.raises(ValueError, match=r"architecture 'test-no-example-batch' has no example_batch\(config, rows\)"):
+        cmd_plan(args, {})
+
+
 def test_bad_inputs_end_in_one_clear_line(tmp_path):
     bad = write_bad_inputs(tmp_path)
     cases = [
@@ -184,8 +221,8 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
          "memory_budget must be a positive number of bytes or a string with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"),
         (("plan", "gpt", "--nproc", "2", "--memory", "1GiB", "--device", "tpu"),
          "device must be one of 'h100', 'a100', 'cpu' or a trainers.DeviceSpec; got 'tpu'"),
-        (("plan", "transducer", "--nproc", "2", "--memory", "1GiB"),
-         "architecture 'transducer' has no example_batch(config, rows)"),
+        (("plan", "bert", "--nproc", "2", "--memory", "1GiB", "--head", "none"),
+         "BertConfig.head='none' has no training loss; a plan needs 'mlm' or 'classification'"),
         (("plan", "gpt", "--nproc", "2", "--memory", "1GiB", "--n_layers", "3"), "unknown option --n_layers"),
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
          "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
