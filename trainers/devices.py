@@ -40,6 +40,11 @@ class DeviceSpec:
     after it (gloo on the cores that compute)."""
     latency: float
     """Seconds a collective call costs besides its bytes."""
+    memory_bandwidth: float
+    """Bytes per second that element-wise operators, reductions and copies read and write."""
+    op_seconds: float
+    """Seconds each operator call costs besides its work (framework dispatch: on CPU, in line with
+    the work; zero for the GPU presets, whose asynchronous launches overlap the kernels)."""
 
 
 GIB = 1 << 30
@@ -47,10 +52,13 @@ GIB = 1 << 30
 DEVICES = {
     # H100 SXM: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 (no TF32); NVLink 4 450 GB/s a direction;
     # 400 Gb/s InfiniBand per GPU; PCIe 5 x16.
-    # NCCL's small-message latency, about 20 us.
-    "h100": DeviceSpec("h100", 80 * GIB, 0.5 * 989e12, 0.5 * 67e12, 450e9, 50e9, 55e9, 8, True, 20e-6),
-    # A100 SXM 80 GB: 312 TFLOP/s dense bf16, 19.5 fp32; NVLink 3 300 GB/s; 200 Gb/s InfiniBand; PCIe 4.
-    "a100": DeviceSpec("a100", 80 * GIB, 0.5 * 312e12, 0.5 * 19.5e12, 300e9, 25e9, 25e9, 8, True, 25e-6),
+    # NCCL's small-message latency, about 20 us. HBM3 3.35 TB/s, of which element-wise kernels reach
+    # about 80%.
+    "h100": DeviceSpec("h100", 80 * GIB, 0.5 * 989e12, 0.5 * 67e12, 450e9, 50e9, 55e9, 8, True, 20e-6, 0.8 * 3.35e12, 0.0),
+    # A100 SXM 80 GB: 312 TFLOP/s dense bf16, 19.5 fp32; NVLink 3 300 GB/s; 200 Gb/s InfiniBand; PCIe 4;
+    # HBM2e 2.04 TB/s.
+    "a100": DeviceSpec("a100", 80 * GIB, 0.5 * 312e12, 0.5 * 19.5e12, 300e9, 25e9, 25e9, 8, True, 25e-6, 0.8 * 2.04e12,
+                       0.0),
 }
 """Presets; "cpu" is measured on this machine when asked for (`device_spec`)."""
 
@@ -86,15 +94,17 @@ def device_spec(device: str | DeviceSpec, ranks: int = 2) -> DeviceSpec:
 
 def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
     """This machine as the device of each of `ranks` CPU processes (OMP_NUM_THREADS=1): one
-    thread's matrix-multiply throughput (fp32 and bf16), shared when there are more ranks than
-    cores; gloo's all-reduce bandwidth and per-call latency between min(ranks, 4) processes started
-    for the measurement; memory-copy bandwidth for offload; no overlap."""
+    thread's matrix-multiply throughput (fp32 and bf16), element-wise bandwidth and seconds per
+    operator call (an autograd-recorded add), shared when there are more ranks than cores; gloo's
+    all-reduce bandwidth and per-call latency between min(ranks, 4) processes started for the
+    measurement; memory-copy bandwidth for offload; no overlap."""
     cores = os.cpu_count() or 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         share = min(1.0, cores / max(ranks, 1))
         fp32, bf16 = share * _matmul_flops(torch.float32, seconds), share * _matmul_flops(torch.bfloat16, seconds)
+        elementwise, op_seconds = share * _add_bandwidth(1 << 22, seconds), _add_seconds(seconds) / share
     finally:
         torch.set_num_threads(threads)
     source = torch.ones(1 << 24, dtype=torch.uint8)
@@ -106,7 +116,8 @@ def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
     copy_bandwidth = copies * source.numel() / (time.perf_counter() - started)
     bandwidth, latency = gloo_link(min(max(ranks, 2), 4))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec("cpu", memory, bf16, fp32, bandwidth, bandwidth, copy_bandwidth, max(cores, ranks), False, latency)
+    return DeviceSpec("cpu", memory, bf16, fp32, bandwidth, bandwidth, copy_bandwidth, max(cores, ranks), False, latency,
+                      elementwise, op_seconds)
 
 
 def gloo_link(ranks: int) -> tuple[float, float]:
@@ -146,3 +157,25 @@ def _matmul_flops(dtype: torch.dtype, seconds: float) -> float:
         a @ a
         count += 1
     return count * 2 * 512**3 / (time.perf_counter() - started)
+
+
+def _add_bandwidth(numel: int, seconds: float) -> float:
+    """Bytes per second an add of two `numel`-element fp32 tensors reads and writes."""
+    a, b = torch.randn(numel), torch.randn(numel)
+    c = a + b  # warm-up
+    started, count = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        torch.add(a, b, out=c)
+        count += 1
+    return count * 3 * a.nbytes / (time.perf_counter() - started)
+
+
+def _add_seconds(seconds: float) -> float:
+    """Seconds of one autograd-recorded add of 1-element tensors: an operator call's overhead."""
+    a, b = torch.ones(1, requires_grad=True), torch.ones(1)
+    a + b  # warm-up
+    started, count = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        a + b
+        count += 1
+    return (time.perf_counter() - started) / count

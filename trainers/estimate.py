@@ -7,9 +7,10 @@ step's micro batches, the optimizer step) on fake tensors in a fake process grou
 (`trainers.memory.StepMemoryProbe`). So the estimate covers everything a real step holds at its
 peak: parameters, gradients, optimizer state, activations, backward temporaries, gathered ZeRO-3
 parameters, reduction buffers, for any model, ZeRO stage, offload, recompute, precision and
-tensor-parallel degree. The same trace counts the step's FLOPs and collective traffic, which the
-planner's cost model (`trainers.planner`) turns into time. It runs in a fresh process, so the
-caller's own process group, if any, is untouched.
+tensor-parallel degree. The same trace counts the step's work (matrix-multiply FLOPs, the other
+operators' memory traffic and calls) and collective traffic, which the planner's cost model
+(`trainers.planner`) turns into time. It runs in a fresh process, so the caller's own process
+group, if any, is untouched.
 
 A pipelined job (Strategy.pp > 1) is traced on each pipeline rank, which runs its stages through
 the schedule with the carries of its peers made up from their shapes (`trainers.fake_pipeline`):
@@ -33,6 +34,7 @@ from torch import nn
 from trainers.config import TrainConfig
 from trainers.memory import RankMemory, StepMemoryProbe
 from trainers.recompute import Keep, OpCost
+from trainers.step_counters import Work
 from trainers.strategy import Strategy
 
 ModelOrBuilder = nn.Module | Callable[[], nn.Module]
@@ -51,9 +53,9 @@ class MemoryEstimate:
     ranks: list[RankMemory]
     """One per traced rank: `peak` is the step's peak of tensor bytes on the rank, `by_device`
     its composition at that moment, by device and category."""
-    flops: list[int]
-    """Per traced rank: the step's floating-point operations (matrix multiplies, convolutions,
-    attention; recomputed forwards included; `trainers.step_counters.FlopCount`)."""
+    work: list[Work]
+    """Per traced rank: the step's matrix-multiply FLOPs, other operators' memory traffic and
+    operator calls (recomputed forwards included; `trainers.step_counters.WorkCount`)."""
     traffic: list[dict[tuple[str, tuple[int, ...]], tuple[int, int]]]
     """Per traced rank: (payload bytes, calls) of the step's collectives by (kind, the group's
     global ranks)."""
@@ -216,7 +218,7 @@ def trace_jobs(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any
         block_ops = {name: ops for trace in traces for name, ops in trace.block_ops.items()}
         block_ranks = {name: index for index, trace in enumerate(traces) for name in trace.block_ops}
         estimates.append(MemoryEstimate(job.strategy, job.world_size, [t.memory for t in traces],
-                                        [t.flops for t in traces], [t.traffic for t in traces], job.accumulation,
+                                        [t.work for t in traces], [t.traffic for t in traces], job.accumulation,
                                         time.perf_counter() - started, block_ops, traces[0].pp_split, block_ranks))
     return estimates
 
@@ -226,7 +228,7 @@ class _RankTrace:
     """What tracing one rank's step gives."""
 
     memory: RankMemory
-    flops: int
+    work: Work
     traffic: dict[tuple[str, tuple[int, ...]], tuple[int, int]]
     block_ops: dict[str, list[OpCost]]
     pp_split: tuple[int, ...] | None
@@ -234,9 +236,9 @@ class _RankTrace:
 
 def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], job: TraceJob,
                 rank: int) -> _RankTrace:
-    """The memory, FLOPs, collective bytes and calls, and block operator costs of `rank`'s second
+    """The memory, work, collective bytes and calls, and block operator costs of `rank`'s second
     training step: its first two micro batches (pipelined: its first two runs of the schedule) and
-    the optimizer step are traced, the FLOPs and traffic of those between counted as the first's."""
+    the optimizer step are traced, the work and traffic of those between counted as the first's."""
     # Imported here: the estimating process needs them, the caller's does not.
     from trainers.data import check_batch_sizes, pipeline_microbatches
     from trainers.budget import set_chunk_bytes
@@ -249,7 +251,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     from trainers.pipeline_step import build_pipeline, pipeline_passes
     from trainers.recompute import RecomputePolicy
     from zoo.plan import model_plan
-    from trainers.step_counters import CollectiveLog, FlopCount
+    from trainers.step_counters import CollectiveLog, WorkCount
     from trainers.trainer import accumulate_gradients
 
     strategy, config = job.strategy, job.config
@@ -288,15 +290,15 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             passes = accumulation // per_pass
             traced = min(passes, 2)
 
-            first_pass: list[tuple[int, dict]] = []
-            """The counters after the first pass (FLOPs, traffic)."""
+            first_pass: list[tuple[Work, dict]] = []
+            """The counters after the first pass (work, traffic)."""
 
-            def batches(counters: tuple[FlopCount, CollectiveLog]) -> Iterator[dict[str, Any]]:
+            def batches(counters: tuple[WorkCount, CollectiveLog]) -> Iterator[dict[str, Any]]:
                 """Each micro batch made inside the step, as the trainer collates it there."""
                 for index in range(traced * per_pass):
                     if index == per_pass:
-                        flops, traffic = counters
-                        first_pass.append((flops.flops, traffic.counts()))
+                        work, traffic = counters
+                        first_pass.append((work.work, traffic.counts()))
                     yield {key: value.to(env.device, copy=True) if isinstance(value, torch.Tensor) and value.ndim
                            else value for key, value in micro_batch.items()}
 
@@ -308,22 +310,22 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             optimizer.zero_grad()
             masters = [slot.work for slot in optimizer.slots if optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
-            with probe, FlopCount() as flops, CollectiveLog() as traffic:
+            with probe, WorkCount() as work, CollectiveLog() as traffic:
                 if pipeline is None:
-                    accumulate_gradients(model, model_class, batches((flops, traffic)), strategy.zero, traced, 1.0)
+                    accumulate_gradients(model, model_class, batches((work, traffic)), strategy.zero, traced, 1.0)
                 else:
-                    pipeline_passes(pipeline, parts, batches((flops, traffic)), traced * per_pass, per_pass, 1.0,
+                    pipeline_passes(pipeline, parts, batches((work, traffic)), traced * per_pass, per_pass, 1.0,
                                     env.device)
                 probe.after_backward()
                 optimizer.step(config.lr)
                 optimizer.zero_grad()
-            total_flops, total_traffic = flops.flops, traffic.counts()
+            total_work, total_traffic = work.work, traffic.counts()
             if first_pass:  # the step's middle passes repeat its first (no gradient sync under ZeRO 0-1)
-                pass_flops, pass_traffic = first_pass[0]
+                pass_work, pass_traffic = first_pass[0]
                 repeats = passes - traced
-                total_flops += repeats * pass_flops
+                total_work += pass_work * repeats
                 for key, (nbytes, calls) in pass_traffic.items():
                     step_bytes, step_calls = total_traffic[key]
                     total_traffic[key] = (step_bytes + repeats * nbytes, step_calls + repeats * calls)
-            return _RankTrace(probe.report(rank), total_flops, total_traffic, {} if policy is None else policy.profiles,
+            return _RankTrace(probe.report(rank), total_work, total_traffic, {} if policy is None else policy.profiles,
                               None if parts is None else tuple(len(r) for r in parts.layout.ranges))

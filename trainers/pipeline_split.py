@@ -8,7 +8,7 @@ modules) comes from an example micro batch:
   factor miss: on GPT with an 8k-word head that estimate weighs the head at 6 blocks where it
   trains like 4;
 - estimated, for a model on the meta device or of fake tensors (the memory estimator's), or on request: its training FLOPs, counted by
-  `trainers.step_counters.FlopCount` on meta or fake tensors (no memory allocated, nothing computed), plus the
+  `trainers.step_counters.WorkCount` on meta or fake tensors (no memory allocated, nothing computed), plus the
   optimizer's work on its parameters. A 50k-word head costs what its matrix multiply costs, an
   embedding lookup almost nothing.
 Without an example batch the cost is the parameter count. The stages are then the contiguous
@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
-from trainers.step_counters import FlopCount
+from trainers.step_counters import WorkCount
 
 TRAINING_FLOPS_PER_FORWARD = 3.0
 """A training step's FLOPs over the forward's: the backward computes input and weight gradients."""
@@ -125,7 +125,7 @@ def _training_seconds(run: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def _flops(run: Callable[[], Any]) -> tuple[Any, float]:
-    with FlopCount() as counter:
+    with WorkCount() as counter:
         result = run()
     return result, float(counter.flops)
 

@@ -9,7 +9,9 @@ with the estimator (`trainers.estimate`: the layout's own step on fake tensors, 
 memory, FLOPs and collectives), and keeps those whose traced peak fits. The plans come back ranked
 by `step_time`, the cost model on the traced numbers:
 
-    compute        the step's FLOPs over the device's throughput (recompute's extra forward included)
+    compute        the step's matrix-multiply FLOPs over the device's throughput, plus the other
+                   operators' bytes read and written over its memory bandwidth, plus a dispatch
+                   cost per operator call (recompute's extra forward included)
     tensor-parallel collectives over the link of their group (within a node or across nodes):
                    a latency per call, and ring costs: 2(g-1)/g of the payload for an
                    all-reduce, (g-1)/g for an all-gather or reduce-scatter
@@ -45,6 +47,7 @@ from trainers.devices import DeviceSpec, device_spec, parse_bytes
 from trainers.estimate import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
 from trainers.memory import zero_model_states
 from trainers.pipeline_schedules import analytic_bubble, schedule_orders, simulate
+from trainers.step_counters import Work
 from trainers.strategy import Strategy
 
 RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
@@ -167,8 +170,7 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
     """The cost model (module docstring) on the traced step: each part is the largest over the
     traced ranks."""
     strategy = estimate.strategy
-    throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
-    compute = max(estimate.flops) / throughput
+    compute = max(compute_seconds(work, strategy, spec) for work in estimate.work)
     tensor_parallel = data_parallel = point_to_point = 0.0
     for traffic in estimate.traffic:
         rank_tp = rank_dp = rank_p2p = 0.0
@@ -197,6 +199,12 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
         microbatches = estimate.accumulation if strategy.microbatches is None else strategy.microbatches
         bubble = compute * idle_share(strategy, microbatches)
     return StepTime(compute, tensor_parallel, data_parallel, offload, bubble + point_to_point)
+
+
+def compute_seconds(work: Work, strategy: Strategy, spec: DeviceSpec) -> float:
+    """Seconds of a rank's `work` on `spec`, its operators run one after another."""
+    throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
+    return work.flops / throughput + work.memory_bytes / spec.memory_bandwidth + work.calls * spec.op_seconds
 
 
 def idle_share(strategy: Strategy, microbatches: int) -> float:
@@ -247,11 +255,11 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
         first = trace_jobs(model_or_builder, example_batch,
                             [TraceJob(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
                                   replace(candidates[0][1], micro_batch_size=rows), (0,))])[0]
-        flops_per_example = first.flops[0] / (rows * first.accumulation)
         states = {id(s): zero_model_states(numel // (s.tp * s.pp), s, world_size)["device"]
                   for s, _ in candidates}
         kept = [(s, c) for s, c in candidates if states[id(s)] < budget]
-        kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, flops_per_example, world_size, spec))
+        kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, first.work[0], rows, first.accumulation, world_size,
+                                              spec))
         found: list[Plan] = []
         smallest: Plan | None = None
         for strategy, config in kept[:max_traces]:
@@ -279,19 +287,22 @@ def _parameter_count(model_or_builder: ModelOrBuilder) -> int:
         return sum(p.numel() for p in model_or_builder().parameters())
 
 
-def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, flops_per_example: float, world_size: int,
-                 spec: DeviceSpec) -> float:
-    """Seconds of a step before tracing it: compute from the FLOPs per example (a third more under
-    recompute; a pipeline's bubble by its textbook fraction), the ZeRO paper's data-parallel
-    volume (2 P for ZeRO 0-2, 3 P for ZeRO 3, P the parameter bytes of a tensor- and
-    pipeline-parallel rank), offload traffic."""
+def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, traced: Work, rows: int, accumulation: int,
+                 world_size: int, spec: DeviceSpec) -> float:
+    """Seconds of a step before tracing it: compute from the `traced` work of a first layout's rank
+    (`accumulation` micro batches of `rows`; FLOPs and memory traffic per example, operator calls
+    per micro batch, scaled to this layout's rank; a third more under recompute;
+    a pipeline's bubble by its textbook fraction), the ZeRO paper's data-parallel volume (2 P for
+    ZeRO 0-2, 3 P for ZeRO 3, P the parameter bytes of a tensor- and pipeline-parallel rank),
+    offload traffic."""
     degree = strategy.tp * strategy.pp
     dp = world_size // degree
-    throughput = spec.fp32_flops if strategy.precision == "fp32" else spec.flops
-    compute = flops_per_example * config.global_batch_size / dp / degree / throughput
-    compute *= 4 / 3 if strategy.recompute == "blocks" else 1.0
+    microbatches = config.global_batch_size // (config.micro_batch_size * dp)
+    share = config.global_batch_size / dp / degree / (rows * accumulation)
+    work = Work(int(traced.flops * share), int(traced.memory_bytes * share),
+                traced.calls * microbatches // (accumulation * strategy.pp))
+    compute = compute_seconds(work, strategy, spec) * (4 / 3 if strategy.recompute == "blocks" else 1.0)
     if strategy.pp > 1:
-        microbatches = config.global_batch_size // (config.micro_batch_size * dp)
         compute /= 1 - analytic_bubble(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
     parameter_bytes = 4 * numel / degree
     volume = (3 if strategy.zero == 3 else 2) * parameter_bytes * (dp - 1) / dp

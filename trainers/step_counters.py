@@ -1,6 +1,6 @@
 """What a piece of code computes and sends: the floating-point operations of its matrix
-multiplies, convolutions and attention, and every c10d collective it calls, with its payload and
-its group.
+multiplies, convolutions and attention, the bytes its other operators read and write, its operator
+calls, and every c10d collective it calls, with its payload and its group.
 
 The estimator counts a traced step's work with them (the planner's cost model); benchmarks count
 measured steps' traffic with the same instrument. Both only watch: no operation is decomposed and
@@ -10,10 +10,12 @@ no hook is installed, so the memory of the step they watch is unchanged.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 KINDS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
@@ -71,20 +73,54 @@ class CollectiveLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class FlopCount(TorchDispatchMode):
-    """Floating-point operations of the operators `torch.utils.flop_counter` knows (matrix
-    multiplies, convolutions, attention kernels) called inside, from their shapes: works on fake
-    tensors. (torch's `FlopCounterMode` also tracks modules with gradient hooks and decomposes
-    other operators, which changes what a step holds.)"""
+MOVES_NO_MEMORY = ("c10d", "_c10d_functional", "profiler", "prim")
+"""Operator namespaces whose calls are not element-wise work: collectives (`CollectiveLog`),
+profiler marks, metadata queries (`prim::device`, which fake tensors answer through dispatch)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """What operators compute, from their shapes (`WorkCount`)."""
+
+    flops: int = 0
+    """Floating-point operations of the matrix multiplies, convolutions and attention kernels."""
+    memory_bytes: int = 0
+    """Bytes the other operators read and write: each tensor argument and result once (element-wise
+    operators, reductions, copies, the optimizer's updates); views and collectives move none."""
+    calls: int = 0
+    """Operator calls, views and collectives excluded."""
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.flops + other.flops, self.memory_bytes + other.memory_bytes, self.calls + other.calls)
+
+    def __mul__(self, times: int) -> Work:
+        return Work(self.flops * times, self.memory_bytes * times, self.calls * times)
+
+
+class WorkCount(TorchDispatchMode):
+    """The `Work` of the operators called inside: FLOPs of those `torch.utils.flop_counter` knows,
+    memory traffic and calls of the rest, from shapes alone, so it works on fake tensors. (torch's
+    `FlopCounterMode` also tracks modules with gradient hooks and decomposes other operators, which
+    changes what a step holds.)"""
 
     def __init__(self) -> None:
         super().__init__()
-        self.flops = 0
+        self.work = Work()
+
+    @property
+    def flops(self) -> int:
+        return self.work.flops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         count = flop_registry.get(func._overloadpacket)
         if count is not None:
-            self.flops += count(*args, **kwargs, out_val=out)
+            self.work += Work(flops=count(*args, **kwargs, out_val=out), calls=1)
+        elif not func.is_view and func.namespace not in MOVES_NO_MEMORY:
+            self.work += Work(memory_bytes=_tensor_bytes((args, kwargs, out)), calls=1)
         return out
+
+
+def _tensor_bytes(tree: object) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(tree) if isinstance(leaf, torch.Tensor))

@@ -13,9 +13,9 @@ from trainers import Strategy
 from trainers.devices import DEVICES, DeviceSpec, device_spec, parse_bytes
 from trainers.estimate import MemoryEstimate
 from trainers.memory import RankMemory
-from trainers.planner import SearchSpace, plan
+from trainers.planner import SearchSpace, compute_seconds, plan
 
-CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False, 1e-4)
+CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False, 1e-4, 5e9, 2e-6)
 """A fixed CPU-like device, so that the ranking does not depend on this machine's load."""
 SPACE = SearchSpace(zero=(0, 3), offload=("none",), recompute=("none", "blocks"), pp=(1,), micro_batch_sizes=(4, 2))
 
@@ -37,7 +37,7 @@ def test_plans_fit_the_budget_and_come_fastest_first():
                    "--strategy.precision fp32 --train.micro_batch_size 4"]
     again = by_flags["--nproc 2 --strategy.zero 0 --strategy.offload none --strategy.recompute blocks "
                      "--strategy.precision fp32 --train.micro_batch_size 4"]
-    assert again.estimate.flops[0] > one.estimate.flops[0]  # recompute runs the blocks' forward twice
+    assert again.estimate.work[0].flops > one.estimate.work[0].flops  # recompute runs the blocks' forward twice
     assert again.peak < one.peak
     sharded = by_flags["--nproc 2 --strategy.zero 3 --strategy.offload none --strategy.recompute none "
                        "--strategy.precision fp32 --train.micro_batch_size 2"]
@@ -60,8 +60,9 @@ def test_pipelined_plans_carry_their_split_and_their_bubble():
     assert gpipe.peak > one_f_one_b.peak
     assert one_f_one_b.time.pipeline > 0 == plain.time.pipeline
     # The bubble: 1F1B's ranks idle (p - 1) / m of their busy time at unit pass costs.
-    flops = max(one_f_one_b.estimate.flops)
-    assert one_f_one_b.time.compute == pytest.approx(flops / CPU.fp32_flops)
+    busiest = max(one_f_one_b.estimate.work, key=lambda work: compute_seconds(work, one_f_one_b.strategy, CPU))
+    assert one_f_one_b.time.compute == pytest.approx(busiest.flops / CPU.fp32_flops + busiest.memory_bytes / CPU.memory_bandwidth
+                                                     + busiest.calls * CPU.op_seconds)
     assert one_f_one_b.time.pipeline >= one_f_one_b.time.compute * (2 - 1) / 4
 
 
