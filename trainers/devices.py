@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
     thread's matrix-multiply throughput (fp32 and bf16), element-wise bandwidth and seconds per
     operator call (an autograd-recorded add), shared when there are more ranks than cores; gloo's
     all-reduce bandwidth and per-call latency between min(ranks, 4) processes started for the
-    measurement; memory-copy bandwidth for offload; no overlap."""
+    measurement, between compute as in a step (`gloo_link`); memory-copy bandwidth for offload; no
+    overlap."""
     cores = os.cpu_count() or 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -122,10 +124,18 @@ def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
 
 def gloo_link(ranks: int) -> tuple[float, float]:
     """(bytes per second, seconds per call) of gloo all-reduces among `ranks` processes of this
-    machine: the ring bandwidth of 16 MiB all-reduces, the time of 1-element ones."""
+    machine, timed as a training step calls them: each between bursts of compute, which every rank
+    must finish before the collective completes (with more ranks than cores, that costs scheduling
+    rounds). A line through the median times of 512 KiB and 16 MiB all-reduces, each called
+    after its compute; the mean over the ranks."""
     with tempfile.TemporaryDirectory() as folder:
         torch.multiprocessing.start_processes(_time_all_reduce, (ranks, folder), nprocs=ranks, start_method="spawn")
-        return tuple(json.loads(Path(folder, "link.json").read_text()))
+        links = [json.loads(Path(folder, f"link{rank}.json").read_text()) for rank in range(ranks)]
+    return statistics.mean(link[0] for link in links), statistics.mean(link[1] for link in links)
+
+
+LINK_PAYLOADS = ((1 << 17, 30), (1 << 22, 6))
+"""(fp32 elements, repeats) of the two all-reduces `gloo_link` times."""
 
 
 def _time_all_reduce(rank: int, ranks: int, folder: str) -> None:
@@ -133,18 +143,26 @@ def _time_all_reduce(rank: int, ranks: int, folder: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(str(Path(folder, "store")), ranks), rank=rank, world_size=ranks)
-    large, small = torch.ones(1 << 22), torch.ones(1)
-    dist.all_reduce(large)
-    started = time.perf_counter()
-    for _ in range(3):
-        dist.all_reduce(large)
-    bandwidth = 3 * 2 * (ranks - 1) / ranks * large.nbytes / (time.perf_counter() - started)
-    started = time.perf_counter()
-    for _ in range(50):
-        dist.all_reduce(small)
-    latency = (time.perf_counter() - started) / 50
-    if rank == 0:
-        Path(folder, "link.json").write_text(json.dumps([bandwidth, latency]))
+    work = torch.randn(256, 256)
+
+    def compute() -> None:  # a few milliseconds of a training step's matrix multiplies
+        for _ in range(20):
+            work @ work
+
+    seconds = []
+    for numel, repeats in LINK_PAYLOADS:
+        payload = torch.ones(numel)
+        calls = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            compute()
+            started = time.perf_counter()
+            dist.all_reduce(payload)
+            calls.append(time.perf_counter() - started)
+        seconds.append(statistics.median(calls[1:]))
+    moved = [2 * (ranks - 1) / ranks * 4 * numel for numel, _ in LINK_PAYLOADS]
+    bandwidth = (moved[1] - moved[0]) / max(seconds[1] - seconds[0], 1e-9)
+    latency = max(seconds[0] - moved[0] / bandwidth, 0.0)
+    Path(folder, f"link{rank}.json").write_text(json.dumps([bandwidth, latency]))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
-from torch.utils.flop_counter import flop_registry
+
+from trainers.step_counters import FLOP_FORMULAS
 
 OpKey = tuple[str, int]
 """An operator call inside a block's forward: (operator name, its occurrence among that
@@ -87,7 +88,7 @@ class _KeyedPolicy:
 def _skippable(op) -> bool:
     """Whether recompute can skip `op` by keeping its output: it computes (has a FLOP formula), and
     it neither writes into a tensor nor returns a view (keeping those would skip a side effect)."""
-    if op._overloadpacket not in flop_registry or op._schema.is_mutable:
+    if op._overloadpacket not in FLOP_FORMULAS or op._schema.is_mutable:
         return False
     return not any(ret.alias_info is not None for ret in op._schema.returns)
 
@@ -111,7 +112,7 @@ class _OpRecorder(TorchDispatchMode):
             self.calls[name] += 1
             if _skippable(func):
                 nbytes = sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-                flops = flop_registry[func._overloadpacket](*args, **kwargs, out_val=out)
+                flops = FLOP_FORMULAS[func._overloadpacket](*args, **kwargs, out_val=out)
                 self.costs.append(OpCost((name, index), nbytes, int(flops)))
         return out
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 KINDS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
          "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::alltoall_base_": "all_to_all",
@@ -73,6 +73,21 @@ class CollectiveLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+FLOP_FORMULAS = {**flop_registry,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops}
+"""FLOPs by operator: `torch.utils.flop_counter`'s formulas, and the CPU flash-attention kernels
+it lacks (counted as torch counts the GPU ones)."""
+
+
 MOVES_NO_MEMORY = ("c10d", "_c10d_functional", "profiler", "prim")
 """Operator namespaces whose calls are not element-wise work: collectives (`CollectiveLog`),
 profiler marks, metadata queries (`prim::device`, which fake tensors answer through dispatch)."""
@@ -98,7 +113,7 @@ class Work:
 
 
 class WorkCount(TorchDispatchMode):
-    """The `Work` of the operators called inside: FLOPs of those `torch.utils.flop_counter` knows,
+    """The `Work` of the operators called inside: FLOPs of those `FLOP_FORMULAS` knows,
     memory traffic and calls of the rest, from shapes alone, so it works on fake tensors. (torch's
     `FlopCounterMode` also tracks modules with gradient hooks and decomposes other operators, which
     changes what a step holds.)"""
@@ -114,7 +129,7 @@ class WorkCount(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        count = flop_registry.get(func._overloadpacket)
+        count = FLOP_FORMULAS.get(func._overloadpacket)
         if count is not None:
             self.work += Work(flops=count(*args, **kwargs, out_val=out), calls=1)
         elif not func.is_view and func.namespace not in MOVES_NO_MEMORY:

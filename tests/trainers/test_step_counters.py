@@ -36,3 +36,15 @@ def test_work_on_fake_tensors_matches_real_ones_through_a_training_step():
         fake = step()
     assert fake == real and real.flops == 3 * 2 * 4 * (16 * 32 + 32 * 1) - 2 * 4 * 16 * 32  # no input gradient
     assert real.memory_bytes > 4 * 4 * (16 * 32 + 32 + 32 + 1)  # AdamW reads and writes every state
+
+
+def test_cpu_flash_attention_counts_its_matmul_flops():
+    batch, heads, length, width = 2, 4, 16, 8
+    query, key, value = (torch.randn(batch, heads, length, width, requires_grad=True) for _ in range(3))
+    with WorkCount() as forward:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True)
+    with WorkCount() as backward:
+        out.sum().backward()
+    scores = 2 * batch * heads * length * length * width  # one (length x width) @ (width x length) per head
+    assert forward.work == Work(flops=2 * scores, memory_bytes=0, calls=1)  # scores and their product with values
+    assert backward.work.flops == 5 * scores  # the scores again and four gradient products
