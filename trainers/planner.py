@@ -3,9 +3,10 @@ budget, ranked by estimated step time.
 
 `plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor and
 pipeline parallelism, pipeline schedule, micro-batch size; the global batch stays fixed), and
-orders them by a first guess of their step time (the model's FLOPs per example from one trace; the
-ZeRO paper's data-parallel traffic; the schedule's textbook bubble). It then traces up to `max_traces` of those whose model states alone fit, in that order,
-with the estimator (`trainers.estimate`: the layout's own step on fake tensors, giving its peak
+orders them by a first guess of their step time (the work per example and the tensor-parallel
+collectives per micro batch from one trace at the largest tensor-parallel degree; the ZeRO paper's
+data-parallel traffic; the schedule's textbook bubble). It then traces up to `max_traces` of those
+whose model states alone fit, in that order, with the estimator (`trainers.estimate`: the layout's own step on fake tensors, giving its peak
 memory, FLOPs and collectives), and keeps those whose traced peak fits. The plans come back ranked
 by `step_time`, the cost model on the traced numbers:
 
@@ -183,7 +184,7 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
             seconds = calls * spec.latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
             if kind == "send":
                 rank_p2p += seconds
-            elif strategy.tp > 1 and len(ranks) == strategy.tp and ranks[-1] - ranks[0] == strategy.tp - 1:
+            elif _is_tensor_parallel(ranks, strategy.tp):
                 rank_tp += seconds
             else:
                 rank_dp += seconds
@@ -252,14 +253,11 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
     try:
         numel = _parameter_count(model_or_builder)
         rows = batch_rows(example_batch)
-        first = trace_jobs(model_or_builder, example_batch,
-                            [TraceJob(Strategy(zero=3, tp=1, precision=candidates[0][0].precision), world_size,
-                                  replace(candidates[0][1], micro_batch_size=rows), (0,))])[0]
+        first = _first_trace(model_or_builder, example_batch, candidates, world_size, rows)
         states = {id(s): zero_model_states(numel // (s.tp * s.pp), s, world_size)["device"]
                   for s, _ in candidates}
         kept = [(s, c) for s, c in candidates if states[id(s)] < budget]
-        kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, first.work[0], rows, first.accumulation, world_size,
-                                              spec))
+        kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, first, rows, world_size, spec))
         found: list[Plan] = []
         smallest: Plan | None = None
         for strategy, config in kept[:max_traces]:
@@ -287,26 +285,64 @@ def _parameter_count(model_or_builder: ModelOrBuilder) -> int:
         return sum(p.numel() for p in model_or_builder().parameters())
 
 
-def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, traced: Work, rows: int, accumulation: int,
+def _is_tensor_parallel(ranks: tuple[int, ...], tp: int) -> bool:
+    """Whether a collective over the global `ranks` runs in a tensor-parallel group of degree `tp`
+    (the mesh's innermost dimension: consecutive ranks)."""
+    return tp > 1 and len(ranks) == tp and ranks[-1] - ranks[0] == tp - 1
+
+
+def _first_trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
+                 candidates: list[tuple[Strategy, TrainConfig]], world_size: int, rows: int) -> MemoryEstimate:
+    """The step of whole example micro batches under ZeRO 3 at the largest tensor-parallel degree
+    of the candidates that the model accepts, for `_first_guess` to scale: its work, and the
+    calls and payload of its tensor-parallel collectives."""
+    strategy, config = candidates[0]
+    degrees = sorted({s.tp for s, _ in candidates}, reverse=True)
+
+    def trace(tp: int) -> MemoryEstimate:
+        job = TraceJob(Strategy(zero=3, tp=tp, precision=strategy.precision), world_size,
+                       replace(config, micro_batch_size=rows), (0,))
+        return trace_jobs(model_or_builder, example_batch, [job])[0]
+
+    for tp in degrees[:-1]:
+        try:
+            return trace(tp)
+        except ValueError:  # a degree the model's plan refuses
+            continue
+    return trace(degrees[-1])
+
+
+def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, first: MemoryEstimate, rows: int,
                  world_size: int, spec: DeviceSpec) -> float:
-    """Seconds of a step before tracing it: compute from the `traced` work of a first layout's rank
-    (`accumulation` micro batches of `rows`; FLOPs and memory traffic per example, operator calls
-    per micro batch, scaled to this layout's rank; a third more under recompute;
-    a pipeline's bubble by its textbook fraction), the ZeRO paper's data-parallel volume (2 P for
-    ZeRO 0-2, 3 P for ZeRO 3, P the parameter bytes of a tensor- and pipeline-parallel rank),
-    offload traffic."""
+    """Seconds of a step before tracing it, scaled from the `first` trace (`_first_trace`, micro
+    batches of `rows`): its work per example and operator calls per micro batch, to this layout's
+    share of the batch and the model (a third more under recompute; a pipeline's bubble by its
+    textbook fraction); its tensor-parallel collectives' calls per micro batch and payload per
+    example, over the ring of this layout's degree; the ZeRO paper's data-parallel volume (2 P for ZeRO 0-2, 3 P for ZeRO 3,
+    P the parameter bytes of a tensor- and pipeline-parallel rank); offload traffic."""
     degree = strategy.tp * strategy.pp
     dp = world_size // degree
     microbatches = config.global_batch_size // (config.micro_batch_size * dp)
-    share = config.global_batch_size / dp / degree / (rows * accumulation)
+    traced_examples = rows * first.accumulation
+    share = config.global_batch_size / dp / degree * first.strategy.tp / traced_examples
+    traced = first.work[0]
     work = Work(int(traced.flops * share), int(traced.memory_bytes * share),
-                traced.calls * microbatches // (accumulation * strategy.pp))
+                traced.calls * microbatches // (first.accumulation * strategy.pp))
     compute = compute_seconds(work, strategy, spec) * (4 / 3 if strategy.recompute == "blocks" else 1.0)
     if strategy.pp > 1:
         compute /= 1 - analytic_bubble(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
+    bandwidth = spec.node_bandwidth if world_size <= spec.devices_per_node else spec.network_bandwidth
+    tensor_parallel = 0.0
+    if strategy.tp > 1:
+        stage_share = config.global_batch_size / dp / strategy.pp / traced_examples  # a stage holds 1/pp of the blocks
+        for (kind, ranks), (nbytes, calls) in first.traffic[0].items():
+            if _is_tensor_parallel(ranks, first.strategy.tp):
+                ring = RING_FACTORS.get(kind, lambda g: 1.0)(strategy.tp)
+                tensor_parallel += (calls * microbatches / (first.accumulation * strategy.pp) * spec.latency
+                                    + nbytes * stage_share * ring / spec.node_bandwidth)
     parameter_bytes = 4 * numel / degree
     volume = (3 if strategy.zero == 3 else 2) * parameter_bytes * (dp - 1) / dp
-    bandwidth = spec.node_bandwidth if world_size <= spec.devices_per_node else spec.network_bandwidth
     communication = volume / bandwidth
     offload = {"none": 0.0, "optimizer": 2 * parameter_bytes, "params": 3 * parameter_bytes}[strategy.offload]
-    return compute + (max(0.0, communication - compute) if spec.overlap else communication) + offload / spec.host_bandwidth
+    return (compute + tensor_parallel + (max(0.0, communication - compute) if spec.overlap else communication)
+            + offload / spec.host_bandwidth)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -64,6 +65,20 @@ def test_pipelined_plans_carry_their_split_and_their_bubble():
     assert one_f_one_b.time.compute == pytest.approx(busiest.flops / CPU.fp32_flops + busiest.memory_bytes / CPU.memory_bandwidth
                                                      + busiest.calls * CPU.op_seconds)
     assert one_f_one_b.time.pipeline >= one_f_one_b.time.compute * (2 - 1) / 4
+
+
+@pytest.mark.timeout(300)
+def test_the_first_guess_prices_tensor_parallel_collectives():
+    # One trace allowed: the layout traced is the first guess's fastest. Tensor parallelism saves
+    # the data-parallel gradient all-reduce but calls an all-reduce per block and pass; at 50 ms a
+    # call it is the slower layout, and the first guess must know it before tracing. (Operator
+    # calls are free here: with its 2 micro batches to 1, the tensor-parallel rank calls more.)
+    slow_calls = replace(CPU, latency=0.05, op_seconds=0.0)
+    space = SearchSpace(zero=(0,), offload=("none",), recompute=("none",), pp=(1,), micro_batch_sizes=(4,))
+    (chosen,) = plan(functools.partial(GPT, TINY), tiny_batch(), 2, 10 << 20, slow_calls, space=space, max_traces=1)
+    assert chosen.strategy.tp == 1
+    both = plan(functools.partial(GPT, TINY), tiny_batch(), 2, 10 << 20, slow_calls, space=space, max_traces=2)
+    assert [p.strategy.tp for p in both] == [1, 2] and both[1].time.tensor_parallel > both[0].time.total
 
 
 @pytest.mark.timeout(300)
