@@ -10,8 +10,9 @@ blocks a stage) under GPipe, 1F1B and zero-bubble, ZeRO 0, no recompute, micro b
 (with tensor parallelism over the rest at 4 ranks); estimates each with the planner's
 cost model on the "cpu" device measured here or a GPU preset (`trainers.planner.step_time` on the
 traced step), and measures each: one torchrun launch (gloo with OMP_NUM_THREADS=1, or NCCL under
-MEMZOO_DEVICE=cuda) trains every layout for 5 steps, the median of steps 3-5. It prints predicted against measured seconds, the Spearman rank correlation,
-and how far the planner's first choice is from the fastest measured.
+MEMZOO_DEVICE=cuda) trains every layout for 5 steps, the median of steps 3-5. It prints the device's
+collective latency and bandwidth, predicted against measured seconds with each traced rank's FLOPs,
+the Spearman rank correlation, and how far the planner's first choice is from the fastest measured.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def worker(out: str) -> None:
     finish_worker(out, rows)
 
 
-def predictions(world: int, device: str) -> list[dict]:
+def predictions(world: int, device: str) -> tuple[list[dict], object]:
+    """Each layout's predicted seconds, traced peak and FLOPs per traced rank; and the device spec."""
     from nlp.gpt import GPT, GPTConfig
     from trainers import Strategy
     from trainers.devices import device_spec
@@ -104,7 +106,8 @@ def predictions(world: int, device: str) -> list[dict]:
     estimates = estimate_layouts(functools.partial(GPT, GPTConfig(**SHAPE)), _batch(4),
                                  [(Strategy(**fields), world, _config(micro)) for fields, micro in chosen])
     return [{"world": world, "fields": fields, "micro": micro, "predicted": step_time(estimate, spec).total,
-             "peak": estimate.device_peak} for (fields, micro), estimate in zip(chosen, estimates)]
+             "peak": estimate.device_peak, "flops": [work.flops for work in estimate.work]}
+            for (fields, micro), estimate in zip(chosen, estimates)], spec
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -146,14 +149,18 @@ def main() -> None:
     for world in args.ranks:
         rows = {(json.dumps(r["fields"], sort_keys=True), r["micro"]): r for r in measured if r["world"] == world}
         table = []
-        for p in predictions(world, args.device):
+        predicted, spec = predictions(world, args.device)
+        print(f"{world} ranks, the cost model's device: {spec.name}, collectives {spec.latency * 1e3:.2f} ms a call and "
+              f"{spec.node_bandwidth / 1e9:.2f} GB/s\n")
+        for p in predicted:
             row = {**rows[json.dumps(p["fields"], sort_keys=True), p["micro"]], **p}
             table.append(row)
-        print(f"| {world} ranks: layout | micro batch | predicted s | measured s | traced peak MiB |\n|---|---|---|---|---|")
+        print(f"| {world} ranks: layout | micro batch | predicted s | measured s | traced peak MiB | GFLOP of each "
+              "traced rank |\n|---|---|---|---|---|---|")
         for r in sorted(table, key=lambda r: r["predicted"]):
             f = r["fields"]
             print(f"| {label(f)} | {r['micro']} | {r['predicted']:.3f} | "
-                  f"{r['measured']:.3f} | {r['peak'] / 2**20:.1f} |")
+                  f"{r['measured']:.3f} | {r['peak'] / 2**20:.1f} | {' / '.join(f'{flops / 1e9:.1f}' for flops in r['flops'])} |")
         rho = spearman([r["predicted"] for r in table], [r["measured"] for r in table])
         first = min(table, key=lambda r: r["predicted"])
         best = min(r["measured"] for r in table)

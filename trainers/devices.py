@@ -9,6 +9,7 @@ import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,17 +106,18 @@ def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
     torch.set_num_threads(1)
     try:
         share = min(1.0, cores / max(ranks, 1))
-        fp32, bf16 = share * _matmul_flops(torch.float32, seconds), share * _matmul_flops(torch.bfloat16, seconds)
-        elementwise, op_seconds = share * _add_bandwidth(1 << 22, seconds), _add_seconds(seconds) / share
+        square = torch.randn(512, 512)
+        fp32, bf16 = (share * 2 * 512**3 * _calls_per_second(lambda m=m: m @ m, seconds)
+                      for m in (square, square.bfloat16()))
+        a, b, total = torch.randn(1 << 22), torch.randn(1 << 22), torch.empty(1 << 22)
+        elementwise = share * 3 * a.nbytes * _calls_per_second(lambda: torch.add(a, b, out=total), seconds)
+        leaf, one = torch.ones(1, requires_grad=True), torch.ones(1)
+        op_seconds = 1 / (share * _calls_per_second(lambda: leaf + one, seconds))  # an autograd-recorded add
     finally:
         torch.set_num_threads(threads)
     source = torch.ones(1 << 24, dtype=torch.uint8)
     target = torch.zeros_like(source)
-    started, copies = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        target.copy_(source)
-        copies += 1
-    copy_bandwidth = copies * source.numel() / (time.perf_counter() - started)
+    copy_bandwidth = source.numel() * _calls_per_second(lambda: target.copy_(source), seconds)
     bandwidth, latency = gloo_link(min(max(ranks, 2), 4))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceSpec("cpu", memory, bf16, fp32, bandwidth, bandwidth, copy_bandwidth, max(cores, ranks), False, latency,
@@ -167,33 +169,11 @@ def _time_all_reduce(rank: int, ranks: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def _matmul_flops(dtype: torch.dtype, seconds: float) -> float:
-    a = torch.randn(512, 512).to(dtype)
-    a @ a  # warm-up
+def _calls_per_second(run: Callable[[], object], seconds: float) -> float:
+    """How often `run` completes per second, called for `seconds` after one warm-up call."""
+    run()
     started, count = time.perf_counter(), 0
     while time.perf_counter() - started < seconds:
-        a @ a
+        run()
         count += 1
-    return count * 2 * 512**3 / (time.perf_counter() - started)
-
-
-def _add_bandwidth(numel: int, seconds: float) -> float:
-    """Bytes per second an add of two `numel`-element fp32 tensors reads and writes."""
-    a, b = torch.randn(numel), torch.randn(numel)
-    c = a + b  # warm-up
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        torch.add(a, b, out=c)
-        count += 1
-    return count * 3 * a.nbytes / (time.perf_counter() - started)
-
-
-def _add_seconds(seconds: float) -> float:
-    """Seconds of one autograd-recorded add of 1-element tensors: an operator call's overhead."""
-    a, b = torch.ones(1, requires_grad=True), torch.ones(1)
-    a + b  # warm-up
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        a + b
-        count += 1
-    return (time.perf_counter() - started) / count
+    return count / (time.perf_counter() - started)

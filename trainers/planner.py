@@ -6,9 +6,9 @@ pipeline parallelism, pipeline schedule, micro-batch size; the global batch stay
 orders them by a first guess of their step time (the work per example and the tensor-parallel
 collectives per micro batch from one trace at the largest tensor-parallel degree; the ZeRO paper's
 data-parallel traffic; the schedule's textbook bubble). It then traces up to `max_traces` of those
-whose model states alone fit, in that order, with the estimator (`trainers.estimate`: the layout's own step on fake tensors, giving its peak
-memory, FLOPs and collectives), and keeps those whose traced peak fits. The plans come back ranked
-by `step_time`, the cost model on the traced numbers:
+whose model states alone fit, in that order, with the estimator (`trainers.estimate`: the layout's
+own step on fake tensors, giving its peak memory, work and collectives), and keeps those whose
+traced peak fits. The plans come back ranked by `step_time`, the cost model on the traced numbers:
 
     compute        the step's matrix-multiply FLOPs over the device's throughput, plus the other
                    operators' bytes read and written over its memory bandwidth, plus a dispatch
@@ -55,6 +55,13 @@ RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g:
                 "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
                 "broadcast": lambda g: 1.0, "send": lambda g: 1.0}
 """Bytes each rank moves per payload byte in a ring (or pipelined tree) collective of g ranks."""
+
+
+def collective_seconds(kind: str, group: int, nbytes: float, calls: float, bandwidth: float, latency: float) -> float:
+    """Seconds of `calls` collectives of `kind` over `group` ranks moving `nbytes` of payload in
+    all: a latency per call and the ring's bytes over the link (a kind not in `RING_FACTORS`
+    moves its payload once)."""
+    return calls * latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(group) / bandwidth
 
 
 @dataclass(frozen=True)
@@ -181,7 +188,7 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
             kind = "send" if kind == "c10d::send" else kind
             nodes = {rank // spec.devices_per_node for rank in ranks}
             bandwidth = spec.node_bandwidth if len(nodes) == 1 else spec.network_bandwidth
-            seconds = calls * spec.latency + nbytes * RING_FACTORS.get(kind, lambda g: 1.0)(len(ranks)) / bandwidth
+            seconds = collective_seconds(kind, len(ranks), nbytes, calls, bandwidth, spec.latency)
             if kind == "send":
                 rank_p2p += seconds
             elif _is_tensor_parallel(ranks, strategy.tp):
@@ -337,9 +344,9 @@ def _first_guess(strategy: Strategy, config: TrainConfig, numel: int, first: Mem
         stage_share = config.global_batch_size / dp / strategy.pp / traced_examples  # a stage holds 1/pp of the blocks
         for (kind, ranks), (nbytes, calls) in first.traffic[0].items():
             if _is_tensor_parallel(ranks, first.strategy.tp):
-                ring = RING_FACTORS.get(kind, lambda g: 1.0)(strategy.tp)
-                tensor_parallel += (calls * microbatches / (first.accumulation * strategy.pp) * spec.latency
-                                    + nbytes * stage_share * ring / spec.node_bandwidth)
+                tensor_parallel += collective_seconds(kind, strategy.tp, nbytes * stage_share,
+                                                      calls * microbatches / (first.accumulation * strategy.pp),
+                                                      spec.node_bandwidth, spec.latency)
     parameter_bytes = 4 * numel / degree
     volume = (3 if strategy.zero == 3 else 2) * parameter_bytes * (dp - 1) / dp
     communication = volume / bandwidth
