@@ -252,7 +252,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     from trainers.recompute import RecomputePolicy
     from zoo.plan import model_plan
     from trainers.step_counters import CollectiveLog, WorkCount
-    from trainers.trainer import accumulate_gradients
+    from trainers.trainer import accumulate_gradients, gradient_sync
 
     strategy, config = job.strategy, job.config
     micro_batch = {key: value[: config.micro_batch_size] if isinstance(value, torch.Tensor) and value.ndim else value
@@ -312,7 +312,8 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
             with probe, WorkCount() as work, CollectiveLog() as traffic:
                 if pipeline is None:
-                    accumulate_gradients(model, model_class, batches((work, traffic)), strategy.zero, traced, 1.0)
+                    accumulate_gradients(model, model_class, batches((work, traffic)), gradient_sync(model, strategy),
+                                         traced, 1.0)
                 else:
                     pipeline_passes(pipeline, parts, batches((work, traffic)), traced * per_pass, per_pass, 1.0,
                                     env.device)

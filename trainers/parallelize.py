@@ -85,6 +85,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         if missing:
             raise ValueError(f"the recompute policy names no choice for recompute units {missing[:3]}")
         apply_recompute(model, recompute, units)
+    if strategy.offload == "chunks":  # one data-parallel layout, the chunks' (trainers.chunked_states)
+        return model, None
 
     common = dict(
         mesh=env.mesh["dp"],

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 from trainers.devices import parse_bytes
 
 ZeroStage = Literal[0, 1, 2, 3]
-Offload = Literal["none", "optimizer", "params"]
+Offload = Literal["none", "optimizer", "params", "chunks"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Recompute = Literal["none", "blocks", "selective"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"]
@@ -41,7 +41,14 @@ class Strategy:
     offload: Offload = "none"
     """Where state lives. "optimizer": fp32 master copies and optimizer state live on the CPU, and
     the optimizer step runs there; "params": parameters, gradients and optimizer state live on the
-    CPU and each block is copied to the device when it runs (FSDP2 `CPUOffloadPolicy`)."""
+    CPU and each block is copied to the device when it runs (FSDP2 `CPUOffloadPolicy`); "chunks":
+    parameters, gradients and AdamW moments live in chunks that move between memory and files in
+    `offload_dir`, as many kept in memory as `memory_budget` leaves room for
+    (`trainers.chunked_states`; fp32, no tensor or pipeline parallelism, ZeRO 0)."""
+
+    offload_dir: str | None = None
+    """Directory for the chunk files of offload="chunks" (each rank writes under rank<N>/ in it);
+    needs room for the model states (16 bytes a parameter)."""
 
     precision: Precision = "fp32"
     """Compute precision of the blocks. Master parameters, gradient reduction and optimizer state
@@ -104,7 +111,9 @@ class Strategy:
     recomputed), and, when that is not enough, a higher ZeRO stage (several data-parallel ranks)
     or offload (on a GPU). `recompute` is then chosen by the budget; `zero` and `offload` are
     where the search starts; the other fields stay. The first steps are measured, and a step
-    that went over tightens the choice. None: no budget."""
+    that went over tightens the choice. None: no budget. Under offload="chunks" the budget is
+    instead the whole process's resident memory (on a CPU machine), which the chunks in memory
+    fill beside the step's other tensors; it is required there."""
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None:
@@ -140,11 +149,26 @@ class Strategy:
                     isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.pp_split):
                 raise ValueError(f"Strategy.pp_split must give pp x stages_per_rank = {stages} block counts of at least "
                                  f"1 each (with pp > 1); got {self.pp_split!r}")
+        if self.offload == "chunks":
+            self._check_chunks()
+        elif self.offload_dir is not None:
+            raise ValueError(f"Strategy.offload_dir is for offload='chunks'; got offload={self.offload!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
                              "and needs Strategy.tp > 1; got tp=1")
+
+
+    def _check_chunks(self) -> None:
+        if self.offload_dir is None or self.memory_budget is None:
+            raise ValueError("Strategy.offload='chunks' needs Strategy.offload_dir (where chunks go) and "
+                             f"Strategy.memory_budget (how much stays in memory); got offload_dir={self.offload_dir!r}, "
+                             f"memory_budget={self.memory_budget!r}")
+        others = {"zero": (self.zero, 0), "tp": (self.tp, 1), "pp": (self.pp, 1), "precision": (self.precision, "fp32")}
+        for name, (value, allowed) in others.items():
+            if value != allowed:
+                raise ValueError(f"Strategy.offload='chunks' runs with {name}={allowed!r}; got {name}={value!r}")
 
 
 _CHOICES = {

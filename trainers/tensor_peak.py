@@ -26,7 +26,14 @@ class TensorPeak(TorchDispatchMode):
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.interval_peak = 0
+        """The most bytes alive at once since the last `mark()`."""
         self._storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def mark(self) -> int:
+        """The most bytes alive at once since the previous mark (or the start); a new interval starts."""
+        peak, self.interval_peak = self.interval_peak, self.live
+        return peak
 
     def _release(self, nbytes: int) -> None:
         self.live -= nbytes
@@ -39,6 +46,7 @@ class TensorPeak(TorchDispatchMode):
         self._storages[storage] = weakref.finalize(storage, self._release, nbytes)
         self.live += nbytes
         self.peak = max(self.peak, self.live)
+        self.interval_peak = max(self.interval_peak, self.live)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

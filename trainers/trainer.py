@@ -21,6 +21,7 @@ from torch.utils.data import default_collate
 from trainers.budget import BudgetPlan, fit_budget, set_chunk_bytes, tighten
 from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
                                  resume_candidates, save_checkpoint)
+from trainers.chunked_states import ChunkedStates
 from trainers.config import TrainConfig
 from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, flat_settings, run_settings
 from trainers.data import MicroBatch, StepSampler, check_batch_sizes, pipeline_microbatches
@@ -37,6 +38,7 @@ from trainers.recompute import RecomputePolicy
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
+from zoo.plan import model_plan
 
 Batch = Mapping[str, Any]
 log = logging.getLogger("trainers")
@@ -72,22 +74,39 @@ def model_loss(model: nn.Module, model_class: str, batch: Mapping[str, Any]) -> 
     return loss
 
 
-def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[Mapping[str, Any]], zero: int,
-                         accumulation: int, scale: float) -> tuple[torch.Tensor, int]:
+def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[Mapping[str, Any]],
+                         before_backward: Callable[[bool], None] | None, accumulation: int,
+                         scale: float) -> tuple[torch.Tensor, int]:
     """Forward and backward of a step's `accumulation` micro batches (on this rank, unpipelined),
     each loss times `scale / accumulation`; returns the sum of their losses and the input_ids they
-    held. Under ZeRO 0-1 (replicated gradients) only the last backward all-reduces; sharded
-    gradients are reduce-scattered after every micro batch, so that each rank keeps only its shard."""
+    held. `before_backward(last)` is told before each micro batch whether it is the step's last:
+    under ZeRO 0-1 (replicated gradients) only the last backward all-reduces
+    (`set_requires_gradient_sync`); sharded gradients are reduce-scattered after every micro batch
+    (None), so that each rank keeps only its shard."""
     loss_sum, units = None, 0
     for index, batch in enumerate(batches):
-        if zero <= 1:
-            model.set_requires_gradient_sync(index == accumulation - 1)
+        if before_backward is not None:
+            before_backward(index == accumulation - 1)
         loss = model_loss(model, model_class, batch)
         (loss * (scale / accumulation)).backward()
         loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
         if isinstance(batch.get("input_ids"), torch.Tensor):
             units += batch["input_ids"].numel()
     return loss_sum, units
+
+
+def gradient_sync(model: nn.Module, strategy: Strategy) -> Callable[[bool], None] | None:
+    """What `accumulate_gradients` tells before each backward under `strategy`: whether the
+    replicated gradients all-reduce after it (ZeRO 0-1); None where every backward reduces."""
+    return model.set_requires_gradient_sync if strategy.zero <= 1 else None
+
+
+def largest_block_tensor(model: nn.Module) -> int | None:
+    """Elements of the largest trainable tensor in the blocks `model`'s plan declares (None
+    without blocks): the size chunks are made for (`trainers.chunks`)."""
+    names = model_plan(model).block_names(model)
+    sizes = [p.numel() for name in names for p in model.get_submodule(name).parameters() if p.requires_grad]
+    return max(sizes) if sizes else None
 
 
 class Trainer:
@@ -127,7 +146,7 @@ class Trainer:
         """Under a memory budget, what the trainer chose to hold it (`trainers.budget`)."""
         self.recompute: RecomputePolicy | None = None
         self._budget_steps_held = 0
-        if strategy.memory_budget is not None:
+        if strategy.memory_budget is not None and strategy.offload != "chunks":
             strategy = self._plan_budget(model, strategy, example_batch)
             self.strategy = strategy
         self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
@@ -136,10 +155,21 @@ class Trainer:
         if self.pipeline_parts is not None:
             self.pipeline = build_pipeline(self.pipeline_parts, strategy, self.env, microbatches)
         self.microbatches = microbatches
-        self.optimizer = TrainOptimizer(
-            self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
-            group=self.env.mesh["dp"].get_group(),
-        )
+        self.chunks: ChunkedStates | None = None
+        """Under offload="chunks", the model states in chunks (they then run the optimizer)."""
+        if strategy.offload == "chunks":
+            if self.checkpoint_dir is not None:
+                raise ValueError("Strategy.offload='chunks' does not write checkpoints yet; got "
+                                 f"TrainConfig.checkpoint_dir={str(self.checkpoint_dir)!r}")
+            self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
+                                        strategy.memory_budget, self.env.mesh["dp"].get_group(),
+                                        largest_block_tensor(self.model))
+            self.optimizer = None
+        else:
+            self.optimizer = TrainOptimizer(
+                self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
+                group=self.env.mesh["dp"].get_group(),
+            )
         self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
         self.step = 0
         self.history: list[dict[str, Any]] = []
@@ -242,6 +272,8 @@ class Trainer:
     def num_parameters(self) -> int:
         """Trainable parameters of the whole model (every shard, and a pipeline's tied copies,
         counted once; collective under pipeline parallelism)."""
+        if self.chunks is not None:
+            return sum(member.param.numel() for member in self.chunks.members)
         if self.pipeline is None:
             return sum(slot.param.numel() for slot in self.optimizer.slots)
         count = torch.tensor(sum(p.numel() for p in self.pipeline_parts.tied.counted(self.optimizer.params)))
@@ -317,6 +349,8 @@ class Trainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`
         (collective: call on every rank)."""
+        if self.chunks is not None:
+            return self.chunks.state_dict(self.model) if self.env.is_main else {}
         return full_state_dict(self.model, self._pipeline_group)
 
     @property
@@ -373,7 +407,8 @@ class Trainer:
         if self.pipeline is not None:
             with loss_only():
                 return self.pipeline.evaluate(batch)
-        return model_loss(self.model, self.model_class, batch)
+        with self.chunks.access_region() if self.chunks is not None else nullcontext():
+            return model_loss(self.model, self.model_class, batch)
 
     def _seeded_batches(self, dataset: Sequence[Batch], micro_batches: list[MicroBatch],
                         collate: Callable[[list[Batch]], Batch]) -> Iterator[Batch]:
@@ -391,13 +426,16 @@ class Trainer:
             follow_step(self.step)
         probe = None
         last = self.step == config.max_steps - 1
-        measure = self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last)
+        measure = self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last) and self.chunks is None
         hold = self.budget_plan is not None and self._budget_steps_held < BUDGET_STEPS_HELD
         if measure or hold:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
-        with probe or nullcontext():
-            record = self._forward_backward_step(batches, accumulation, probe)
+        if self.chunks is not None:
+            record = self._chunked_step(batches, accumulation)
+        else:
+            with probe or nullcontext():
+                record = self._forward_backward_step(batches, accumulation, probe)
         if probe is not None:
             report = probe.report(env.rank)
             if measure:
@@ -417,7 +455,7 @@ class Trainer:
                                               self.microbatches, scale, env.device)
         else:
             loss_sum, units = accumulate_gradients(self.model, self.model_class, (_to_device(b, env.device) for b in batches),
-                                                   self.strategy.zero, accumulation, scale)
+                                                   gradient_sync(self.model, self.strategy), accumulation, scale)
         if probe is not None:
             probe.after_backward()
 
@@ -436,7 +474,33 @@ class Trainer:
                 scale_gradients(grads, config.grad_clip / (grad_norm + 1e-6))
             self.optimizer.step(lr)
         self.optimizer.zero_grad()
+        return self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
 
+    def _chunked_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
+        """One step with the model states in chunks (`trainers.chunked_states`)."""
+        chunks, config = self.chunks, self.config
+        read, written = chunks.store.bytes_read, chunks.store.bytes_written
+        with chunks.step_region():
+            loss_sum, units = accumulate_gradients(self.model, self.model_class,
+                                                   (_to_device(b, self.env.device) for b in batches),
+                                                   chunks.begin_micro_batch, accumulation, 1.0)
+            grad_norm = chunks.finish_backward()
+            take_step = math.isfinite(grad_norm)
+            lr = warmup_cosine_lr(self.step, config)
+            if take_step:
+                clipped = config.grad_clip > 0 and grad_norm > config.grad_clip
+                chunks.step(lr, config.grad_clip / (grad_norm + 1e-6) if clipped else 1.0)
+            else:
+                chunks.discard_gradients()
+        record = self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
+        record["offload_read_bytes"] = chunks.store.bytes_read - read
+        record["offload_written_bytes"] = chunks.store.bytes_written - written
+        return record
+
+    def _step_record(self, loss_sum: torch.Tensor, units: int, accumulation: int, lr: float, grad_norm: float,
+                     take_step: bool) -> dict[str, Any]:
+        """The logged record of a step whose losses summed to `loss_sum` on this rank."""
+        env = self.env
         dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         record = {
             "step": self.step + 1,

@@ -8,6 +8,7 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
+    worker.py chunks OUT DIR MODE ...              a GPT 5 steps in memory or in chunks on disk: params + losses
     worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  each model and layout: gradients on a probe
                                                    batch, then 3 training steps: losses, params
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
@@ -83,6 +84,25 @@ def strategies(out: str, *combos: str) -> None:
         params = {k: v.clone() for k, v in trainer.full_state_dict().items()}
         results[combo] = {"params": params, "grads": gradients_on_probe_batch(trainer),
                           "losses": [r["loss"] for r in history]}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
+def chunks(out: str, directory: str, *modes: str) -> None:
+    """A wider tiny GPT (0.2M parameters, 2.4 MiB of states) 5 steps in memory ("memory") or with its
+    states in chunks with room for about 1 MiB of them beside what the process held before
+    ("chunks"; after "memory", whose run grew the process to its size in training): parameters,
+    losses, bytes read from the chunk files each step."""
+    from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
+
+    results = {}
+    for mode in modes:
+        budget = int((resident_set_bytes() + 2**20) / (1 - CAPACITY_MARGIN))
+        strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget) if mode == "chunks" else None
+        trainer = Trainer(tiny_gpt(n_embd=64, n_layer=3, dropout=0.1), config(max_steps=5, lr=1e-3), strategy)
+        history = trainer.fit(lm_examples(64))
+        results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
+                         "read": [r.get("offload_read_bytes", 0) for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
 
@@ -450,6 +470,6 @@ if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
      "transducer": transducer, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
-     "tp_resume": tp_resume, "tp_checks": tp_checks, "tp_activations": tp_activations}[command](*arguments)
+     "tp_resume": tp_resume, "tp_checks": tp_checks, "tp_activations": tp_activations, "chunks": chunks}[command](*arguments)
     shutdown_distributed()
     exit_process(0)

@@ -1,0 +1,143 @@
+"""The largest GPT that trains under a process memory budget B on a CPU machine: model states in
+memory (AdamW, fp32: 16 bytes a parameter) against states in chunks on disk
+(`Strategy(offload="chunks")`, `trainers.chunked_states`).
+
+Each run is a fresh process training a GPT (GPT-2's 50,257-token vocabulary, 128-token blocks of
+Shakespeare, 2 micro batches of 2) for a few steps; its peak resident memory is getrusage's
+ru_maxrss at the end. A size fits when that peak is at most B. In-memory models grow in depth at
+width 768 until one does not fit; chunked runs train the sizes given by --chunked (GPT-2 medium's
+24 x 1024 by default) and the largest in-memory size, so that throughput compares at equal size.
+Disk traffic per step is set against its floor: every parameter, Adam moment chunk read once and
+written once (12 bytes a parameter each way).
+
+    python benchmarks/tiered_memory.py [--budget 2GiB] [--steps 3] [--chunked 24x1024 ...] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WIDTH = 768
+"""Width of the in-memory ladder (GPT-2 small's)."""
+BLOCK = 128
+"""Tokens per sequence."""
+
+
+def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: str) -> dict:
+    """Train one GPT in this process; its figures."""
+    import torch
+
+    from nlp.data import TokenBlocks
+    from nlp.gpt import GPT, GPTConfig
+    from nlp.tokenizers import GPT2Tokenizer
+    from trainers import Strategy, TrainConfig, Trainer
+    from zoo.corpora import shakespeare_text
+
+    torch.manual_seed(0)
+    tokenizer = GPT2Tokenizer()
+    data = TokenBlocks(torch.tensor(tokenizer.encode(shakespeare_text()[:100_000])), BLOCK)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=layers, n_head=width // 64,
+                       n_embd=width, bias=False)
+    if mode == "chunks":
+        with torch.device("meta"):
+            model = GPT(config)
+        strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget)
+    else:
+        model, strategy = GPT(config), None
+    train = TrainConfig(max_steps=steps, global_batch_size=4, micro_batch_size=2, lr=1e-4, warmup_steps=1,
+                        log_every=1, progress=False, output_dir=str(Path(directory) / "out"))
+    started = time.perf_counter()
+    trainer = Trainer(model, train, strategy)
+    built = time.perf_counter() - started
+    history = trainer.fit(data)
+    later = history[1:] or history
+    row = {"mode": mode, "layers": layers, "width": width, "parameters": trainer.num_parameters(),
+           "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "budget": budget,
+           "build_seconds": built, "losses": [r["loss"] for r in history],
+           "step_seconds": [r["step_seconds"] for r in history],
+           "tokens_per_second": sum(r["tokens"] for r in later) / sum(r["step_seconds"] for r in later)}
+    if mode == "chunks":
+        row["read_per_step"] = [r["offload_read_bytes"] for r in history]
+        row["written_per_step"] = [r["offload_written_bytes"] for r in history]
+        row["chunk_bytes"] = list(trainer.chunks.layout.sizes)
+    return row
+
+
+def launch(mode: str, layers: int, width: int, steps: int, budget: int, directory: Path) -> dict:
+    """`run` in a fresh process (its chunk files removed after)."""
+    folder = Path(tempfile.mkdtemp(dir=directory))
+    try:
+        done = subprocess.run([sys.executable, __file__, "--run", mode, "--layers", str(layers), "--width", str(width),
+                               "--steps", str(steps), "--budget-bytes", str(budget), "--dir", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            return {"mode": mode, "layers": layers, "width": width, "error": done.stderr.strip().splitlines()[-1]}
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def describe(row: dict) -> str:
+    if "error" in row:
+        return f"| {row['mode']} | {row['layers']} x {row['width']} | failed: {row['error'][:120]} |"
+    fits = "yes" if row["peak_rss"] <= row["budget"] else "no"
+    traffic = ""
+    if row["mode"] == "chunks":
+        floor = 12 * row["parameters"]
+        read, written = row["read_per_step"][-1], row["written_per_step"][-1]
+        traffic = f" {read / 2**30:.2f} / {written / 2**30:.2f} GiB ({read / floor:.2f}x / {written / floor:.2f}x floor)"
+    return (f"| {row['mode']} | {row['layers']} x {row['width']} | {row['parameters'] / 1e6:,.1f}M | "
+            f"{16 * row['parameters'] / 2**30:.2f} GiB | {row['peak_rss'] / 2**30:.2f} GiB | {fits} | "
+            f"{row['tokens_per_second']:,.1f} | {', '.join(f'{s:.1f}' for s in row['step_seconds'])} |{traffic} |")
+
+
+def main() -> None:
+    from trainers.devices import parse_bytes
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", default="2GiB", help="peak resident memory each run may reach")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--chunked", nargs="*", default=["24x1024"], help="LAYERSxWIDTH sizes trained with chunks")
+    parser.add_argument("--dir", default=None, help="where chunk files go (default: a temporary folder)")
+    parser.add_argument("--run", choices=("memory", "chunks"), help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(run(args.run, args.layers, args.width, args.steps, args.budget_bytes, args.dir)))
+        return
+    budget = parse_bytes(args.budget, "--budget")
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="tiered-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"budget {budget / 2**30:.2f} GiB peak RSS per process; {args.steps} steps of 4 x {BLOCK} tokens; "
+          f"chunk files in {directory}")
+    print("| states | layers x width | parameters | model states | peak RSS | fits | tokens/s (after step 1) | "
+          "step seconds | disk read / written per step (last step) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    largest = None
+    for layers in range(2, 40, 2):
+        row = launch("memory", layers, WIDTH, args.steps, budget, directory)
+        print(describe(row), flush=True)
+        if "error" in row or row["peak_rss"] > budget:
+            break
+        largest = row
+    sizes = [tuple(int(n) for n in size.split("x")) for size in args.chunked]
+    if largest is not None:
+        sizes = [(largest["layers"], WIDTH)] + sizes
+    for layers, width in sizes:
+        print(describe(launch("chunks", layers, width, args.steps, budget, directory)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Training with the model states in chunks on disk (Strategy(offload="chunks")) is training in
+memory: the same losses and parameters, step for step, while the chunks go through files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import lm_examples, relative_error, tiny_gpt
+from trainers import Strategy, TrainConfig, Trainer
+from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
+
+
+def config(**overrides) -> TrainConfig:
+    return TrainConfig(**{"max_steps": 5, "global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "warmup_steps": 1,
+                          "grad_clip": 0.5, "log_every": 1, "progress": False, **overrides})
+
+
+def budget_for(chunk_bytes: int) -> int:
+    """A process budget that leaves about `chunk_bytes` to chunks beside what this process holds."""
+    return int((resident_set_bytes() + chunk_bytes) / (1 - CAPACITY_MARGIN))
+
+
+@pytest.mark.timeout(300)
+def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path):
+    """A GPT of 1.6M parameters (26 MB of states, in chunks of 1.6 MB) with room for about a third
+    of them: 5 steps of 2 micro batches, clipped, match training in memory to 1e-6."""
+    build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
+    data = lm_examples(64, length=32, vocab=512)
+    plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
+    expected = plain.fit(data)
+    chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(8 * 2**20)))
+    history = chunked.fit(data)
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
+    assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
+    assert any(r["grad_norm"] > 0.5 for r in expected)  # clipping took part
+    params, reference = chunked.full_state_dict(), plain.full_state_dict()
+    assert params.keys() == reference.keys()
+    for name, value in reference.items():
+        assert relative_error(params[name], value) < 1e-6, name
+    # Every step after the first (which reads every chunk it uses) still goes to the disk: the
+    # states do not fit beside the activations.
+    states = 16 * chunked.num_parameters()
+    assert all(r["offload_read_bytes"] > 0 and r["offload_written_bytes"] > 0 for r in history[1:])
+    assert chunked.chunks.store.resident_bytes() < states / 2
+
+
+
+def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path):
+    with torch.device("meta"):
+        model = tiny_gpt(n_embd=64, n_layer=3)
+    trainer = Trainer(model, config(output_dir=str(tmp_path), max_steps=10, lr=1e-2),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(2**20)))
+    assert len(trainer.chunks.layout.sizes) > 2 and not list(model.parameters())[0].is_meta
+    weights = trainer.full_state_dict()
+    matrices = torch.cat([w.flatten() for name, w in weights.items() if name.endswith("q.weight")])
+    assert matrices.std().item() == pytest.approx(0.02, rel=0.05)  # GPT-2's N(0, 0.02)
+    assert all(torch.equal(w, torch.ones_like(w)) for name, w in weights.items() if "norm" in name)
+    history = trainer.fit(lm_examples(64))
+    assert history[-1]["loss"] < history[0]["loss"] - 0.1
+
+
+def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_file_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"Strategy.offload='chunks' needs Strategy.offload_dir \(where chunks go\) and "
+                                         r"Strategy.memory_budget \(how much stays in memory\); got offload_dir=None, "
+                                         r"memory_budget=None"):
+        Strategy(offload="chunks")
+    with pytest.raises(ValueError, match=r"Strategy.offload='chunks' runs with zero=0; got zero=1"):
+        Strategy(offload="chunks", offload_dir="x", memory_budget="1GiB", zero=1)
+    with pytest.raises(ValueError, match=r"Strategy.offload_dir is for offload='chunks'; got offload='params'"):
+        Strategy(offload="params", offload_dir="x")
+    small = Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="64MiB")
+    with pytest.raises(ValueError, match=r"memory_budget must hold the process \([\d,]+ bytes now\) and one chunk of each "
+                                         r"of param, grad, exp_avg, exp_avg_sq \([\d,]+ bytes\), [\d,]+ bytes in all; got "
+                                         "67,108,864"):
+        Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), small)
+    (tmp_path / "a file").write_text("")
+    blocked = Strategy(offload="chunks", offload_dir=str(tmp_path / "a file"), memory_budget=budget_for(2**20))
+    with pytest.raises(OSError, match=r"offload directory '.*a file/rank00000' cannot take chunk param 0"):
+        Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), blocked)
+    trainer = Trainer(tiny_gpt(), config(output_dir=str(tmp_path)),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(2**20)))
+    path = tmp_path / "chunks" / "rank00000" / "param00001.bin"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=r"chunk file .*param00001.bin changed on disk since it was written"):
+        trainer.fit(lm_examples(64))
