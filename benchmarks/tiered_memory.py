@@ -4,9 +4,10 @@ memory (AdamW, fp32: 16 bytes a parameter) against states in chunks on disk
 
 Each run is a fresh process training a GPT (GPT-2's 50,257-token vocabulary, 128-token blocks of
 Shakespeare, 2 micro batches of 2) for a few steps; its peak resident memory is getrusage's
-ru_maxrss at the end. A size fits when that peak is at most B. In-memory models grow in depth at
-width 768 until one does not fit; chunked runs train the sizes given by --chunked (GPT-2 medium's
-24 x 1024 by default) and the largest in-memory size, so that throughput compares at equal size.
+ru_maxrss at the end. A size fits when that peak is at most B. In-memory models, in a plain
+PyTorch loop ("torch", the leanest peer) and in the Trainer ("memory"), grow in depth at width 512
+until one does not fit; chunked runs train the sizes given by --chunked (GPT-2 medium's
+24 x 1024 by default) and the largest in-memory sizes, so that throughput compares at equal size.
 Disk traffic per step is set against its floor: every parameter, Adam moment chunk read once and
 written once (12 bytes a parameter each way).
 
@@ -27,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WIDTH = 768
-"""Width of the in-memory ladder (GPT-2 small's)."""
+WIDTH = 512
+"""Width of the in-memory ladder."""
 BLOCK = 128
 """Tokens per sequence."""
 
@@ -48,6 +49,8 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
     data = TokenBlocks(torch.tensor(tokenizer.encode(shakespeare_text()[:100_000])), BLOCK)
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=layers, n_head=width // 64,
                        n_embd=width, bias=False)
+    if mode == "torch":
+        return plain_torch(GPT(config), data, steps) | {"mode": mode, "layers": layers, "width": width, "budget": budget}
     if mode == "chunks":
         with torch.device("meta"):
             model = GPT(config)
@@ -71,6 +74,36 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
         row["written_per_step"] = [r["offload_written_bytes"] for r in history]
         row["chunk_bytes"] = list(trainer.chunks.layout.sizes)
     return row
+
+
+def plain_torch(model, data, steps: int) -> dict:
+    """The same training in a plain PyTorch loop (torch.optim.AdamW, the fused loss): the leanest
+    in-memory peer."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from zoo.nn.logits import loss_only
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    losses, seconds = [], []
+    for step in range(steps):
+        started = time.perf_counter()
+        total = 0.0
+        for micro in range(2):
+            batch = default_collate([data[(4 * step + 2 * micro + i) % len(data)] for i in range(2)])
+            with loss_only():
+                loss = model(**batch)["loss"]
+            (loss / 2).backward()
+            total += loss.item() / 2
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total)
+        seconds.append(time.perf_counter() - started)
+    later = seconds[1:] or seconds
+    return {"parameters": sum(p.numel() for p in model.parameters()), "losses": losses, "step_seconds": seconds,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "build_seconds": 0.0,
+            "tokens_per_second": 4 * BLOCK * len(later) / sum(later)}
 
 
 def launch(mode: str, layers: int, width: int, steps: int, budget: int, directory: Path) -> dict:
@@ -109,7 +142,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--chunked", nargs="*", default=["24x1024"], help="LAYERSxWIDTH sizes trained with chunks")
     parser.add_argument("--dir", default=None, help="where chunk files go (default: a temporary folder)")
-    parser.add_argument("--run", choices=("memory", "chunks"), help=argparse.SUPPRESS)
+    parser.add_argument("--run", choices=("torch", "memory", "chunks"), help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)
@@ -125,16 +158,16 @@ def main() -> None:
     print("| states | layers x width | parameters | model states | peak RSS | fits | tokens/s (after step 1) | "
           "step seconds | disk read / written per step (last step) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    largest = None
-    for layers in range(2, 40, 2):
-        row = launch("memory", layers, WIDTH, args.steps, budget, directory)
-        print(describe(row), flush=True)
-        if "error" in row or row["peak_rss"] > budget:
-            break
-        largest = row
+    largest = {}
+    for mode in ("torch", "memory"):
+        for layers in range(1, 40):
+            row = launch(mode, layers, WIDTH, args.steps, budget, directory)
+            print(describe(row), flush=True)
+            if "error" in row or row["peak_rss"] > budget:
+                break
+            largest[mode] = row
     sizes = [tuple(int(n) for n in size.split("x")) for size in args.chunked]
-    if largest is not None:
-        sizes = [(largest["layers"], WIDTH)] + sizes
+    sizes = sorted({(row["layers"], WIDTH) for row in largest.values()}) + sizes
     for layers, width in sizes:
         print(describe(launch("chunks", layers, width, args.steps, budget, directory)), flush=True)
 

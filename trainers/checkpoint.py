@@ -29,6 +29,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
+from trainers.chunk_checkpoint import ChunkedLoadPlanner, ChunkedSavePlanner
+from trainers.chunked_states import ChunkedStates
 from trainers.optim import TrainOptimizer
 
 STATE_FILE = "trainer_state.json"
@@ -69,10 +71,11 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer, trainer_state: dict[str, Any],
-                    keep: int, pipeline: dist.ProcessGroup | None = None) -> Path:
+def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer | ChunkedStates,
+                    trainer_state: dict[str, Any], keep: int, pipeline: dist.ProcessGroup | None = None) -> Path:
     """Write the checkpoint of optimizer step `step` (steps done so far) on every rank, keep the newest
-    `keep`; return its folder. `pipeline`: this rank's pipeline group, when ranks hold different stages."""
+    `keep`; return its folder. `optimizer`: what holds the optimizer state (the model states, when
+    chunked). `pipeline`: this rank's pipeline group, when ranks hold different stages."""
     final = directory / STEP_FOLDER.format(step)
     partial = directory / f".step_{step:08d}.partial"
     if dist.get_rank() == 0:
@@ -80,7 +83,11 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
             shutil.rmtree(stale)
     dist.barrier()
     signature = model_signature(model, pipeline)
-    dcp.save({"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint_id=partial)
+    if isinstance(optimizer, ChunkedStates):
+        state, chunked = optimizer.checkpoint_state(model)
+        dcp.save(state, checkpoint_id=partial, planner=ChunkedSavePlanner(chunked))
+    else:
+        dcp.save({"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint_id=partial)
     if dist.get_rank() == 0:
         state = dict(trainer_state, model_signature=signature)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -136,7 +143,7 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
                                 f"read ({error})") from error
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, model_class: str,
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer | ChunkedStates, model_class: str,
                     pipeline: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Load `folder` into the (possibly differently sharded or pipelined) model and optimizer;
     return its trainer state. `model_class` names the model in errors. Raises ValueError for
@@ -151,14 +158,20 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer, m
             f"checkpoint {str(folder)!r} was saved from model {state.get('model_class')!r}, which does not "
             f"match this {model_class}: missing {missing}, unexpected {unexpected}, other shapes {reshaped}"
         )
-    model_state = get_model_state_dict(model)
-    optimizer_state = optimizer.state_dict()
+    chunked = isinstance(optimizer, ChunkedStates)
+    if chunked:  # loaded straight into the chunks and the model's other tensors
+        loading, views = optimizer.checkpoint_state(model)
+    else:
+        loading, views = {"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, None
     try:
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+        dcp.load(loading, checkpoint_id=folder, planner=ChunkedLoadPlanner(views) if chunked else None)
     except (CheckpointException, OSError, RuntimeError) as error:  # CheckpointException is a BaseException
         raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
-    set_model_state_dict(model, model_state)
-    optimizer.load_state_dict(optimizer_state)
+    if chunked:
+        optimizer.restore_steps(loading["optimizer"])
+    else:
+        set_model_state_dict(model, loading["model"])
+        optimizer.load_state_dict(loading["optimizer"])
     return state
 
 

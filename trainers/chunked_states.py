@@ -12,36 +12,59 @@ and the gradient chunk is dropped without being written.
 
 Placement follows `trainers.chunk_placement`: the first step keeps only the chunks in use and
 measures the other tensors; later steps keep what the budget leaves them, evicting the chunk used
-again furthest ahead. The budget counts the whole process on a CPU machine: what it held at the
-start of the step besides chunks, the step's other tensors, the chunks, and a margin
-(`CAPACITY_MARGIN`) for the allocator's slack.
+again furthest ahead. The budget counts the whole process on a CPU machine: the rest of the
+process (its resident memory beyond the chunks and the step's tensors, the most of it seen at any
+moment of the first step), the step's other tensors, the chunks, and a margin (`CAPACITY_MARGIN`).
+So that freed memory leaves the process, allocations of `MMAP_THRESHOLD` bytes and more are
+mapped and unmapped on their own (glibc's mallopt, for the whole process): the default allocator
+keeps freed chunks in its heap, where they still count as resident.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.optim.adamw import adamw
 
 from trainers.chunk_access import ParameterAccess, SavedChunkView
+from trainers.chunk_checkpoint import ChunkedTensor
 from trainers.chunk_placement import Moment, Placement
 from trainers.chunk_store import ChunkKey, ChunkStore
 from trainers.chunks import search_chunk_size
 from trainers.config import TrainConfig
+from trainers.optim import clean_fqn
 from trainers.tensor_peak import TensorPeak
 
 KINDS = ("param", "grad", "exp_avg", "exp_avg_sq")
 """The chunk lists, one layout for all: parameters, gradients, AdamW's two moments."""
-CAPACITY_MARGIN = 0.05
-"""Share of the budget left free for what the measurement cannot see (the allocator's slack)."""
+CAPACITY_MARGIN = 0.03
+"""Share of the budget left free for what the measurement cannot see (peaks between moments)."""
+MMAP_THRESHOLD = 1 << 20
+"""Bytes from which glibc's malloc maps each allocation on its own (returned to the system when freed)."""
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number for the mmap threshold (malloc.h)."""
+
+
+def release_freed_memory() -> bool:
+    """Have glibc's malloc map allocations of `MMAP_THRESHOLD` bytes or more on their own, so
+    that freeing one returns its memory to the system; False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
 
 
 def resident_set_bytes() -> int:
@@ -106,8 +129,11 @@ class ChunkedStates:
         self._clock = 0
         self._moment_chunks: frozenset[ChunkKey] | None = None
         self._tracker: TensorPeak | None = None
+        self._rest = 0
+        """While the first step runs: the most resident memory seen besides chunks and its tensors."""
         self._param_storage: dict[int, ChunkKey] = {}
         """Storage address of each parameter chunk in memory."""
+        release_freed_memory()
         on_meta = any(p.is_meta for _, p in named)
         if on_meta:
             named = self._materialise(model, named)
@@ -292,6 +318,7 @@ class ChunkedStates:
             moments = self.placement.moments
             if moments:
                 moments[-1].other_bytes = self._tracker.mark()
+            self._rest = max(self._rest, resident_set_bytes() - self.store.resident_bytes() - self._tracker.live)
             in_use = set(keys) | {key for key, count in self._pins.items() if count}
             moments.append(Moment(keys, sum(self._size(key) * 4 for key in in_use)))
         elif self.placement.planned:
@@ -303,7 +330,7 @@ class ChunkedStates:
         """Forward, backward and optimizer step of one training step run inside; the first
         records the step's moments and plans the placement from them."""
         recording = not self.placement.planned
-        baseline = resident_set_bytes() - self.store.resident_bytes()
+        self._rest = resident_set_bytes() - self.store.resident_bytes()
         self._tracker = TensorPeak() if recording else None
         self.placement.position, self._moment_chunks = -1, None
         with (self._activated(), torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
@@ -312,7 +339,7 @@ class ChunkedStates:
         if recording:
             self.placement.moments[-1].other_bytes = self._tracker.mark()
             self._tracker = None
-            self._plan(baseline)
+            self._plan(self._rest)
         self.placement.position = len(self.placement.moments)  # outside the step: the smallest capacity
 
     @contextmanager
@@ -334,19 +361,23 @@ class ChunkedStates:
             self._release_gradients()
             self._active, self._scopes = False, []
 
-    def _plan(self, baseline: int) -> None:
+    def _plan(self, rest: int) -> None:
+        """Capacities from the recorded moments, `rest` the most resident memory of the process
+        besides chunks and the step's tensors."""
         moments = self.placement.moments
         margin = int(CAPACITY_MARGIN * self.budget)
-        capacity = [self.budget - margin - baseline - moment.other_bytes for moment in moments]
+        capacity = [self.budget - margin - rest - moment.other_bytes for moment in moments]
         short = max(range(len(moments)), key=lambda i: moments[i].in_use_bytes - capacity[i])
         moment = moments[short]
         if capacity[short] < moment.in_use_bytes:
             raise MemoryError(
                 f"memory_budget={self.budget:,} bytes is smaller than the step's working set: at moment {short} of "
                 f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)}), the "
-                f"step's other tensors ({moment.other_bytes:,}), the rest of the process ({baseline:,}) and a margin "
+                f"step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
                 f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         self.placement.plan(capacity)
+        self.rest_bytes = rest
+        """The rest of the process that the placement was planned for."""
 
     def begin_micro_batch(self, last: bool) -> None:
         """A micro batch's backward follows; `last`: the step's last (its gradients complete the chunks)."""
@@ -500,6 +531,49 @@ class ChunkedStates:
                 self.busy = False
                 self.unpin(keys)
         return values
+
+    def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
+        """What a checkpoint of `model` (the module this class was built on) holds, as every
+        strategy saves it ({"model", "optimizer"}; `trainers.checkpoint`), chunked tensors as
+        stand-ins of their shape; and, by flattened key, how to reach each chunked tensor in its
+        chunk (`trainers.chunk_checkpoint`)."""
+        model_state = get_model_state_dict(model)
+        chunked: dict[str, ChunkedTensor] = {}
+        for name, value in model.state_dict(keep_vars=True).items():
+            index = self._index.get(id(value))
+            if index is not None:
+                model_state[clean_fqn(name)] = self.members[index].absent
+                chunked[f"model.{clean_fqn(name)}"] = self._chunk_view("param", index)
+        optimizer_state = {}
+        for index, member in enumerate(self.members):
+            name = clean_fqn(member.name)
+            optimizer_state[name] = {"step": torch.tensor(float(self.steps[index])), "exp_avg": member.absent,
+                                     "exp_avg_sq": member.absent}
+            for kind in ("exp_avg", "exp_avg_sq"):
+                chunked[f"optimizer.{name}.{kind}"] = self._chunk_view(kind, index)
+        return {"model": model_state, "optimizer": optimizer_state}, chunked
+
+    def _chunk_view(self, kind: str, index: int) -> ChunkedTensor:
+        member = self.members[index]
+        keys = frozenset([(kind, member.chunk)])
+
+        def release(changed: bool) -> None:
+            if changed:
+                self.store.changed((kind, member.chunk))
+            self.unpin(keys)
+
+        def view() -> tuple[torch.Tensor, Callable[[bool], None]]:
+            self.pin(keys)
+            self.busy = True
+            try:
+                return member.view(self.store.memory[(kind, member.chunk)]), release
+            finally:
+                self.busy = False
+        return view
+
+    def restore_steps(self, optimizer_state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """After a checkpoint was loaded into `checkpoint_state`'s dict: each parameter's AdamW step."""
+        self.steps = [int(optimizer_state[clean_fqn(member.name)]["step"].item()) for member in self.members]
 
     def discard_gradients(self) -> None:
         """Drop every gradient chunk (a skipped step, or after the update)."""

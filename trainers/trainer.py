@@ -158,9 +158,6 @@ class Trainer:
         self.chunks: ChunkedStates | None = None
         """Under offload="chunks", the model states in chunks (they then run the optimizer)."""
         if strategy.offload == "chunks":
-            if self.checkpoint_dir is not None:
-                raise ValueError("Strategy.offload='chunks' does not write checkpoints yet; got "
-                                 f"TrainConfig.checkpoint_dir={str(self.checkpoint_dir)!r}")
             self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
                                         strategy.memory_budget, self.env.mesh["dp"].get_group(),
                                         largest_block_tensor(self.model))
@@ -296,7 +293,7 @@ class Trainer:
             **run_settings(self.config, self.strategy, self.env.world_size),
             "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
         }
-        return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.optimizer, state,
+        return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.chunks or self.optimizer, state,
                                keep=self.config.keep_checkpoints, pipeline=self._pipeline_group)
 
     def resume(self, folder: str | Path | None = None, *, strict: bool = True) -> bool:
@@ -321,7 +318,8 @@ class Trainer:
         for candidate in candidates:
             try:
                 self._check_settings(read_trainer_state(candidate), candidate, strict)
-                state = load_checkpoint(candidate, self.model, self.optimizer, self.model_class, self._pipeline_group)
+                state = load_checkpoint(candidate, self.model, self.chunks or self.optimizer, self.model_class,
+                                        self._pipeline_group)
             except CorruptCheckpoint as error:
                 damaged.append(str(error))
                 if self.env.is_main and candidate != candidates[-1]:

@@ -1,0 +1,44 @@
+"""A process that trains with chunked states stays within its memory budget: peak resident memory
+(getrusage's ru_maxrss) measured in a fresh process whose model states are twice the room the
+budget leaves them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = """
+import json, resource, sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+from helpers import lm_examples
+from nlp.gpt import GPT, GPTConfig
+from trainers import Strategy, TrainConfig, Trainer
+from trainers.chunked_states import resident_set_bytes
+
+budget = resident_set_bytes() + 160 * 2**20
+with torch.device("meta"):
+    model = GPT(GPTConfig(vocab_size=4096, block_size=64, n_layer=4, n_head=8, n_embd=512, bias=False))
+trainer = Trainer(model, TrainConfig(max_steps=3, global_batch_size=4, micro_batch_size=2, progress=False,
+                                     output_dir={out!r}),
+                  Strategy(offload="chunks", offload_dir={out!r}, memory_budget=budget))
+history = trainer.fit(lm_examples(16, length=64, vocab=4096))
+print(json.dumps({{"budget": budget, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "states": 16 * trainer.num_parameters(), "read": [r["offload_read_bytes"] for r in history],
+                  "losses": [r["loss"] for r in history]}}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_peak_resident_memory_stays_within_the_budget(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    code = RUN.format(root=str(root), tests=str(root / "tests"), out=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["states"] > 200 * 2**20  # 14.6M parameters: more than the budget's 160 MiB of room
+    assert result["peak"] <= result["budget"], (result["peak"] - result["budget"]) / 2**20
+    assert all(read > 0 for read in result["read"])
