@@ -154,7 +154,8 @@ def main() -> None:
     directory = Path(args.dir or tempfile.mkdtemp(prefix="tiered-"))
     directory.mkdir(parents=True, exist_ok=True)
     print(f"budget {budget / 2**30:.2f} GiB peak RSS per process; {args.steps} steps of 4 x {BLOCK} tokens; "
-          f"chunk files in {directory}")
+          f"chunk files in {directory}; this launcher's peak RSS (which getrusage carries into the runs it "
+          f"starts) {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     print("| states | layers x width | parameters | model states | peak RSS | fits | tokens/s (after step 1) | "
           "step seconds | disk read / written per step (last step) |")
     print("|---|---|---|---|---|---|---|---|---|")
