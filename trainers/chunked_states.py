@@ -66,7 +66,6 @@ def release_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-
 def resident_set_bytes() -> int:
     """The process's resident memory now (Linux /proc/self/statm)."""
     with open("/proc/self/statm") as statm:
@@ -164,11 +163,11 @@ class ChunkedStates:
         for index, member in enumerate(self.members):
             member.param.register_hook(self._before_accumulation(index))
             member.param.register_post_accumulate_grad_hook(self._accumulated)
-        needed = resident_set_bytes() + 4 * max(self.layout.sizes) * 4
-        if memory_budget < needed:
-            raise ValueError(f"memory_budget must hold the process ({resident_set_bytes():,} bytes now) and one chunk of "
-                             f"each of {', '.join(KINDS)} ({4 * max(self.layout.sizes) * 4:,} bytes), {needed:,} bytes "
-                             f"in all; got {memory_budget:,}")
+        process, working = resident_set_bytes(), len(KINDS) * max(self.layout.sizes) * self.store.dtype.itemsize
+        if memory_budget < process + working:
+            raise ValueError(f"memory_budget must hold the process ({process:,} bytes now) and one chunk of each of "
+                             f"{', '.join(KINDS)} ({working:,} bytes), {process + working:,} bytes in all; got "
+                             f"{memory_budget:,}")
 
     # ---------------------------------------------------------------- building
     def _materialise(self, model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
@@ -219,7 +218,7 @@ class ChunkedStates:
     def _copy_in(self) -> None:
         for chunk, indices in enumerate(self._chunk_members):
             key = ("param", chunk)
-            values = [self.members[i].param.detach().clone() for i in indices]
+            values = [self.members[i].param.detach() for i in indices]  # the old storage, kept alive
             buffer = self._load(key)
             for index, value in zip(indices, values):
                 self.members[index].view(buffer).copy_(value)
@@ -229,6 +228,9 @@ class ChunkedStates:
     # ---------------------------------------------------------------- chunks in and out of memory
     def _size(self, key: ChunkKey) -> int:
         return self.layout.sizes[key[1]]
+
+    def _bytes(self, key: ChunkKey) -> int:
+        return self._size(key) * self.store.dtype.itemsize
 
     def _load(self, key: ChunkKey) -> torch.Tensor:
         """Chunk `key` in memory (read back or created); parameters bound to their views."""
@@ -282,12 +284,24 @@ class ChunkedStates:
             self._clock += 1
             self._last_used[key] = self._clock
             if key not in self.store.memory:
-                self._make_room(self._size(key) * 4)
+                self._make_room(self._bytes(key))
                 self._load(key)
         self._make_room(0)
 
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
         self._pins.subtract(keys)
+
+    @contextmanager
+    def _holding(self, keys: frozenset[ChunkKey]) -> Iterator[dict[ChunkKey, torch.Tensor]]:
+        """Chunks `keys` pinned in memory while this class's own code works on them (the access
+        mode out of the way); yields the chunks in memory by key."""
+        self.pin(keys)
+        self.busy, was_busy = True, self.busy
+        try:
+            yield self.store.memory
+        finally:
+            self.busy = was_busy
+            self.unpin(keys)
 
     def held(self, keys: frozenset[ChunkKey]) -> None:
         """An operation that pinned `keys` ended: they stay pinned until the innermost running
@@ -320,7 +334,7 @@ class ChunkedStates:
                 moments[-1].other_bytes = self._tracker.mark()
             self._rest = max(self._rest, resident_set_bytes() - self.store.resident_bytes() - self._tracker.live)
             in_use = set(keys) | {key for key, count in self._pins.items() if count}
-            moments.append(Moment(keys, sum(self._size(key) * 4 for key in in_use)))
+            moments.append(Moment(keys, sum(self._bytes(key) for key in in_use)))
         elif self.placement.planned:
             self.placement.advance(keys)
 
@@ -376,8 +390,6 @@ class ChunkedStates:
                 f"step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
                 f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         self.placement.plan(capacity)
-        self.rest_bytes = rest
-        """The rest of the process that the placement was planned for."""
 
     def begin_micro_batch(self, last: bool) -> None:
         """A micro batch's backward follows; `last`: the step's last (its gradients complete the chunks)."""
@@ -403,14 +415,8 @@ class ChunkedStates:
     def _unpack(self, saved: torch.Tensor | SavedChunkView) -> torch.Tensor:
         if not isinstance(saved, SavedChunkView):
             return saved
-        keys = frozenset([saved.key])
-        self.pin(keys)
-        try:
-            self.busy, was_busy = True, self.busy
-            return self.store.memory[saved.key].as_strided(saved.shape, saved.stride, saved.offset)
-        finally:
-            self.busy = was_busy
-            self.unpin(keys)
+        with self._holding(frozenset([saved.key])) as chunks:
+            return chunks[saved.key].as_strided(saved.shape, saved.stride, saved.offset)
 
     def _before_accumulation(self, index: int):
         keys = frozenset([("param", self.members[index].chunk)])
@@ -466,14 +472,8 @@ class ChunkedStates:
         self._release_gradients()
         for chunk, members in enumerate(self._chunk_members):
             if self._received[chunk] < len(members) and any(self.has_grad[i] for i in members):
-                keys = frozenset([("grad", chunk)])
-                self.pin(keys)
-                try:
-                    self.busy = True
+                with self._holding(frozenset([("grad", chunk)])):
                     self._complete(chunk)
-                finally:
-                    self.busy = False
-                    self.unpin(keys)
         total = torch.stack(self._norm_squares).sum() if self._norm_squares else torch.zeros((), dtype=torch.float64)
         self._norm_squares = []
         return math.sqrt(total.item())
@@ -485,52 +485,34 @@ class ChunkedStates:
         config = self.config
         for chunk, members in enumerate(self._chunk_members):
             updated = [i for i in members if self.has_grad[i]]
-            if updated:
-                keys = frozenset((kind, chunk) for kind in KINDS)
-                self.pin(keys)
-                try:
-                    self.busy = True
-                    param, grad, exp_avg, exp_avg_sq = (self.store.memory[(kind, chunk)] for kind in KINDS)
-                    if grad_factor != 1.0:
-                        grad.mul_(grad_factor)
-                    for index in updated:
-                        member = self.members[index]
-                        step = torch.tensor(float(self.steps[index]))
-                        adamw([member.view(param)], [member.view(grad)], [member.view(exp_avg)],
-                              [member.view(exp_avg_sq)], [], [step], foreach=False, amsgrad=False,
-                              beta1=config.betas[0], beta2=config.betas[1], lr=lr,
-                              weight_decay=config.weight_decay if member.decay else 0.0, eps=config.eps,
-                              maximize=False)
-                        self.steps[index] += 1
-                    for kind in ("param", "exp_avg", "exp_avg_sq"):
-                        self.store.changed((kind, chunk))
-                finally:
-                    self.busy = False
-                    self.unpin(keys)
+            if not updated:
+                continue
+            with self._holding(frozenset((kind, chunk) for kind in KINDS)) as chunks:
+                param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
+                if grad_factor != 1.0:
+                    grad.mul_(grad_factor)
+                for index in updated:
+                    member = self.members[index]
+                    step = torch.tensor(float(self.steps[index]))
+                    adamw([member.view(param)], [member.view(grad)], [member.view(exp_avg)], [member.view(exp_avg_sq)],
+                          [], [step], foreach=False, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
+                          lr=lr, weight_decay=config.weight_decay if member.decay else 0.0, eps=config.eps,
+                          maximize=False)
+                    self.steps[index] += 1
+                for kind in ("param", "exp_avg", "exp_avg_sq"):
+                    self.store.changed((kind, chunk))
         self.discard_gradients()
 
     @torch.no_grad()
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """A copy of `model.state_dict()` (the module this class was built on), the chunked
         parameters read chunk by chunk."""
-        chunked = self._parameters_by_index()
+        chunked = {}
+        for chunk, members in enumerate(self._chunk_members):
+            with self._holding(frozenset([("param", chunk)])) as chunks:
+                chunked.update({index: self.members[index].view(chunks[("param", chunk)]).clone() for index in members})
         return {name: chunked[self._index[id(value)]] if id(value) in self._index else value.detach().clone()
                 for name, value in model.state_dict(keep_vars=True).items()}
-
-    def _parameters_by_index(self) -> dict[int, torch.Tensor]:
-        values = {}
-        for chunk, members in enumerate(self._chunk_members):
-            keys = frozenset([("param", chunk)])
-            self.pin(keys)
-            try:
-                self.busy = True
-                for index in members:
-                    member = self.members[index]
-                    values[index] = member.view(self.store.memory[("param", chunk)]).clone()
-            finally:
-                self.busy = False
-                self.unpin(keys)
-        return values
 
     def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
         """What a checkpoint of `model` (the module this class was built on) holds, as every
@@ -563,12 +545,8 @@ class ChunkedStates:
             self.unpin(keys)
 
         def view() -> tuple[torch.Tensor, Callable[[bool], None]]:
-            self.pin(keys)
-            self.busy = True
-            try:
-                return member.view(self.store.memory[(kind, member.chunk)]), release
-            finally:
-                self.busy = False
+            self.pin(keys)  # until release
+            return member.view(self.store.memory[(kind, member.chunk)]), release
         return view
 
     def restore_steps(self, optimizer_state: dict[str, dict[str, torch.Tensor]]) -> None:

@@ -47,6 +47,11 @@ def total_norm(grads: list[torch.Tensor], across: dist.ProcessGroup | None = Non
     return math.sqrt(total.item())
 
 
+def clip_factor(norm: float, clip: float) -> float:
+    """What gradients of global norm `norm` are multiplied by to clip them to `clip` (0: no clipping)."""
+    return clip / (norm + 1e-6) if 0 < clip < norm else 1.0
+
+
 @torch.no_grad()
 def scale_gradients(grads: list[torch.Tensor], factor: float) -> None:
     """Multiply every gradient in place by `factor` (their local pieces)."""

@@ -29,7 +29,7 @@ from trainers.distributed import setup_distributed
 from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
-from trainers.gradients import scale_gradients, total_norm
+from trainers.gradients import clip_factor, scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
 from trainers.parallelize import parallelize
 from trainers.pipeline_schedules import check_schedule
@@ -468,8 +468,7 @@ class Trainer:
         take_step = self.loss_scaler.update(grad_norm) if self.loss_scaler else math.isfinite(grad_norm)
         lr = warmup_cosine_lr(self.step, config)
         if take_step:
-            if config.grad_clip > 0 and grad_norm > config.grad_clip:
-                scale_gradients(grads, config.grad_clip / (grad_norm + 1e-6))
+            scale_gradients(grads, clip_factor(grad_norm, config.grad_clip))
             self.optimizer.step(lr)
         self.optimizer.zero_grad()
         return self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
@@ -486,8 +485,7 @@ class Trainer:
             take_step = math.isfinite(grad_norm)
             lr = warmup_cosine_lr(self.step, config)
             if take_step:
-                clipped = config.grad_clip > 0 and grad_norm > config.grad_clip
-                chunks.step(lr, config.grad_clip / (grad_norm + 1e-6) if clipped else 1.0)
+                chunks.step(lr, clip_factor(grad_norm, config.grad_clip))
             else:
                 chunks.discard_gradients()
         record = self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from asr.data import collate_speech
-from helpers import relative_error
+from helpers import chunk_budget, relative_error
 from tiny_transducer import tiny, token_utterances
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
 
 
 def config(**overrides) -> TrainConfig:
@@ -28,7 +27,7 @@ def test_chunked_conformer_transducer_trains_as_in_memory(tmp_path, loss):
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
     expected = plain.fit(data, collate_fn=collate_speech)
     chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=int((resident_set_bytes() + 4 * 2**20) / (1 - CAPACITY_MARGIN))))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(4 * 2**20)))
     history = chunked.fit(data, collate_fn=collate_speech)
     assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
     assert expected[-1]["loss"] < expected[0]["loss"]

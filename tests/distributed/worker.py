@@ -44,7 +44,7 @@ from protein.evoformer import EvoformerConfig  # noqa: E402
 from protein.model import FoldConfig, FoldingModel  # noqa: E402
 from protein.structure_module import StructureConfig  # noqa: E402
 from vision.vit import ViT, ViTConfig  # noqa: E402
-from helpers import lm_examples, tiny_gpt  # noqa: E402
+from helpers import chunk_budget, lm_examples, tiny_gpt  # noqa: E402
 from tiny_transducer import tiny, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
@@ -93,12 +93,10 @@ def chunks(out: str, directory: str, *modes: str) -> None:
     states in chunks with room for about 1 MiB of them beside what the process held before
     ("chunks"; after "memory", whose run grew the process to its size in training): parameters,
     losses, bytes read from the chunk files each step."""
-    from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
-
     results = {}
     for mode in modes:
-        budget = int((resident_set_bytes() + 2**20) / (1 - CAPACITY_MARGIN))
-        strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget) if mode == "chunks" else None
+        strategy = (Strategy(offload="chunks", offload_dir=directory, memory_budget=chunk_budget(2**20))
+                    if mode == "chunks" else None)
         trainer = Trainer(tiny_gpt(n_embd=64, n_layer=3, dropout=0.1), config(max_steps=5, lr=1e-3), strategy)
         history = trainer.fit(lm_examples(64))
         results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],

@@ -6,20 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import lm_examples, relative_error, tiny_gpt
+from helpers import chunk_budget, lm_examples, relative_error, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
 
 
 def config(**overrides) -> TrainConfig:
     return TrainConfig(**{"max_steps": 5, "global_batch_size": 8, "micro_batch_size": 4, "lr": 1e-3, "warmup_steps": 1,
                           "grad_clip": 0.5, "log_every": 1, "progress": False, **overrides})
-
-
-def budget_for(chunk_bytes: int) -> int:
-    """A process budget that leaves about `chunk_bytes` to chunks beside what this process holds
-    now (about: the first step's other memory comes out of it, once per process)."""
-    return int((resident_set_bytes() + chunk_bytes) / (1 - CAPACITY_MARGIN))
 
 
 @pytest.mark.timeout(300)
@@ -31,7 +24,7 @@ def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path):
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
     expected = plain.fit(data)
     chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(8 * 2**20)))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20)))
     history = chunked.fit(data)
     assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
     assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
@@ -52,7 +45,7 @@ def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path):
     with torch.device("meta"):
         model = tiny_gpt(n_embd=64, n_layer=3)
     trainer = Trainer(model, config(output_dir=str(tmp_path), max_steps=10, lr=1e-2),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(2**25)))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**25)))
     assert len(trainer.chunks.layout.sizes) > 2 and not list(model.parameters())[0].is_meta
     weights = trainer.full_state_dict()
     matrices = torch.cat([w.flatten() for name, w in weights.items() if name.endswith("q.weight")])
@@ -77,11 +70,11 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
                                          "67,108,864"):
         Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), small)
     (tmp_path / "a file").write_text("")
-    blocked = Strategy(offload="chunks", offload_dir=str(tmp_path / "a file"), memory_budget=budget_for(2**20))
+    blocked = Strategy(offload="chunks", offload_dir=str(tmp_path / "a file"), memory_budget=chunk_budget(2**20))
     with pytest.raises(OSError, match=r"offload directory '.*a file/rank00000' cannot take chunk param 0"):
         Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), blocked)
     trainer = Trainer(tiny_gpt(), config(output_dir=str(tmp_path)),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=budget_for(2**20)))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**20)))
     path = tmp_path / "chunks" / "rank00000" / "param00001.bin"
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
@@ -104,7 +97,7 @@ def test_checkpoints_of_chunked_states_load_into_memory_and_back(tmp_path):
         return trainer
 
     def chunks(folder: str) -> Strategy:  # room for the states; the checkpoint is what is tested
-        return Strategy(offload="chunks", offload_dir=str(tmp_path / folder / "chunks"), memory_budget=budget_for(2**25))
+        return Strategy(offload="chunks", offload_dir=str(tmp_path / folder / "chunks"), memory_budget=chunk_budget(2**25))
 
     reference = run("memory", None)
     chunked = run("chunked", chunks("chunked"))
