@@ -51,7 +51,7 @@ def shakespeare_gpt(n_layer: int = 16, n_embd: int = 32, block_size: int = 128, 
 def chunk_budget(room: int) -> int:
     """A process memory budget for Strategy(offload="chunks") that leaves about `room` bytes to
     chunks beside what this process holds now (about: a process's first training step grows it)."""
-    from trainers.chunked_states import CAPACITY_MARGIN, resident_set_bytes
+    from trainers.chunk_residency import CAPACITY_MARGIN, resident_set_bytes
 
     return int((resident_set_bytes() + room) / (1 - CAPACITY_MARGIN))
 

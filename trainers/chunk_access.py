@@ -21,7 +21,6 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 

@@ -74,6 +74,14 @@ class ChunkStore:
         self.memory[key] = buffer
         return buffer
 
+    def receive(self, key: ChunkKey, numel: int) -> torch.Tensor:
+        """An uninitialised chunk `key` of `numel` elements in memory, to be filled from elsewhere
+        (another rank); it has no file and is never written to one (`drop` it)."""
+        with _disable_current_modes():
+            buffer = torch.empty(numel, dtype=self.dtype)
+        self.memory[key] = buffer
+        return buffer
+
     def changed(self, key: ChunkKey) -> None:
         """Chunk `key` (in memory) was written to: its file no longer holds it."""
         self.dirty.add(key)

@@ -1,33 +1,31 @@
 """`ChunkedStates`: a model's parameters, gradients and AdamW moments in chunks (`trainers.chunks`)
-that move between memory and disk under a memory budget (PatrickStar's chunk manager, with a
-disk tier as in ZeRO-Infinity).
+that move between memory and disk under a memory budget (`trainers.chunk_residency`).
 
 Each parameter is a view into its parameter chunk while the chunk is in memory, and one NaN
 broadcast to its shape while it is not (`trainers.chunk_access`). Gradients go into gradient
 chunks as autograd accumulates them (the parameter's own `.grad` is freed at once); a gradient
-chunk whose tensors have all received the last micro batch's gradients is all-reduced over the
+chunk whose tensors have all received the last micro batch's gradients is reduced over the
 data-parallel ranks and its norms taken, so the global norm is known when backward ends. The
 AdamW update then runs chunk by chunk where the chunks are (parameter, gradient, two moments),
 and the gradient chunk is dropped without being written.
 
-Placement follows `trainers.chunk_placement`: the first step keeps only the chunks in use and
-measures the other tensors; later steps keep what the budget leaves them, evicting the chunk used
-again furthest ahead. The budget counts the whole process on a CPU machine: the rest of the
-process (its resident memory beyond the chunks and the step's tensors, the most of it seen at any
-moment of the first step), the step's other tensors, the chunks, and a margin (`CAPACITY_MARGIN`).
-So that freed memory leaves the process, allocations of `MMAP_THRESHOLD` bytes and more are
-mapped and unmapped on their own (glibc's mallopt, for the whole process): the default allocator
-keeps freed chunks in its heap, where they still count as resident.
+ZeRO over chunks (`shard=True`): each chunk has one owning rank (`trainers.chunks.chunk_owners`),
+which alone keeps its parameters and moments (in memory or in its files) and updates them. A
+completed gradient chunk is reduced to its owner (the others drop theirs); a parameter chunk that
+a rank does not own is gathered, broadcast by its owner, when a step or an evaluation uses it and
+it is not among the chunks gathered lately, and dropped when it leaves them. Which chunks are
+gathered follows only the order in which the model uses its parameters, the same on every rank:
+those in use, and the `SPARE_GATHERED` used most recently besides them. With one owner per chunk,
+gathering a chunk is a broadcast and reducing it a reduce: the bytes each rank sends and receives
+are those of an all-gather and a reduce-scatter of N chunks, without N chunks in memory at once.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
-from collections import Counter
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,37 +37,16 @@ from torch.optim.adamw import adamw
 
 from trainers.chunk_access import ParameterAccess, SavedChunkView
 from trainers.chunk_checkpoint import ChunkedTensor
-from trainers.chunk_placement import Moment, Placement
+from trainers.chunk_residency import ChunkResidency, resident_set_bytes
 from trainers.chunk_store import ChunkKey, ChunkStore
-from trainers.chunks import search_chunk_size
+from trainers.chunks import chunk_owners, search_chunk_size
 from trainers.config import TrainConfig
 from trainers.optim import clean_fqn
-from trainers.tensor_peak import TensorPeak
 
 KINDS = ("param", "grad", "exp_avg", "exp_avg_sq")
 """The chunk lists, one layout for all: parameters, gradients, AdamW's two moments."""
-CAPACITY_MARGIN = 0.03
-"""Share of the budget left free for what the measurement cannot see (peaks between moments)."""
-MMAP_THRESHOLD = 1 << 20
-"""Bytes from which glibc's malloc maps each allocation on its own (returned to the system when freed)."""
-M_MMAP_THRESHOLD = -3
-"""mallopt's parameter number for the mmap threshold (malloc.h)."""
-
-
-def release_freed_memory() -> bool:
-    """Have glibc's malloc map allocations of `MMAP_THRESHOLD` bytes or more on their own, so
-    that freeing one returns its memory to the system; False where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
-def resident_set_bytes() -> int:
-    """The process's resident memory now (Linux /proc/self/statm)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+SPARE_GATHERED = 2
+"""Under ZeRO over chunks: gathered parameter chunks kept besides those in use (the most recently used)."""
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -97,18 +74,20 @@ class _Member:
         return buffer[self.offset:self.offset + self.param.numel()].view(self.param.shape)
 
 
-class ChunkedStates:
+class ChunkedStates(ChunkResidency):
     """The trainable parameters of `model` (fp32, in `named_parameters` order) with their gradients
     and AdamW moments in chunks under `memory_budget` bytes for the process, evicted chunks in files
     under `directory`. `largest`: the largest tensor the shared chunks are sized for (larger ones get
-    chunks of their own); `group`: the data-parallel ranks whose gradients are averaged.
+    chunks of their own); `group`: the data-parallel ranks whose gradients are averaged; `shard`:
+    each of them owns a share of the chunks (ZeRO over chunks, module docstring).
 
     A model built on the meta device is materialised chunk by chunk: its `init_weights()` runs
     once per parameter chunk, with the other parameters on the meta device, so that no more than one
-    chunk is ever in memory (the draws differ from one initialisation of the whole model)."""
+    chunk is ever in memory (the draws differ from one initialisation of the whole model, and do
+    not depend on the number of ranks)."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, directory: str, memory_budget: int,
-                 group: dist.ProcessGroup | None = None, largest: int | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, largest: int | None = None, shard: bool = False) -> None:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
@@ -116,23 +95,23 @@ class ChunkedStates:
         if dtypes != ["torch.float32"]:
             raise ValueError(f"offload='chunks' keeps fp32 parameters in its chunks; the model's trainable parameters "
                              f"are {', '.join(dtypes)}")
-        self.config, self.budget, self.group = config, memory_budget, group
-        self.world = dist.get_world_size(group) if group is not None else 1
         self.layout = search_chunk_size([p.numel() for _, p in named], largest=largest)
-        self.store = ChunkStore(directory)
-        self.placement = Placement()
-        self.busy = False
-        """True while this class's own code runs (the access mode then stays out of the way)."""
-        self._pins: Counter[ChunkKey] = Counter()
-        self._last_used: dict[ChunkKey, int] = {}
-        self._clock = 0
-        self._moment_chunks: frozenset[ChunkKey] | None = None
-        self._tracker: TensorPeak | None = None
-        self._rest = 0
-        """While the first step runs: the most resident memory seen besides chunks and its tensors."""
+        super().__init__(ChunkStore(directory), list(self.layout.sizes), memory_budget)
+        self.config, self.group = config, group
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.sharded = shard and self.world > 1
+        """Whether each rank owns a share of the chunks."""
+        self.owners = chunk_owners(self.layout.sizes, self.world) if self.sharded else [self.rank] * self.layout.chunks
+        """The rank that keeps and updates each chunk."""
+        self._gathered: OrderedDict[int, None] = OrderedDict()
+        """Under sharding: the parameter chunks gathered lately, least recently used first (the same on every rank)."""
+        self._gathering = False
+        """Whether every rank runs the same code now, so that chunks can be gathered."""
+        if self.sharded:
+            self.reserve_bytes = SPARE_GATHERED * max(self._bytes(("param", c)) for c in range(self.layout.chunks))
         self._param_storage: dict[int, ChunkKey] = {}
         """Storage address of each parameter chunk in memory."""
-        release_freed_memory()
         on_meta = any(p.is_meta for _, p in named)
         if on_meta:
             named = self._materialise(model, named)
@@ -153,21 +132,21 @@ class ChunkedStates:
         self._held_gradients: ChunkKey | None = None
         """The gradient chunk accumulated into last, kept pinned until another one is."""
         self._norm_squares: list[torch.Tensor] = []
-        self._active = False
-        """Inside a step or access region."""
-        self._scopes: list[set[ChunkKey]] = []
-        """Chunks used by each running module (innermost last), pinned until it returns."""
-        for module in model.modules():
-            module.register_forward_pre_hook(self._enter_module)
-            module.register_forward_hook(self._exit_module, always_call=True)
+        self.watch(model)
         for index, member in enumerate(self.members):
             member.param.register_hook(self._before_accumulation(index))
             member.param.register_post_accumulate_grad_hook(self._accumulated)
-        process, working = resident_set_bytes(), len(KINDS) * max(self.layout.sizes) * self.store.dtype.itemsize
+        process = resident_set_bytes()
+        working = len(KINDS) * max(self.layout.sizes) * self.store.dtype.itemsize + self.reserve_bytes
         if memory_budget < process + working:
+            gathered = f" and {SPARE_GATHERED} gathered parameter chunks" if self.sharded else ""
             raise ValueError(f"memory_budget must hold the process ({process:,} bytes now) and one chunk of each of "
-                             f"{', '.join(KINDS)} ({working:,} bytes), {process + working:,} bytes in all; got "
-                             f"{memory_budget:,}")
+                             f"{', '.join(KINDS)}{gathered} ({working:,} bytes), {process + working:,} bytes in all; "
+                             f"got {memory_budget:,}")
+
+    def owns(self, chunk: int) -> bool:
+        """Whether this rank keeps and updates chunk `chunk`."""
+        return self.owners[chunk] == self.rank
 
     # ---------------------------------------------------------------- building
     def _materialise(self, model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
@@ -193,6 +172,8 @@ class ChunkedStates:
 
     @torch.no_grad()
     def _initialise_by_chunk(self, model: nn.Module) -> None:
+        """Every chunk initialised in turn on every rank (the same draws whatever the number of
+        ranks); a rank keeps those it owns."""
         init = getattr(model, "init_weights", None)
         if not callable(init):
             raise ValueError(f"model {type(model).__name__} was built on the meta device but has no init_weights() "
@@ -211,13 +192,20 @@ class ChunkedStates:
                 for member in self.members:
                     for module, name, _ in self._owners[id(member.param)]:
                         module._parameters[name] = member.param
-            self.store.changed(key)
-            self._evict(key)
+            if self.owns(chunk):
+                self.store.changed(key)
+                self._evict(key)
+            else:
+                self._drop(key)
 
     @torch.no_grad()
     def _copy_in(self) -> None:
         for chunk, indices in enumerate(self._chunk_members):
             key = ("param", chunk)
+            if not self.owns(chunk):
+                for index in indices:
+                    self.members[index].param.data = self.members[index].absent
+                continue
             values = [self.members[i].param.detach() for i in indices]  # the old storage, kept alive
             buffer = self._load(key)
             for index, value in zip(indices, values):
@@ -225,171 +213,110 @@ class ChunkedStates:
             self.store.changed(key)
             self._evict(key)
 
-    # ---------------------------------------------------------------- chunks in and out of memory
-    def _size(self, key: ChunkKey) -> int:
-        return self.layout.sizes[key[1]]
+    # ---------------------------------------------------------------- residency hooks
+    def _bound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
+        if key[0] == "param":
+            for index in self._chunk_members[key[1]]:
+                self.members[index].param.data = self.members[index].view(buffer)
+            self._param_storage[buffer.untyped_storage().data_ptr()] = key
 
-    def _bytes(self, key: ChunkKey) -> int:
-        return self._size(key) * self.store.dtype.itemsize
+    def _unbound(self, key: ChunkKey) -> None:
+        if key[0] == "param":
+            for index in self._chunk_members[key[1]]:
+                self.members[index].param.data = self.members[index].absent
+            del self._param_storage[self.store.memory[key].untyped_storage().data_ptr()]
 
-    def _load(self, key: ChunkKey) -> torch.Tensor:
-        """Chunk `key` in memory (read back or created); parameters bound to their views."""
-        self.busy, was_busy = True, self.busy
-        try:
-            loaded = key in self.store.memory
-            buffer = self.store.load(key, self._size(key))
-            if key[0] == "param" and not loaded:
-                for index in self._chunk_members[key[1]]:
-                    self.members[index].param.data = self.members[index].view(buffer)
-                self._param_storage[buffer.untyped_storage().data_ptr()] = key
-            return buffer
-        finally:
-            self.busy = was_busy
+    def _evictable(self, key: ChunkKey) -> bool:
+        return self.owns(key[1]) or key[0] != "param"  # a gathered copy leaves with `_release_gathered`
 
-    def _evict(self, key: ChunkKey) -> None:
-        self.busy, was_busy = True, self.busy
-        try:
-            if key[0] == "param":
-                for index in self._chunk_members[key[1]]:
-                    self.members[index].param.data = self.members[index].absent
-                del self._param_storage[self.store.memory[key].untyped_storage().data_ptr()]
-            self.store.evict(key)
-        finally:
-            self.busy = was_busy
+    def _bring(self, key: ChunkKey) -> None:
+        chunk = key[1]
+        if not self.sharded or key[0] != "param":
+            super()._bring(key)
+        elif chunk in self._gathered:
+            self._gathered.move_to_end(chunk)
+            if self.owns(chunk):  # its owner may have evicted it since
+                super()._bring(key)
+        elif self._gathering:
+            self._gather(chunk)
+        elif self.owns(chunk):
+            super()._bring(key)
+        else:
+            raise RuntimeError(f"parameter chunk {chunk} belongs to rank {self.owners[chunk]}, not to rank {self.rank}; "
+                               "other ranks read it inside a step or an evaluation that every rank runs")
 
-    def _capacity(self) -> int:
-        return self.placement.current_capacity() if self.placement.planned else 0
+    def _gather(self, chunk: int) -> None:
+        """Parameter chunk `chunk` from its owner, on every rank at once."""
+        key = ("param", chunk)
+        if self.owns(chunk):
+            super()._bring(key)
+        else:
+            self._make_room(self._bytes(key))
+            self.busy, was_busy = True, self.busy
+            try:
+                self._bound(key, self.store.receive(key, self.sizes[chunk]))
+            finally:
+                self.busy = was_busy
+        dist.broadcast(self.store.memory[key], group=self.group, group_src=self.owners[chunk])
+        self._gathered[chunk] = None
+        self._trim_gathered()
 
-    def _make_room(self, needed: int) -> None:
-        """Evict unpinned chunks until those in memory and `needed` more bytes fit the capacity:
-        the one used again furthest ahead first (the least recently used among equals)."""
-        capacity = self._capacity()
-        resident = self.store.resident_bytes()
-        while resident + needed > capacity:
-            free = [key for key in self.store.memory if not self._pins[key]]
-            if not free:
-                return
-            victim = max(free, key=lambda key: (self.placement.next_use(key) if self.placement.planned else 0,
-                                                -self._last_used.get(key, 0)))
-            resident -= self.store.memory[victim].nbytes
-            self._evict(victim)
+    def _trim_gathered(self, spare: int = SPARE_GATHERED) -> None:
+        """Keep at most `spare` gathered chunks that are not in use (the most recently used)."""
+        unused = [chunk for chunk in self._gathered if not self.pinned(("param", chunk))]
+        for chunk in unused[:max(len(unused) - spare, 0)]:
+            self._release_gathered(chunk)
 
-    def pin(self, keys: frozenset[ChunkKey]) -> None:
-        """Bring chunks `keys` into memory and keep them there until `unpin`; a new moment of the
-        step when they differ from the last moment's."""
-        if keys != self._moment_chunks:
-            self._new_moment(keys)
-        self._pins.update(keys)
-        for key in keys:
-            self._clock += 1
-            self._last_used[key] = self._clock
-            if key not in self.store.memory:
-                self._make_room(self._bytes(key))
-                self._load(key)
-        self._make_room(0)
+    def _release_gathered(self, chunk: int) -> None:
+        del self._gathered[chunk]
+        if not self.owns(chunk):
+            self._drop(("param", chunk))
 
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
-        self._pins.subtract(keys)
+        super().unpin(keys)
+        if self._gathered:
+            self._trim_gathered()
 
     @contextmanager
-    def _holding(self, keys: frozenset[ChunkKey]) -> Iterator[dict[ChunkKey, torch.Tensor]]:
-        """Chunks `keys` pinned in memory while this class's own code works on them (the access
-        mode out of the way); yields the chunks in memory by key."""
-        self.pin(keys)
-        self.busy, was_busy = True, self.busy
+    def _gathering_on(self) -> Iterator[None]:
+        """Every rank runs the same code inside: parameter chunks are gathered as used, and the
+        gathered copies dropped at the end (the owners may change the chunks next)."""
+        self._gathering = True
         try:
-            yield self.store.memory
+            yield
         finally:
-            self.busy = was_busy
-            self.unpin(keys)
-
-    def held(self, keys: frozenset[ChunkKey]) -> None:
-        """An operation that pinned `keys` ended: they stay pinned until the innermost running
-        module returns (none running: unpinned now)."""
-        if not self._scopes:
-            self.unpin(keys)
-            return
-        scope = self._scopes[-1]
-        self.unpin(keys & scope)
-        scope.update(keys)
-
-    def _enter_module(self, module: nn.Module, args) -> None:
-        if self._active:
-            self._scopes.append(set())
-
-    def _exit_module(self, module: nn.Module, args, output) -> None:
-        if self._active and self._scopes:
-            self.unpin(self._scopes.pop())
+            self._gathering = False
+            for chunk in list(self._gathered):
+                self._release_gathered(chunk)
 
     def chunks_of(self, params: Iterable[nn.Parameter]) -> frozenset[ChunkKey]:
         """The parameter chunks of those of `params` that this class holds."""
         index = self._index
         return frozenset(("param", self.members[index[id(p)]].chunk) for p in params if id(p) in index)
 
-    def _new_moment(self, keys: frozenset[ChunkKey]) -> None:
-        self._moment_chunks = keys
-        if self._tracker is not None:
-            moments = self.placement.moments
-            if moments:
-                moments[-1].other_bytes = self._tracker.mark()
-            self._rest = max(self._rest, resident_set_bytes() - self.store.resident_bytes() - self._tracker.live)
-            in_use = set(keys) | {key for key, count in self._pins.items() if count}
-            moments.append(Moment(keys, sum(self._bytes(key) for key in in_use)))
-        elif self.placement.planned:
-            self.placement.advance(keys)
-
     # ---------------------------------------------------------------- a step
     @contextmanager
     def step_region(self) -> Iterator[None]:
-        """Forward, backward and optimizer step of one training step run inside; the first
-        records the step's moments and plans the placement from them."""
-        recording = not self.placement.planned
-        self._rest = resident_set_bytes() - self.store.resident_bytes()
-        self._tracker = TensorPeak() if recording else None
-        self.placement.position, self._moment_chunks = -1, None
-        with (self._activated(), torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack),
-              self._tracker or nullcontext()):
+        """Forward, backward and optimizer step of one training step run inside (on every rank);
+        the first records the step's moments and plans the placement from them."""
+        with (self.measured_step(), self._activated(),
+              torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)):
             yield
-        if recording:
-            self.placement.moments[-1].other_bytes = self._tracker.mark()
-            self._tracker = None
-            self._plan(self._rest)
-        self.placement.position = len(self.placement.moments)  # outside the step: the smallest capacity
 
     @contextmanager
     def access_region(self) -> Iterator[None]:
-        """Code that only reads the parameters (evaluation) runs inside."""
-        self._moment_chunks = None
+        """Code that only reads the parameters (evaluation, on every rank) runs inside."""
+        self.new_region()
         with self._activated():
             yield
 
     @contextmanager
     def _activated(self) -> Iterator[None]:
-        self._active, self._scopes = True, []
         try:
-            with ParameterAccess(self):
+            with self.scoped(), self._gathering_on(), ParameterAccess(self):
                 yield
         finally:
-            for scope in self._scopes:
-                self.unpin(scope)
             self._release_gradients()
-            self._active, self._scopes = False, []
-
-    def _plan(self, rest: int) -> None:
-        """Capacities from the recorded moments, `rest` the most resident memory of the process
-        besides chunks and the step's tensors."""
-        moments = self.placement.moments
-        margin = int(CAPACITY_MARGIN * self.budget)
-        capacity = [self.budget - margin - rest - moment.other_bytes for moment in moments]
-        short = max(range(len(moments)), key=lambda i: moments[i].in_use_bytes - capacity[i])
-        moment = moments[short]
-        if capacity[short] < moment.in_use_bytes:
-            raise MemoryError(
-                f"memory_budget={self.budget:,} bytes is smaller than the step's working set: at moment {short} of "
-                f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)}), the "
-                f"step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
-                f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
-        self.placement.plan(capacity)
 
     def begin_micro_batch(self, last: bool) -> None:
         """A micro batch's backward follows; `last`: the step's last (its gradients complete the chunks)."""
@@ -415,7 +342,7 @@ class ChunkedStates:
     def _unpack(self, saved: torch.Tensor | SavedChunkView) -> torch.Tensor:
         if not isinstance(saved, SavedChunkView):
             return saved
-        with self._holding(frozenset([saved.key])) as chunks:
+        with self.holding(frozenset([saved.key])) as chunks:
             return chunks[saved.key].as_strided(saved.shape, saved.stride, saved.offset)
 
     def _before_accumulation(self, index: int):
@@ -457,10 +384,18 @@ class ChunkedStates:
             self._held_gradients = None
 
     def _complete(self, chunk: int) -> None:
-        """Chunk `chunk`'s gradients are final: average them over the ranks and take their norms."""
-        buffer = self.store.memory[("grad", chunk)]
+        """Chunk `chunk`'s gradients are final: average them over the ranks (on its owner, when
+        sharded: the others drop theirs) and take their norms."""
+        key = ("grad", chunk)
+        buffer = self.store.memory[key]
         if self.world > 1:
-            dist.all_reduce(buffer, group=self.group)
+            if self.sharded:
+                dist.reduce(buffer, group=self.group, group_dst=self.owners[chunk])
+                if not self.owns(chunk):
+                    self._drop(key)
+                    return
+            else:
+                dist.all_reduce(buffer, group=self.group)
             buffer.div_(self.world)
         grads = [self.members[i].view(buffer) for i in self._chunk_members[chunk] if self.has_grad[i]]
         self._norm_squares.append(torch.stack(torch._foreach_norm(grads, 2.0)).double().pow(2).sum())
@@ -472,45 +407,64 @@ class ChunkedStates:
         self._release_gradients()
         for chunk, members in enumerate(self._chunk_members):
             if self._received[chunk] < len(members) and any(self.has_grad[i] for i in members):
-                with self._holding(frozenset([("grad", chunk)])):
+                with self.holding(frozenset([("grad", chunk)])):
                     self._complete(chunk)
         total = torch.stack(self._norm_squares).sum() if self._norm_squares else torch.zeros((), dtype=torch.float64)
         self._norm_squares = []
+        if self.sharded:
+            dist.all_reduce(total, group=self.group)
         return math.sqrt(total.item())
 
     @torch.no_grad()
     def step(self, lr: float, grad_factor: float) -> None:
-        """One AdamW update of every chunk at learning rate `lr`, the gradients first multiplied by
-        `grad_factor` (clipping); the gradients are then dropped."""
-        config = self.config
-        for chunk, members in enumerate(self._chunk_members):
-            updated = [i for i in members if self.has_grad[i]]
-            if not updated:
-                continue
-            with self._holding(frozenset((kind, chunk) for kind in KINDS)) as chunks:
-                param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
-                if grad_factor != 1.0:
-                    grad.mul_(grad_factor)
-                for index in updated:
-                    member = self.members[index]
-                    step = torch.tensor(float(self.steps[index]))
-                    adamw([member.view(param)], [member.view(grad)], [member.view(exp_avg)], [member.view(exp_avg_sq)],
-                          [], [step], foreach=False, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
-                          lr=lr, weight_decay=config.weight_decay if member.decay else 0.0, eps=config.eps,
-                          maximize=False)
-                    self.steps[index] += 1
-                for kind in ("param", "exp_avg", "exp_avg_sq"):
-                    self.store.changed((kind, chunk))
+        """One AdamW update of every chunk this rank owns at learning rate `lr`, the gradients first
+        multiplied by `grad_factor` (clipping); the gradients are then dropped."""
+        for chunk in list(self._gathered):  # their owners change them
+            self._release_gathered(chunk)
+        self._gathering, gathering = False, self._gathering
+        try:
+            for chunk, members in enumerate(self._chunk_members):
+                updated = [i for i in members if self.has_grad[i]]
+                if updated and self.owns(chunk):
+                    self._update(chunk, updated, lr, grad_factor)
+        finally:
+            self._gathering = gathering
         self.discard_gradients()
 
+    def _update(self, chunk: int, updated: list[int], lr: float, grad_factor: float) -> None:
+        config = self.config
+        with self.holding(frozenset((kind, chunk) for kind in KINDS)) as chunks:
+            param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
+            if grad_factor != 1.0:
+                grad.mul_(grad_factor)
+            for index in updated:
+                member = self.members[index]
+                step = torch.tensor(float(self.steps[index]))
+                adamw([member.view(param)], [member.view(grad)], [member.view(exp_avg)], [member.view(exp_avg_sq)],
+                      [], [step], foreach=False, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
+                      lr=lr, weight_decay=config.weight_decay if member.decay else 0.0, eps=config.eps,
+                      maximize=False)
+                self.steps[index] += 1
+            for kind in ("param", "exp_avg", "exp_avg_sq"):
+                self.store.changed((kind, chunk))
+
     @torch.no_grad()
-    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
         """A copy of `model.state_dict()` (the module this class was built on), the chunked
-        parameters read chunk by chunk."""
+        parameters read chunk by chunk; empty where not `keep` (collective when sharded: call on
+        every rank, keeping on one)."""
+        if not keep and not self.sharded:
+            return {}
         chunked = {}
-        for chunk, members in enumerate(self._chunk_members):
-            with self._holding(frozenset([("param", chunk)])) as chunks:
-                chunked.update({index: self.members[index].view(chunks[("param", chunk)]).clone() for index in members})
+        self.new_region()
+        with self._gathering_on():
+            for chunk, members in enumerate(self._chunk_members):
+                with self.holding(frozenset([("param", chunk)])) as chunks:
+                    if keep:
+                        chunked.update({index: self.members[index].view(chunks[("param", chunk)]).clone()
+                                        for index in members})
+        if not keep:
+            return {}
         return {name: chunked[self._index[id(value)]] if id(value) in self._index else value.detach().clone()
                 for name, value in model.state_dict(keep_vars=True).items()}
 
@@ -518,16 +472,23 @@ class ChunkedStates:
         """What a checkpoint of `model` (the module this class was built on) holds, as every
         strategy saves it ({"model", "optimizer"}; `trainers.checkpoint`), chunked tensors as
         stand-ins of their shape; and, by flattened key, how to reach each chunked tensor in its
-        chunk (`trainers.chunk_checkpoint`)."""
+        chunk (`trainers.chunk_checkpoint`). When sharded, a rank's part names the tensors of the
+        chunks it owns (and the model's other tensors)."""
         model_state = get_model_state_dict(model)
         chunked: dict[str, ChunkedTensor] = {}
         for name, value in model.state_dict(keep_vars=True).items():
             index = self._index.get(id(value))
-            if index is not None:
+            if index is None:
+                continue
+            if self.owns(self.members[index].chunk):
                 model_state[clean_fqn(name)] = self.members[index].absent
                 chunked[f"model.{clean_fqn(name)}"] = self._chunk_view("param", index)
+            else:
+                model_state.pop(clean_fqn(name), None)
         optimizer_state = {}
         for index, member in enumerate(self.members):
+            if not self.owns(member.chunk):
+                continue
             name = clean_fqn(member.name)
             optimizer_state[name] = {"step": torch.tensor(float(self.steps[index])), "exp_avg": member.absent,
                                      "exp_avg_sq": member.absent}
@@ -550,11 +511,13 @@ class ChunkedStates:
         return view
 
     def restore_steps(self, optimizer_state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """After a checkpoint was loaded into `checkpoint_state`'s dict: each parameter's AdamW step."""
-        self.steps = [int(optimizer_state[clean_fqn(member.name)]["step"].item()) for member in self.members]
+        """After a checkpoint was loaded into `checkpoint_state`'s dict: the AdamW step of each
+        parameter this rank owns."""
+        self.steps = [int(optimizer_state[clean_fqn(member.name)]["step"].item()) if self.owns(member.chunk) else 0
+                      for member in self.members]
 
     def discard_gradients(self) -> None:
         """Drop every gradient chunk (a skipped step, or after the update)."""
         for chunk in range(self.layout.chunks):
-            self.store.drop(("grad", chunk))
+            self._drop(("grad", chunk))
         self.has_grad = [False] * len(self.members)

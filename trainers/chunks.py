@@ -96,3 +96,18 @@ def search_chunk_size(numels: Sequence[int], sizes: int = 64, widest: float = 2.
     candidates = sorted({-(-size // CHUNK_ALIGNMENT) * CHUNK_ALIGNMENT
                          for size in range(smallest, widest_size + 1, step)})
     return min((lay_out(numels, size) for size in candidates), key=lambda layout: (layout.numel, layout.chunk_numel))
+
+
+def chunk_owners(sizes: Sequence[int], ranks: int) -> list[int]:
+    """The rank that owns each chunk of `sizes` elements among `ranks` (ZeRO over chunks): the
+    largest chunk first, each to the rank owning the fewest elements so far (the lowest rank
+    among equals), so that ranks hold nearly equal shares even when a few chunks are large."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1; got {ranks}")
+    owned = [0] * ranks
+    owners = [0] * len(sizes)
+    for chunk in sorted(range(len(sizes)), key=lambda index: (-sizes[index], index)):
+        rank = min(range(ranks), key=lambda r: (owned[r], r))
+        owners[chunk] = rank
+        owned[rank] += sizes[chunk]
+    return owners

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any

@@ -44,11 +44,13 @@ class Strategy:
     CPU and each block is copied to the device when it runs (FSDP2 `CPUOffloadPolicy`); "chunks":
     parameters, gradients and AdamW moments live in chunks that move between memory and files in
     `offload_dir`, as many kept in memory as `memory_budget` leaves room for
-    (`trainers.chunked_states`; fp32, no tensor or pipeline parallelism, ZeRO 0)."""
+    (`trainers.chunked_states`; fp32, no tensor or pipeline parallelism; ZeRO 0: every
+    data-parallel rank keeps all chunks, 3: each keeps and updates its share of them and gathers the
+    others' parameter chunks as the model uses them)."""
 
     offload_dir: str | None = None
     """Directory for the chunk files of offload="chunks" (each rank writes under rank<N>/ in it);
-    needs room for the model states (16 bytes a parameter)."""
+    needs room for the model states (16 bytes a parameter, divided by the ranks under ZeRO 3)."""
 
     precision: Precision = "fp32"
     """Compute precision of the blocks. Master parameters, gradient reduction and optimizer state
@@ -165,7 +167,10 @@ class Strategy:
             raise ValueError("Strategy.offload='chunks' needs Strategy.offload_dir (where chunks go) and "
                              f"Strategy.memory_budget (how much stays in memory); got offload_dir={self.offload_dir!r}, "
                              f"memory_budget={self.memory_budget!r}")
-        others = {"zero": (self.zero, 0), "tp": (self.tp, 1), "pp": (self.pp, 1), "precision": (self.precision, "fp32")}
+        if self.zero not in (0, 3):
+            raise ValueError("Strategy.offload='chunks' runs with zero=0 (every rank keeps all chunks) or zero=3 "
+                             f"(each rank its share); got zero={self.zero!r}")
+        others = {"tp": (self.tp, 1), "pp": (self.pp, 1), "precision": (self.precision, "fp32")}
         for name, (value, allowed) in others.items():
             if value != allowed:
                 raise ValueError(f"Strategy.offload='chunks' runs with {name}={allowed!r}; got {name}={value!r}")

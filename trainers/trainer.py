@@ -160,7 +160,7 @@ class Trainer:
         if strategy.offload == "chunks":
             self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
                                         strategy.memory_budget, self.env.mesh["dp"].get_group(),
-                                        largest_block_tensor(self.model))
+                                        largest_block_tensor(self.model), shard=strategy.zero == 3)
             self.optimizer = None
         else:
             self.optimizer = TrainOptimizer(
@@ -348,7 +348,7 @@ class Trainer:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`
         (collective: call on every rank)."""
         if self.chunks is not None:
-            return self.chunks.state_dict(self.model) if self.env.is_main else {}
+            return self.chunks.state_dict(self.model, keep=self.env.is_main)
         return full_state_dict(self.model, self._pipeline_group)
 
     @property

@@ -8,7 +8,10 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
-    worker.py chunks OUT DIR MODE ...              a GPT 5 steps in memory or in chunks on disk: params + losses
+    worker.py chunks OUT DIR MODEL MODE ...        GPT or the Conformer transducer 5 steps in memory, in chunks
+                                                   on disk, or ZeRO-3 over chunks: params, losses, disk bytes
+    worker.py chunks_checkpoint DIR OUT            ZeRO-3 over chunks and FSDP ZeRO-3 checkpoints, each resumed
+                                                   by the other and by itself: losses + params
     worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  each model and layout: gradients on a probe
                                                    batch, then 3 training steps: losses, params
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
@@ -88,19 +91,56 @@ def strategies(out: str, *combos: str) -> None:
         torch.save(results, out)
 
 
-def chunks(out: str, directory: str, *modes: str) -> None:
-    """A wider tiny GPT (0.2M parameters, 2.4 MiB of states) 5 steps in memory ("memory") or with its
-    states in chunks with room for about 1 MiB of them beside what the process held before
-    ("chunks"; after "memory", whose run grew the process to its size in training): parameters,
-    losses, bytes read from the chunk files each step."""
+CHUNK_MODELS = {
+    "gpt": (lambda: tiny_gpt(n_embd=64, n_layer=3, dropout=0.1), lambda: lm_examples(64), None, 1e-3, 2**20),
+    "conformer": (lambda: tiny(loss="samplewise_pruned", warm_steps=2, prune_range=3, samplewise_memory_budget=1),
+                  lambda: speech_examples(16), collate_speech, 3e-3, 4 * 2**20),
+}
+"""Models of the chunked runs: factory, examples, collate, learning rate, room for chunks (bytes)."""
+
+
+def chunks(out: str, directory: str, model: str, *modes: str) -> None:
+    """`model` 5 steps in memory ("memory"), with its states in chunks with room for a few of them
+    beside what the process held before ("chunks"; after "memory", whose run grew the process to its
+    size in training), or the same with ZeRO-3 over the chunks ("zero3"): parameters, losses, bytes
+    read from the chunk files each step, the bytes of each rank's chunk files after training, the room."""
+    build, examples, collate, lr, room = CHUNK_MODELS[model]
     results = {}
     for mode in modes:
-        strategy = (Strategy(offload="chunks", offload_dir=directory, memory_budget=chunk_budget(2**20))
-                    if mode == "chunks" else None)
-        trainer = Trainer(tiny_gpt(n_embd=64, n_layer=3, dropout=0.1), config(max_steps=5, lr=1e-3), strategy)
-        history = trainer.fit(lm_examples(64))
+        strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(room),
+                             zero=3 if mode == "zero3" else 0) if mode != "memory" else None)
+        trainer = Trainer(build(), config(max_steps=5, lr=lr), strategy)
+        history = trainer.fit(examples(), collate_fn=collate)
+        on_disk = sum(f.stat().st_size for f in Path(f"{directory}/{mode}").rglob("*.bin")) if strategy else 0
+        disk = [0] * dist.get_world_size()
+        dist.all_gather_object(disk, on_disk)
         results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
-                         "read": [r.get("offload_read_bytes", 0) for r in history]}
+                         "read": [r.get("offload_read_bytes", 0) for r in history], "disk": disk, "room": room}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
+def chunks_checkpoint(directory: str, out: str) -> None:
+    """GPT 4 steps checkpointed at step 2 in memory under FSDP ZeRO-3 ("fsdp") and in chunks under
+    ZeRO-3 over chunks ("chunks"); each step-2 checkpoint resumed by both strategies to step 4
+    ("fsdp<-chunks" ...), from a model of other weights: losses and parameters of every run."""
+    build = lambda: tiny_gpt(n_embd=64, n_layer=3, dropout=0.1)  # noqa: E731
+    strategies = {"fsdp": lambda run: Strategy(zero=3),
+                  "chunks": lambda run: Strategy(offload="chunks", offload_dir=f"{directory}/states/{run}", zero=3,
+                                                 memory_budget=chunk_budget(2**20))}
+    results = {}
+    for name in ("fsdp", "chunks"):
+        trainer = Trainer(build(), config(max_steps=4, lr=1e-3, checkpoint_every=2, checkpoint_dir=f"{directory}/{name}"),
+                          strategies[name](name))
+        history = trainer.fit(lm_examples(64))
+        results[name] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
+    for saved in ("fsdp", "chunks"):
+        for name in ("fsdp", "chunks"):
+            trainer = Trainer(tiny_gpt(n_embd=64, n_layer=3, dropout=0.1, seed=123), config(max_steps=4, lr=1e-3),
+                              strategies[name](f"{name}-{saved}"))
+            trainer.resume(f"{directory}/{saved}/step_00000002")
+            history = trainer.fit(lm_examples(64))
+            results[f"{name}<-{saved}"] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
 
@@ -467,7 +507,7 @@ def vocab_parallel_loss() -> dict[str, float]:
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
     {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
-     "transducer": transducer, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
+     "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
      "tp_resume": tp_resume, "tp_checks": tp_checks, "tp_activations": tp_activations, "chunks": chunks}[command](*arguments)
     shutdown_distributed()
     exit_process(0)

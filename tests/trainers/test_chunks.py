@@ -8,7 +8,19 @@ import torch
 from helpers import TINY
 from nlp.gpt import GPT
 from trainers.chunk_store import ChunkStore
-from trainers.chunks import lay_out, search_chunk_size
+from trainers.chunks import chunk_owners, lay_out, search_chunk_size
+
+
+def test_chunk_owners_share_the_elements_nearly_equally_largest_first():
+    """ZeRO over chunks: a vocabulary-sized chunk and six block chunks on 2 ranks give 13 and 15
+    elements (round robin would give 19 and 9); equal chunks go round robin; spare ranks own none."""
+    owners = chunk_owners([10, 3, 3, 3, 3, 3, 3], 2)
+    assert owners == [0, 1, 1, 1, 1, 0, 1]
+    assert sorted(sum(size for size, owner in zip([10, 3, 3, 3, 3, 3, 3], owners) if owner == r) for r in (0, 1)) == [13, 15]
+    assert chunk_owners([4] * 6, 3) == [0, 1, 2, 0, 1, 2]
+    assert chunk_owners([5, 1], 4) == [0, 1]
+    with pytest.raises(ValueError, match="ranks must be at least 1; got 0"):
+        chunk_owners([1], 0)
 
 
 def test_tensors_fill_chunks_in_order_and_never_span_two():
