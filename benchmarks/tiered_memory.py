@@ -72,6 +72,7 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
     if mode == "chunks":
         row["read_per_step"] = [r["offload_read_bytes"] for r in history]
         row["written_per_step"] = [r["offload_written_bytes"] for r in history]
+        row["read_ahead_per_step"] = [r["offload_read_ahead_bytes"] for r in history]
         row["chunk_bytes"] = list(trainer.chunks.layout.sizes)
     return row
 

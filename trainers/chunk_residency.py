@@ -4,7 +4,9 @@ for the whole process (PatrickStar's chunk manager, with a disk tier as in ZeRO-
 Chunks are pinned while an operation uses them (`pin` / `unpin`, `held` until the running module
 returns). Placement follows `trainers.chunk_placement`: the first step keeps only the chunks in
 use and measures the other tensors; later steps keep what the budget leaves them, evicting the
-chunk used again furthest ahead. The budget counts the whole process on a CPU machine: the rest of
+chunk used again furthest ahead, and start reading the chunks of the next `PREFETCH_MOMENTS`
+moments from disk as soon as a moment begins, as far as the room at each moment until then
+allows (the store's background thread reads while the model computes). The budget counts the whole process on a CPU machine: the rest of
 the process (its resident memory beyond the chunks and the step's tensors, the most of it seen at
 any moment of the first step), the step's other tensors, the chunks, and a margin
 (`CAPACITY_MARGIN`). So that freed memory leaves the process, allocations of `MMAP_THRESHOLD`
@@ -27,6 +29,8 @@ from trainers.chunk_placement import Moment, Placement
 from trainers.chunk_store import ChunkKey, ChunkStore
 from trainers.tensor_peak import TensorPeak
 
+PREFETCH_MOMENTS = 2
+"""Moments ahead whose chunks are read from disk before they are used."""
 CAPACITY_MARGIN = 0.03
 """Share of the budget left free for what the measurement cannot see (peaks between moments)."""
 MMAP_THRESHOLD = 1 << 20
@@ -97,7 +101,7 @@ class ChunkResidency:
     def _bring(self, key: ChunkKey) -> None:
         """Chunk `key`, just pinned, into memory."""
         if key not in self.store.memory:
-            self._make_room(self._bytes(key))
+            self._make_room(0 if self.store.pending(key) else self._bytes(key))  # pending: already counted
             self._load(key)
 
     # ---------------------------------------------------------------- chunks in and out of memory
@@ -148,6 +152,7 @@ class ChunkResidency:
                                                 -self._last_used.get(key, 0)))
             resident -= self.store.memory[victim].nbytes
             self._evict(victim)
+        self.store.settle(capacity - needed)  # the victims' writes, where their memory is needed now
 
     def pin(self, keys: frozenset[ChunkKey]) -> None:
         """Bring chunks `keys` into memory (in sorted order, the same on every rank) and keep them
@@ -220,6 +225,25 @@ class ChunkResidency:
             moments.append(Moment(keys, sum(self._bytes(key) for key in in_use)))
         elif self.placement.planned:
             self.placement.advance(keys)
+            self._prefetch()
+
+    def _prefetch(self) -> None:
+        """Start reading the chunks of the next `PREFETCH_MOMENTS` moments, nearest first, while
+        they fit the capacity of every moment from now to their use beside the chunks in memory
+        (a read ahead never evicts: on a disk-bound machine an eviction for it costs more reads
+        than the overlap gains; BENCHMARKS.md, "Tiered memory")."""
+        placement, here = self.placement, self.placement.position
+        if not 0 <= here < len(placement.moments):
+            return
+        room = placement.capacity[here]
+        for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
+            room = min(room, placement.capacity[ahead])
+            for key in sorted(placement.moments[ahead].chunks):
+                if key in self.store.memory or self.store.pending(key) or key not in self.store.files:
+                    continue
+                if self.store.resident_bytes() + self._bytes(key) > room:
+                    return
+                self.store.prefetch(key, self.sizes[key[1]])
 
     def new_region(self) -> None:
         """What runs next does not continue the last moment (an evaluation, a checkpoint)."""

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.optim.adamw import adamw
 
+from trainers.activation_swap import ActivationSwap, SwappedTensor
 from trainers.chunk_access import ParameterAccess, SavedChunkView
 from trainers.chunk_checkpoint import ChunkedTensor
 from trainers.chunk_residency import ChunkResidency, resident_set_bytes
@@ -79,7 +81,9 @@ class ChunkedStates(ChunkResidency):
     and AdamW moments in chunks under `memory_budget` bytes for the process, evicted chunks in files
     under `directory`. `largest`: the largest tensor the shared chunks are sized for (larger ones get
     chunks of their own); `group`: the data-parallel ranks whose gradients are averaged; `shard`:
-    each of them owns a share of the chunks (ZeRO over chunks, module docstring).
+    each of them owns a share of the chunks (ZeRO over chunks, module docstring); `swap_min_bytes`:
+    saved activations of at least this size go to files under `directory`/activations during a
+    step (`trainers.activation_swap`; None: they stay in memory).
 
     A model built on the meta device is materialised chunk by chunk: its `init_weights()` runs
     once per parameter chunk, with the other parameters on the meta device, so that no more than one
@@ -87,7 +91,8 @@ class ChunkedStates(ChunkResidency):
     not depend on the number of ranks)."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, directory: str, memory_budget: int,
-                 group: dist.ProcessGroup | None = None, largest: int | None = None, shard: bool = False) -> None:
+                 group: dist.ProcessGroup | None = None, largest: int | None = None, shard: bool = False,
+                 swap_min_bytes: int | None = None) -> None:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
@@ -112,6 +117,9 @@ class ChunkedStates(ChunkResidency):
             self.reserve_bytes = SPARE_GATHERED * max(self._bytes(("param", c)) for c in range(self.layout.chunks))
         self._param_storage: dict[int, ChunkKey] = {}
         """Storage address of each parameter chunk in memory."""
+        self.swap = (ActivationSwap(Path(directory) / "activations", swap_min_bytes, self.store.io)
+                     if swap_min_bytes is not None else None)
+        """Where saved activations go during a step, when they are swapped."""
         on_meta = any(p.is_meta for _, p in named)
         if on_meta:
             named = self._materialise(model, named)
@@ -124,6 +132,7 @@ class ChunkedStates(ChunkResidency):
             self._initialise_by_chunk(model)
         else:
             self._copy_in()
+        self.store.flush()  # a directory that cannot take the chunks fails here
         self.steps = [0] * len(self.members)
         """AdamW steps taken by each parameter."""
         self.has_grad = [False] * len(self.members)
@@ -299,9 +308,15 @@ class ChunkedStates(ChunkResidency):
     def step_region(self) -> Iterator[None]:
         """Forward, backward and optimizer step of one training step run inside (on every rank);
         the first records the step's moments and plans the placement from them."""
-        with (self.measured_step(), self._activated(),
-              torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)):
-            yield
+        if self.swap is not None:
+            self.swap.begin_step()
+        try:
+            with (self.measured_step(), self._activated(),
+                  torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)):
+                yield
+        finally:
+            if self.swap is not None:
+                self.swap.end_step()
 
     @contextmanager
     def access_region(self) -> Iterator[None]:
@@ -324,7 +339,7 @@ class ChunkedStates(ChunkResidency):
         self._last_micro_batch = last
         self._received = [0] * self.layout.chunks
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | SavedChunkView:
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | SavedChunkView | SwappedTensor:
         self.busy, was_busy = True, self.busy
         try:
             index = self._index.get(id(tensor))
@@ -334,12 +349,14 @@ class ChunkedStates(ChunkResidency):
                                       _contiguous_strides(tensor.shape))
             key = self._param_storage.get(tensor.untyped_storage().data_ptr())
             if key is None:
-                return tensor
+                return tensor if self.swap is None else self.swap.pack(tensor)
             return SavedChunkView(key, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
         finally:
             self.busy = was_busy
 
-    def _unpack(self, saved: torch.Tensor | SavedChunkView) -> torch.Tensor:
+    def _unpack(self, saved: torch.Tensor | SavedChunkView | SwappedTensor) -> torch.Tensor:
+        if isinstance(saved, SwappedTensor):
+            return self.swap.unpack(saved)
         if not isinstance(saved, SavedChunkView):
             return saved
         with self.holding(frozenset([saved.key])) as chunks:

@@ -117,9 +117,20 @@ class Strategy:
     instead the whole process's resident memory (on a CPU machine), which the chunks in memory
     fill beside the step's other tensors; it is required there."""
 
+    swap_activations: int | str | None = None
+    """Under offload="chunks": tensors that autograd saves for backward, of at least this many
+    bytes (an int, or a string with a unit: "1MiB"), are written to files in `offload_dir` as
+    forward saves them and read back ahead of backward (`trainers.activation_swap`); what a block
+    saves at all follows `recompute`. None: activations stay in memory."""
+
     def __post_init__(self) -> None:
         if self.memory_budget is not None:
             self.memory_budget = parse_bytes(self.memory_budget, "Strategy.memory_budget")
+        if self.swap_activations is not None:
+            self.swap_activations = parse_bytes(self.swap_activations, "Strategy.swap_activations")
+            if self.offload != "chunks":
+                raise ValueError("Strategy.swap_activations writes activations beside the chunks of offload='chunks'; "
+                                 f"got offload={self.offload!r}")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:

@@ -160,7 +160,8 @@ class Trainer:
         if strategy.offload == "chunks":
             self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
                                         strategy.memory_budget, self.env.mesh["dp"].get_group(),
-                                        largest_block_tensor(self.model), shard=strategy.zero == 3)
+                                        largest_block_tensor(self.model), shard=strategy.zero == 3,
+                                        swap_min_bytes=strategy.swap_activations)
             self.optimizer = None
         else:
             self.optimizer = TrainOptimizer(
@@ -476,7 +477,8 @@ class Trainer:
     def _chunked_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         """One step with the model states in chunks (`trainers.chunked_states`)."""
         chunks, config = self.chunks, self.config
-        read, written = chunks.store.bytes_read, chunks.store.bytes_written
+        read, written, ahead = chunks.store.bytes_read, chunks.store.bytes_written, chunks.store.bytes_prefetched
+        swapped = chunks.swap.bytes_written if chunks.swap is not None else 0
         with chunks.step_region():
             loss_sum, units = accumulate_gradients(self.model, self.model_class,
                                                    (_to_device(b, self.env.device) for b in batches),
@@ -491,6 +493,9 @@ class Trainer:
         record = self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
         record["offload_read_bytes"] = chunks.store.bytes_read - read
         record["offload_written_bytes"] = chunks.store.bytes_written - written
+        record["offload_read_ahead_bytes"] = chunks.store.bytes_prefetched - ahead
+        if chunks.swap is not None:
+            record["swapped_activation_bytes"] = chunks.swap.bytes_written - swapped
         return record
 
     def _step_record(self, loss_sum: torch.Tensor, units: int, accumulation: int, lr: float, grad_norm: float,

@@ -9,7 +9,8 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
     worker.py chunks OUT DIR MODEL MODE ...        GPT or the Conformer transducer 5 steps in memory, in chunks
-                                                   on disk, or ZeRO-3 over chunks: params, losses, disk bytes
+                                                   on disk, ZeRO-3 over chunks (+ activations swapped): params,
+                                                   losses, disk bytes
     worker.py chunks_checkpoint DIR OUT            ZeRO-3 over chunks and FSDP ZeRO-3 checkpoints, each resumed
                                                    by the other and by itself: losses + params
     worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  each model and layout: gradients on a probe
@@ -92,7 +93,8 @@ def strategies(out: str, *combos: str) -> None:
 
 
 CHUNK_MODELS = {
-    "gpt": (lambda: tiny_gpt(n_embd=64, n_layer=3, dropout=0.1), lambda: lm_examples(64), None, 1e-3, 2**20),
+    "gpt": (lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1),
+            lambda: lm_examples(64, length=32, vocab=512), None, 1e-3, 8 * 2**20),
     "conformer": (lambda: tiny(loss="samplewise_pruned", warm_steps=2, prune_range=3, samplewise_memory_budget=1),
                   lambda: speech_examples(16), collate_speech, 3e-3, 4 * 2**20),
 }
@@ -102,20 +104,24 @@ CHUNK_MODELS = {
 def chunks(out: str, directory: str, model: str, *modes: str) -> None:
     """`model` 5 steps in memory ("memory"), with its states in chunks with room for a few of them
     beside what the process held before ("chunks"; after "memory", whose run grew the process to its
-    size in training), or the same with ZeRO-3 over the chunks ("zero3"): parameters, losses, bytes
+    size in training), or the same with ZeRO-3 over the chunks ("zero3"), and with saved activations
+    of 16 KiB and more swapped to disk ("zero3-swap"): parameters, losses, bytes
     read from the chunk files each step, the bytes of each rank's chunk files after training, the room."""
     build, examples, collate, lr, room = CHUNK_MODELS[model]
     results = {}
     for mode in modes:
         strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(room),
-                             zero=3 if mode == "zero3" else 0) if mode != "memory" else None)
+                             zero=3 if mode.startswith("zero3") else 0,
+                             swap_activations=16 * 2**10 if mode.endswith("swap") else None)
+                    if mode != "memory" else None)
         trainer = Trainer(build(), config(max_steps=5, lr=lr), strategy)
         history = trainer.fit(examples(), collate_fn=collate)
         on_disk = sum(f.stat().st_size for f in Path(f"{directory}/{mode}").rglob("*.bin")) if strategy else 0
         disk = [0] * dist.get_world_size()
         dist.all_gather_object(disk, on_disk)
         results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
-                         "read": [r.get("offload_read_bytes", 0) for r in history], "disk": disk, "room": room}
+                         "read": [r.get("offload_read_bytes", 0) for r in history], "disk": disk, "room": room,
+                         "swapped": [r.get("swapped_activation_bytes", 0) for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
 

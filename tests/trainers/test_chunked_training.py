@@ -16,15 +16,18 @@ def config(**overrides) -> TrainConfig:
 
 
 @pytest.mark.timeout(300)
-def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path):
+@pytest.mark.parametrize("swap", [None, 16 * 2**10], ids=["activations-kept", "activations-swapped"])
+def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap):
     """A GPT of 1.6M parameters (26 MB of states, in chunks of 1.6 MB) with room for about a third
-    of them: 5 steps of 2 micro batches, clipped, match training in memory to 1e-6."""
+    of them: 5 steps of 2 micro batches, clipped, match training in memory to 1e-6; also with
+    the saved activations of 16 KiB and more swapped to disk and back."""
     build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
     data = lm_examples(64, length=32, vocab=512)
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
     expected = plain.fit(data)
     chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20)))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20),
+                               swap_activations=swap))
     history = chunked.fit(data)
     assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
     assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
@@ -38,6 +41,9 @@ def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path):
     states = 16 * chunked.num_parameters()
     assert all(r["offload_read_bytes"] > 0 and r["offload_written_bytes"] > 0 for r in history[1:])
     assert chunked.chunks.store.resident_bytes() < states / 2
+    if swap:  # each step's saved activations went to files, removed once backward was done with them
+        assert all(r["swapped_activation_bytes"] > 2**20 for r in history)
+        assert chunked.chunks.swap.bytes_read > 0 and not list((tmp_path / "chunks" / "rank00000" / "activations").iterdir())
 
 
 
@@ -64,6 +70,11 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
         Strategy(offload="chunks", offload_dir="x", memory_budget="1GiB", zero=1)
     with pytest.raises(ValueError, match=r"Strategy.offload_dir is for offload='chunks'; got offload='params'"):
         Strategy(offload="params", offload_dir="x")
+    with pytest.raises(ValueError, match=r"Strategy.swap_activations writes activations beside the chunks of "
+                                         r"offload='chunks'; got offload='none'"):
+        Strategy(swap_activations="1MiB")
+    with pytest.raises(ValueError, match=r"Strategy.swap_activations"):
+        Strategy(offload="chunks", offload_dir="x", memory_budget="1GiB", swap_activations="lots")
     small = Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="64MiB")
     with pytest.raises(ValueError, match=r"memory_budget must hold the process \([\d,]+ bytes now\) and one chunk of each "
                                          r"of param, grad, exp_avg, exp_avg_sq \([\d,]+ bytes\), [\d,]+ bytes in all; got "

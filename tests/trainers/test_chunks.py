@@ -60,22 +60,33 @@ def test_a_chunk_goes_to_disk_and_back_bit_for_bit_and_is_written_only_when_chan
     store = ChunkStore(tmp_path / "chunks")
     values = torch.randn(4096, generator=torch.Generator().manual_seed(0))
     store.load(("param", 0), 4096).copy_(values)
-    assert store.evict(("param", 0)) == 4096 * 4 and store.resident_bytes() == 0
+    assert store.evict(("param", 0)) == 4096 * 4 and store.resident_bytes() == 4096 * 4  # counted until written
+    store.settle(0)
+    assert store.resident_bytes() == 0 and store.path(("param", 0)).stat().st_size == 4096 * 4
     assert torch.equal(store.load(("param", 0), 4096), values) and store.bytes_read == 4096 * 4
     assert store.evict(("param", 0)) == 0  # unchanged since read: the file still holds it
     store.load(("param", 0), 4096).mul_(2)
     store.changed(("param", 0))
     assert store.evict(("param", 0)) == 4096 * 4
-    assert torch.equal(store.load(("param", 0), 4096), 2 * values)
+    assert torch.equal(store.load(("param", 0), 4096), 2 * values)  # back from its write (or its file once written)
+    assert store.evict(("param", 0)) == 0
+    store.flush()
+    read = store.bytes_read
+    assert store.prefetch(("param", 0), 4096) and not store.prefetch(("param", 0), 4096)
+    assert store.resident_bytes() == 4096 * 4 and store.pending(("param", 0))
+    assert torch.equal(store.load(("param", 0), 4096), 2 * values) and store.bytes_read == read + 4096 * 4
+    assert not store.prefetch(("param", 0), 4096) and not store.prefetch(("grad", 0), 4096)  # in memory; no file
     assert torch.equal(store.load(("grad", 0), 4096), torch.zeros(4096))  # never written: zeros
     store.drop(("param", 0))
-    assert not list((tmp_path / "chunks").iterdir())
+    store.drop(("grad", 0))
+    assert not list((tmp_path / "chunks").iterdir()) and store.resident_bytes() == 0
 
 
 def test_a_changed_or_truncated_chunk_file_and_a_directory_that_cannot_take_it_are_refused(tmp_path):
     store = ChunkStore(tmp_path / "chunks")
     store.load(("param", 0), 1024).normal_()
     store.evict(("param", 0))
+    store.flush()
     path = store.path(("param", 0))
     data = bytearray(path.read_bytes())
     data[100] ^= 1
@@ -88,7 +99,8 @@ def test_a_changed_or_truncated_chunk_file_and_a_directory_that_cannot_take_it_a
     (tmp_path / "a file").write_text("")
     blocked = ChunkStore(tmp_path / "a file" / "chunks")
     values = blocked.load(("param", 0), 1024).normal_().clone()
+    assert blocked.evict(("param", 0)) == 4096  # written in the background: the error comes with the next call
     with pytest.raises(OSError, match=r"offload directory '.*a file/chunks' cannot take chunk param 0 \(4,096 bytes\): "
                                       ".*; the chunk stays in memory"):
-        blocked.evict(("param", 0))
+        blocked.flush()
     assert torch.equal(blocked.memory[("param", 0)], values)

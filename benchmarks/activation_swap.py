@@ -1,0 +1,107 @@
+"""Activation swapping under chunked model states (`Strategy(offload="chunks",
+swap_activations=...)`, `trainers.activation_swap`): what the step's other tensors (activations,
+temporaries) hold at their peak, the process's peak RSS, and throughput, with saved activations
+kept in memory or swapped to disk, each with and without block recompute.
+
+Each row is a fresh process training GPT (GPT-2's vocabulary, 6 x 512, 512-token blocks of
+Shakespeare in GPT-2 BPE, micro batches of 4, 2 per step) for a few steps with its states in chunks
+under a budget that holds them all (8 GiB), so that the rows differ only in where activations go.
+"Step tensors peak" is the most bytes of the step's other tensors alive at once, as the chunk
+engine measured it in the first step (`trainers.tensor_peak.TensorPeak`, the figure its placement
+plans with); peak RSS is getrusage's ru_maxrss at the end.
+
+    python benchmarks/activation_swap.py [--steps 3] [--min-bytes 1MiB] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BLOCK = 512
+"""Tokens per sequence."""
+
+
+def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
+    """Train one GPT in this process; its figures."""
+    import torch
+
+    from nlp.data import TokenBlocks
+    from nlp.gpt import GPT, GPTConfig
+    from nlp.tokenizers import GPT2Tokenizer
+    from trainers import Strategy, TrainConfig, Trainer
+    from zoo.corpora import shakespeare_text
+
+    torch.manual_seed(0)
+    tokenizer = GPT2Tokenizer()
+    data = TokenBlocks(torch.tensor(tokenizer.encode(shakespeare_text()[:200_000])), BLOCK)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=6, n_head=8, n_embd=512,
+                          bias=False))
+    strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget="8GiB", recompute=recompute,
+                        swap_activations=swap)
+    train = TrainConfig(max_steps=steps, global_batch_size=8, micro_batch_size=4, lr=1e-4, warmup_steps=1,
+                        log_every=1, progress=False, output_dir=str(Path(directory) / "out"))
+    trainer = Trainer(model, train, strategy)
+    history = trainer.fit(data)
+    later = history[1:] or history
+    return {"recompute": recompute, "swap": swap, "losses": [r["loss"] for r in history],
+            "step_tensors_peak": max(m.other_bytes for m in trainer.chunks.placement.moments),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "swapped_per_step": [r.get("swapped_activation_bytes", 0) for r in history],
+            "step_seconds": [r["step_seconds"] for r in history],
+            "tokens_per_second": sum(r["tokens"] for r in later) / sum(r["step_seconds"] for r in later)}
+
+
+def launch(recompute: str, swap: int | None, steps: int, directory: Path) -> dict:
+    """`run` in a fresh process (its files removed after)."""
+    folder = Path(tempfile.mkdtemp(dir=directory))
+    try:
+        command = [sys.executable, __file__, "--run", recompute, "--steps", str(steps), "--dir", str(folder)]
+        done = subprocess.run(command + (["--swap-bytes", str(swap)] if swap else []), capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1])
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    from trainers.devices import parse_bytes
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--min-bytes", default="1MiB", help="saved tensors of at least this size are swapped")
+    parser.add_argument("--dir", default=None, help="where files go (default: a temporary folder)")
+    parser.add_argument("--run", choices=("none", "blocks"), help=argparse.SUPPRESS)
+    parser.add_argument("--swap-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(run(args.run, args.swap_bytes, args.steps, args.dir)))
+        return
+    swap = parse_bytes(args.min_bytes, "--min-bytes")
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="swap-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"{args.steps} steps of 2 x 4 x {BLOCK} tokens, GPT 6 x 512; swapped: saved tensors of {swap:,} bytes "
+          "and more")
+    print("| recompute | activations | step tensors peak | peak RSS | swapped per step | tokens/s (after step 1) | "
+          "losses |")
+    print("|---|---|---|---|---|---|---|")
+    for recompute in ("none", "blocks"):
+        rows = [launch(recompute, None, args.steps, directory), launch(recompute, swap, args.steps, directory)]
+        for row in rows:
+            same = "same" if row["losses"] == rows[0]["losses"] else "DIFFER"
+            print(f"| {recompute} | {'swapped' if row['swap'] else 'kept'} | {row['step_tensors_peak'] / 2**20:,.0f} MiB "
+                  f"({row['step_tensors_peak'] / rows[0]['step_tensors_peak']:.2f}x) | {row['peak_rss'] / 2**30:.2f} GiB | "
+                  f"{row['swapped_per_step'][-1] / 2**30:.2f} GiB | {row['tokens_per_second']:,.1f} | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
