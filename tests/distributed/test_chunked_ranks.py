@@ -45,10 +45,12 @@ def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, mod
 def test_zero3_chunk_checkpoints_and_fsdp_checkpoints_resume_each_other(tmp_path):
     """Under ZeRO-3 over chunks each rank writes the tensors of the chunks it owns: the step-2
     checkpoint resumes under FSDP ZeRO-3 in memory and under chunks again, and FSDP's resumes under
-    chunks, each continuing its saving run's steps 3-4 to 1e-6."""
+    chunks, each continuing its saving run's steps 3-4 to 1e-6; evaluation (ranks gathering chunks
+    for a forward one of them does not count) matches FSDP's."""
     torchrun(2, "chunks_checkpoint", str(tmp_path), str(tmp_path / "runs.pt"))
     runs = torch.load(tmp_path / "runs.pt")
     assert runs["chunks"]["losses"] == pytest.approx(runs["fsdp"]["losses"], rel=1e-6)
+    assert runs["chunks"]["eval"] == pytest.approx(runs["fsdp"]["eval"], rel=1e-6)
     for saved in ("fsdp", "chunks"):
         for name in ("fsdp", "chunks"):
             resumed = runs[f"{name}<-{saved}"]

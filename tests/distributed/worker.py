@@ -129,7 +129,8 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
 def chunks_checkpoint(directory: str, out: str) -> None:
     """GPT 4 steps checkpointed at step 2 in memory under FSDP ZeRO-3 ("fsdp") and in chunks under
     ZeRO-3 over chunks ("chunks"); each step-2 checkpoint resumed by both strategies to step 4
-    ("fsdp<-chunks" ...), from a model of other weights: losses and parameters of every run."""
+    ("fsdp<-chunks" ...), from a model of other weights: losses and parameters of every run, and the
+    saving runs' evaluation losses (3 micro batches over 2 ranks: one rank runs a spare forward)."""
     build = lambda: tiny_gpt(n_embd=64, n_layer=3, dropout=0.1)  # noqa: E731
     strategies = {"fsdp": lambda run: Strategy(zero=3),
                   "chunks": lambda run: Strategy(offload="chunks", offload_dir=f"{directory}/states/{run}", zero=3,
@@ -139,7 +140,8 @@ def chunks_checkpoint(directory: str, out: str) -> None:
         trainer = Trainer(build(), config(max_steps=4, lr=1e-3, checkpoint_every=2, checkpoint_dir=f"{directory}/{name}"),
                           strategies[name](name))
         history = trainer.fit(lm_examples(64))
-        results[name] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history]}
+        results[name] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
+                         "eval": trainer.evaluate(lm_examples(6))["eval_loss"]}
     for saved in ("fsdp", "chunks"):
         for name in ("fsdp", "chunks"):
             trainer = Trainer(tiny_gpt(n_embd=64, n_layer=3, dropout=0.1, seed=123), config(max_steps=4, lr=1e-3),
