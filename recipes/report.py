@@ -20,6 +20,10 @@ def accounting_note(strategy: Strategy) -> str:
                      "parameters are the master (4 bytes), gradients are reduced and kept in fp32 (4) and the "
                      "optimizer holds the moments (8): the same 16 bytes a parameter, split differently; the "
                      f"{strategy.precision} copies are transient (in the activation peak).")
+    if strategy.offload == "chunks":
+        notes.append("With offload='chunks' the model states live in chunks that move between memory and files "
+                     f"under {strategy.offload_dir!r}, as many in memory as memory_budget leaves room for: no rank row "
+                     "is measured here; each step's record gives the bytes read from and written to the files.")
     if strategy.offload == "optimizer":
         notes.append("With offload='optimizer' the fp32 CPU master copy (4 bytes a parameter) is under 'other'; "
                      "the paper's fp32 formula has no master copy.")

@@ -216,7 +216,8 @@ def zero_model_states(model_or_numel: nn.Module | int, strategy: Strategy, world
         "gradients": numel * grad_bytes / shards["gradients"],
         "optimizer": numel * optim_bytes / shards["optimizer"],
     }
-    on_cpu = {"none": (), "optimizer": ("optimizer",), "params": ("parameters", "gradients", "optimizer")}[strategy.offload]
+    off_device = ("parameters", "gradients", "optimizer")  # "chunks": between host memory and files
+    on_cpu = {"none": (), "optimizer": ("optimizer",), "params": off_device, "chunks": off_device}[strategy.offload]
     estimate["total"] = sum(estimate.values())
     estimate["cpu"] = sum(estimate[key] for key in on_cpu)
     estimate["device"] = estimate["total"] - estimate["cpu"]

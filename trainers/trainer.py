@@ -281,7 +281,8 @@ class Trainer:
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
         the activation peak, measured from live tensors during one training step (the second
-        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then."""
+        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then, and
+        under offload="chunks" (whose steps record their disk traffic instead)."""
         return self._memory or []
 
     def save(self) -> Path:

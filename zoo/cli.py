@@ -19,7 +19,8 @@ from zoo.recipes import apply_overrides, get_recipe, recipes
 from zoo.store import list_models, locate, read_config
 
 TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--pp P [--pp-schedule S] "
-               "[--microbatches M] [--stages-per-rank V]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
+               "[--microbatches M] [--stages-per-rank V]] [--offload chunks --offload-dir DIR --memory BYTES "
+               "[--swap-activations BYTES]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
 
 
 def _parse_overrides(words: list[str]) -> dict[str, str]:
@@ -87,19 +88,23 @@ def check_ranks(config: Any, nproc: int) -> None:
             raise ValueError(f"--nproc {nproc}{degrees}: {error}") from None
 
 
-PARALLEL_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
-                  "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank"}
+STRATEGY_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
+                  "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank",
+                  "offload": "strategy.offload", "offload_dir": "strategy.offload_dir", "memory": "strategy.memory_budget",
+                  "swap_activations": "strategy.swap_activations"}
 """`zoo train` flags that stand for recipe options of the strategy (with --sequence-parallel)."""
 
 
-def parallel_overrides(args: argparse.Namespace, config: Any) -> list[str]:
-    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches and --stages-per-rank as the
-    recipe options they stand for (strategy.*); ValueError for a recipe without a strategy."""
-    words = [word for flag, option in PARALLEL_FLAGS.items() if getattr(args, flag) is not None
+def strategy_overrides(args: argparse.Namespace, config: Any) -> list[str]:
+    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches, --stages-per-rank, --offload,
+    --offload-dir, --memory and --swap-activations as the recipe options they stand for
+    (strategy.*); ValueError for a recipe without a strategy."""
+    words = [word for flag, option in STRATEGY_FLAGS.items() if getattr(args, flag) is not None
              for word in (f"--{option}", str(getattr(args, flag)))]
     words += ["--strategy.sequence_parallel", "true"] if args.sequence_parallel else []
     if words and not any(option.name == "strategy.tp" for option in options(config)):
-        raise ValueError(f"--tp, --pp and their companions set the recipe's strategy; {type(config).__name__} has none")
+        raise ValueError(f"--tp, --pp, --offload and their companions set the recipe's strategy; "
+                         f"{type(config).__name__} has none")
     return words
 
 
@@ -133,7 +138,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> None:
     if args.help:
         print(help_text(recipe.name, recipe.description, recipe.config_class()), end="")
         return
-    rest = [*rest, *parallel_overrides(args, recipe.config_class())]
+    rest = [*rest, *strategy_overrides(args, recipe.config_class())]
     config = apply_overrides(recipe.config_class(), _parse_overrides(rest))
     launched = "RANK" in os.environ  # a rank torchrun started: the world is torchrun's
     nproc = int(os.environ["WORLD_SIZE"]) if launched else args.nproc
@@ -184,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "zero_bubble (--strategy.pp_schedule)")
     train.add_argument("--microbatches", type=int, default=None,
                        help="with --pp: micro batches per pipeline run (--strategy.microbatches)")
+    train.add_argument("--offload", default=None, help="where model states live (--strategy.offload): none, "
+                       "optimizer, params, or chunks (tiered memory, with --offload-dir and --memory)")
+    train.add_argument("--offload-dir", default=None, help="with --offload chunks: the directory of the chunk files "
+                       "(--strategy.offload_dir)")
+    train.add_argument("--memory", default=None, help="memory budget, e.g. 4GiB (--strategy.memory_budget); with "
+                       "--offload chunks: the whole process's resident memory")
+    train.add_argument("--swap-activations", default=None, help="with --offload chunks: saved activations of this "
+                       "size and more go to files, e.g. 1MiB (--strategy.swap_activations)")
     train.add_argument("--stages-per-rank", type=int, default=None,
                        help="with --pp: pipeline stages on each rank (--strategy.stages_per_rank)")
     add_plan_arguments(commands.add_parser("plan", help="layouts that fit a memory budget, fastest first",
