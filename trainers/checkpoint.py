@@ -16,22 +16,16 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainers.chunk_checkpoint import ChunkedLoadPlanner, ChunkedSavePlanner
-from trainers.chunked_states import ChunkedStates
-from trainers.optim import TrainOptimizer
+from trainers.chunk_checkpoint import ChunkedLoadPlanner, ChunkedSavePlanner, ChunkedTensor
 
 STATE_FILE = "trainer_state.json"
 LATEST = "latest"
@@ -71,7 +65,19 @@ def ensure_writable(directory: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainOptimizer | ChunkedStates,
+class TrainingStates(Protocol):
+    """What holds the optimizer state (`trainers.optim.TrainOptimizer`), or all the model states
+    (`trainers.chunked_states.ChunkedStates`), as checkpoints see it."""
+
+    def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
+        """{"model", "optimizer"} for DCP, and the tensors in it that stand in for ones to reach
+        elsewhere (`trainers.chunk_checkpoint`), by flattened key."""
+
+    def restore_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """Install what DCP loaded into `checkpoint_state`'s dict."""
+
+
+def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: TrainingStates,
                     trainer_state: dict[str, Any], keep: int, pipeline: dist.ProcessGroup | None = None) -> Path:
     """Write the checkpoint of optimizer step `step` (steps done so far) on every rank, keep the newest
     `keep`; return its folder. `optimizer`: what holds the optimizer state (the model states, when
@@ -83,11 +89,8 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
             shutil.rmtree(stale)
     dist.barrier()
     signature = model_signature(model, pipeline)
-    if isinstance(optimizer, ChunkedStates):
-        state, chunked = optimizer.checkpoint_state(model)
-        dcp.save(state, checkpoint_id=partial, planner=ChunkedSavePlanner(chunked))
-    else:
-        dcp.save({"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint_id=partial)
+    state, chunked = optimizer.checkpoint_state(model)
+    dcp.save(state, checkpoint_id=partial, planner=ChunkedSavePlanner(chunked))
     if dist.get_rank() == 0:
         state = dict(trainer_state, model_signature=signature)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -143,7 +146,7 @@ def read_trainer_state(folder: Path) -> dict[str, Any]:
                                 f"read ({error})") from error
 
 
-def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer | ChunkedStates, model_class: str,
+def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainingStates, model_class: str,
                     pipeline: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Load `folder` into the (possibly differently sharded or pipelined) model and optimizer;
     return its trainer state. `model_class` names the model in errors. Raises ValueError for
@@ -158,20 +161,12 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainOptimizer | 
             f"checkpoint {str(folder)!r} was saved from model {state.get('model_class')!r}, which does not "
             f"match this {model_class}: missing {missing}, unexpected {unexpected}, other shapes {reshaped}"
         )
-    chunked = isinstance(optimizer, ChunkedStates)
-    if chunked:  # loaded straight into the chunks and the model's other tensors
-        loading, views = optimizer.checkpoint_state(model)
-    else:
-        loading, views = {"model": get_model_state_dict(model), "optimizer": optimizer.state_dict()}, None
+    loading, views = optimizer.checkpoint_state(model)  # chunked tensors load straight into their chunks
     try:
-        dcp.load(loading, checkpoint_id=folder, planner=ChunkedLoadPlanner(views) if chunked else None)
+        dcp.load(loading, checkpoint_id=folder, planner=ChunkedLoadPlanner(views))
     except (CheckpointException, OSError, RuntimeError) as error:  # CheckpointException is a BaseException
         raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
-    if chunked:
-        optimizer.restore_steps(loading["optimizer"])
-    else:
-        set_model_state_dict(model, loading["model"])
-        optimizer.load_state_dict(loading["optimizer"])
+    optimizer.restore_checkpoint(model, loading)
     return state
 
 

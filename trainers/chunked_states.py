@@ -527,10 +527,11 @@ class ChunkedStates(ChunkResidency):
             return member.view(self.store.memory[(kind, member.chunk)]), release
         return view
 
-    def restore_steps(self, optimizer_state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """After a checkpoint was loaded into `checkpoint_state`'s dict: the AdamW step of each
-        parameter this rank owns."""
-        self.steps = [int(optimizer_state[clean_fqn(member.name)]["step"].item()) if self.owns(member.chunk) else 0
+    def restore_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """After a checkpoint was loaded into `checkpoint_state`'s dict (its tensors straight into
+        the chunks and the model): the AdamW step of each parameter this rank owns."""
+        optimizer = state["optimizer"]
+        self.steps = [int(optimizer[clean_fqn(member.name)]["step"].item()) if self.owns(member.chunk) else 0
                       for member in self.members]
 
     def discard_gradients(self) -> None:

@@ -7,12 +7,15 @@ ever touches each rank's local tensors, so gradients and states are never gather
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
+from trainers.chunk_checkpoint import ChunkedTensor
 from trainers.config import TrainConfig
 
 ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
@@ -157,6 +160,17 @@ class TrainOptimizer:
             return DTensor.from_local(local_tensor(value), param.device_mesh, param.placements, run_check=False,
                                       shape=param.shape, stride=param.stride())
         return value
+
+    def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
+        """What a checkpoint of `model` (the module this optimizer steps) holds, {"model",
+        "optimizer"} (`trainers.checkpoint`); every tensor is in it (none to reach elsewhere)."""
+        return {"model": get_model_state_dict(model), "optimizer": self.state_dict()}, {}
+
+    def restore_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> None:
+        """After a checkpoint was loaded into `checkpoint_state`'s dict: the model's tensors, then the
+        optimizer state (whose offloaded masters are copied from the loaded parameters)."""
+        set_model_state_dict(model, state["model"])
+        self.load_state_dict(state["optimizer"])
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{parameter name: {"step", "exp_avg", "exp_avg_sq"}} for the parameters this rank owns;
