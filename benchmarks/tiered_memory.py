@@ -9,15 +9,19 @@ PyTorch loop ("torch", the leanest peer) and in the Trainer ("memory"), grow in 
 until one does not fit; chunked runs train the sizes given by --chunked (GPT-2 medium's
 24 x 1024 by default) and the largest in-memory sizes, so that throughput compares at equal size.
 Disk traffic per step is set against its floor: every parameter, Adam moment chunk read once and
-written once (12 bytes a parameter each way).
+written once (12 bytes a parameter each way). With --ranks N the chunked sizes also train on N
+ranks under ZeRO-3 over chunks (torchrun, gloo; the same 4 sequences a step, split over the
+ranks), each rank a process under the budget: the peak is the largest rank's, the traffic rank
+0's against its share of the floor.
 
-    python benchmarks/tiered_memory.py [--budget 2GiB] [--steps 3] [--chunked 24x1024 ...] [--dir DIR]
+    python benchmarks/tiered_memory.py [--budget 2GiB] [--steps 3] [--chunked 24x1024 ...] [--ranks N] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -51,10 +55,11 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
                        n_embd=width, bias=False)
     if mode == "torch":
         return plain_torch(GPT(config), data, steps) | {"mode": mode, "layers": layers, "width": width, "budget": budget}
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
     if mode == "chunks":
         with torch.device("meta"):
             model = GPT(config)
-        strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget)
+        strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget, zero=3 if ranks > 1 else 0)
     else:
         model, strategy = GPT(config), None
     train = TrainConfig(max_steps=steps, global_batch_size=4, micro_batch_size=2, lr=1e-4, warmup_steps=1,
@@ -64,8 +69,14 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
     built = time.perf_counter() - started
     history = trainer.fit(data)
     later = history[1:] or history
-    row = {"mode": mode, "layers": layers, "width": width, "parameters": trainer.num_parameters(),
-           "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "budget": budget,
+    peaks = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024]
+    if ranks > 1:
+        import torch.distributed as dist
+
+        peaks = [0] * ranks
+        dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    row = {"mode": mode, "layers": layers, "width": width, "parameters": trainer.num_parameters(), "ranks": ranks,
+           "peak_rss": max(peaks), "budget": budget,
            "build_seconds": built, "losses": [r["loss"] for r in history],
            "step_seconds": [r["step_seconds"] for r in history],
            "tokens_per_second": sum(r["tokens"] for r in later) / sum(r["step_seconds"] for r in later)}
@@ -107,15 +118,19 @@ def plain_torch(model, data, steps: int) -> dict:
             "tokens_per_second": 4 * BLOCK * len(later) / sum(later)}
 
 
-def launch(mode: str, layers: int, width: int, steps: int, budget: int, directory: Path) -> dict:
-    """`run` in a fresh process (its chunk files removed after)."""
+def launch(mode: str, layers: int, width: int, steps: int, budget: int, directory: Path, ranks: int = 1) -> dict:
+    """`run` in a fresh process, or in `ranks` under torchrun (its chunk files removed after)."""
     folder = Path(tempfile.mkdtemp(dir=directory))
+    launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                    f"--nproc_per_node={ranks}"]
+    environment = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")) if ranks > 1 else None
     try:
-        done = subprocess.run([sys.executable, __file__, "--run", mode, "--layers", str(layers), "--width", str(width),
+        done = subprocess.run([*launcher, __file__, "--child", mode, "--layers", str(layers), "--width", str(width),
                                "--steps", str(steps), "--budget-bytes", str(budget), "--dir", str(folder)],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=environment)
         if done.returncode:
-            return {"mode": mode, "layers": layers, "width": width, "error": done.stderr.strip().splitlines()[-1]}
+            return {"mode": mode, "layers": layers, "width": width, "ranks": ranks,
+                    "error": done.stderr.strip().splitlines()[-1]}
         return json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -123,14 +138,15 @@ def launch(mode: str, layers: int, width: int, steps: int, budget: int, director
 
 def describe(row: dict) -> str:
     if "error" in row:
-        return f"| {row['mode']} | {row['layers']} x {row['width']} | failed: {row['error'][:120]} |"
+        return f"| {row['mode']} x{row.get('ranks', 1)} | {row['layers']} x {row['width']} | failed: {row['error'][:120]} |"
     fits = "yes" if row["peak_rss"] <= row["budget"] else "no"
     traffic = ""
+    mode = row["mode"] if row.get("ranks", 1) == 1 else f"{row['mode']}, {row['ranks']} ranks ZeRO-3"
     if row["mode"] == "chunks":
-        floor = 12 * row["parameters"]
+        floor = 12 * row["parameters"] / row.get("ranks", 1)
         read, written = row["read_per_step"][-1], row["written_per_step"][-1]
         traffic = f" {read / 2**30:.2f} / {written / 2**30:.2f} GiB ({read / floor:.2f}x / {written / floor:.2f}x floor)"
-    return (f"| {row['mode']} | {row['layers']} x {row['width']} | {row['parameters'] / 1e6:,.1f}M | "
+    return (f"| {mode} | {row['layers']} x {row['width']} | {row['parameters'] / 1e6:,.1f}M | "
             f"{16 * row['parameters'] / 2**30:.2f} GiB | {row['peak_rss'] / 2**30:.2f} GiB | {fits} | "
             f"{row['tokens_per_second']:,.1f} | {', '.join(f'{s:.1f}' for s in row['step_seconds'])} |{traffic} |")
 
@@ -143,13 +159,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--chunked", nargs="*", default=["24x1024"], help="LAYERSxWIDTH sizes trained with chunks")
     parser.add_argument("--dir", default=None, help="where chunk files go (default: a temporary folder)")
-    parser.add_argument("--run", choices=("torch", "memory", "chunks"), help=argparse.SUPPRESS)
+    parser.add_argument("--ranks", type=int, default=1, help="also train the --chunked sizes on this many ranks")
+    parser.add_argument("--only-chunked", action="store_true", help="skip the in-memory ladders")
+    parser.add_argument("--child", choices=("torch", "memory", "chunks"), help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.run:
-        print(json.dumps(run(args.run, args.layers, args.width, args.steps, args.budget_bytes, args.dir)))
+    if args.child:
+        row = run(args.child, args.layers, args.width, args.steps, args.budget_bytes, args.dir)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(row), flush=True)
         return
     budget = parse_bytes(args.budget, "--budget")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="tiered-"))
@@ -161,7 +181,7 @@ def main() -> None:
           "step seconds | disk read / written per step (last step) |")
     print("|---|---|---|---|---|---|---|---|---|")
     largest = {}
-    for mode in ("torch", "memory"):
+    for mode in () if args.only_chunked else ("torch", "memory"):
         for layers in range(1, 40):
             row = launch(mode, layers, WIDTH, args.steps, budget, directory)
             print(describe(row), flush=True)
@@ -172,6 +192,8 @@ def main() -> None:
     sizes = sorted({(row["layers"], WIDTH) for row in largest.values()}) + sizes
     for layers, width in sizes:
         print(describe(launch("chunks", layers, width, args.steps, budget, directory)), flush=True)
+    for layers, width in sizes[len(largest):] if args.ranks > 1 else ():
+        print(describe(launch("chunks", layers, width, args.steps, budget, directory, args.ranks)), flush=True)
 
 
 if __name__ == "__main__":

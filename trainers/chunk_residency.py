@@ -58,16 +58,14 @@ def resident_set_bytes() -> int:
 class ChunkResidency:
     """Chunks of `sizes[index]` elements in `store`, in memory while pinned and as the placement
     allows under `budget` bytes for the process. Subclasses bind chunks to what uses them
-    (`_bound`, `_unbound`), say which chunks may not be evicted (`_evictable`) and how a chunk is
-    brought into memory (`_bring`)."""
+    (`_bound`, `_unbound`), say which chunks may not be evicted (`_evictable`, `_kept`) and how a
+    chunk is brought into memory (`_bring`)."""
 
     def __init__(self, store: ChunkStore, sizes: list[int], budget: int) -> None:
         self.store, self.sizes, self.budget = store, sizes, budget
         self.placement = Placement()
         self.busy = False
         """True while the chunk code itself runs (code that watches operations then stays out of the way)."""
-        self.reserve_bytes = 0
-        """Bytes of chunks that stay in memory beyond each moment's chunks in use (subclasses' own)."""
         self._pins: Counter[ChunkKey] = Counter()
         self._last_used: dict[ChunkKey, int] = {}
         self._clock = 0
@@ -97,6 +95,10 @@ class ChunkResidency:
     def _evictable(self, key: ChunkKey) -> bool:
         """Whether the placement may evict chunk `key` when it is not pinned."""
         return True
+
+    def _kept(self) -> set[ChunkKey]:
+        """Chunks in memory, not pinned, that the placement may not evict now (counted in use)."""
+        return set()
 
     def _bring(self, key: ChunkKey) -> None:
         """Chunk `key`, just pinned, into memory."""
@@ -221,7 +223,7 @@ class ChunkResidency:
             if moments:
                 moments[-1].other_bytes = self._tracker.mark()
             self._rest = max(self._rest, resident_set_bytes() - self.store.resident_bytes() - self._tracker.live)
-            in_use = set(keys) | {key for key, count in self._pins.items() if count}
+            in_use = set(keys) | {key for key, count in self._pins.items() if count} | self._kept()
             moments.append(Moment(keys, sum(self._bytes(key) for key in in_use)))
         elif self.placement.planned:
             self.placement.advance(keys)
@@ -270,14 +272,14 @@ class ChunkResidency:
         besides chunks and the step's tensors."""
         moments = self.placement.moments
         margin = int(CAPACITY_MARGIN * self.budget)
-        capacity = [self.budget - margin - rest - self.reserve_bytes - moment.other_bytes for moment in moments]
+        capacity = [self.budget - margin - rest - moment.other_bytes for moment in moments]
         short = max(range(len(moments)), key=lambda i: moments[i].in_use_bytes - capacity[i])
         moment = moments[short]
         if capacity[short] < moment.in_use_bytes:
-            reserve = f", chunks kept beyond it ({self.reserve_bytes:,})" if self.reserve_bytes else ""
             raise MemoryError(
                 f"memory_budget={self.budget:,} bytes is smaller than the step's working set: at moment {short} of "
-                f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)}){reserve}, "
+                f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)} and any "
+                f"kept), "
                 f"the step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
                 f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         self.placement.plan(capacity)

@@ -113,8 +113,6 @@ class ChunkedStates(ChunkResidency):
         """Under sharding: the parameter chunks gathered lately, least recently used first (the same on every rank)."""
         self._gathering = False
         """Whether every rank runs the same code now, so that chunks can be gathered."""
-        if self.sharded:
-            self.reserve_bytes = SPARE_GATHERED * max(self._bytes(("param", c)) for c in range(self.layout.chunks))
         self._param_storage: dict[int, ChunkKey] = {}
         """Storage address of each parameter chunk in memory."""
         self.swap = (ActivationSwap(Path(directory) / "activations", swap_min_bytes, self.store.io)
@@ -146,11 +144,10 @@ class ChunkedStates(ChunkResidency):
             member.param.register_hook(self._before_accumulation(index))
             member.param.register_post_accumulate_grad_hook(self._accumulated)
         process = resident_set_bytes()
-        working = len(KINDS) * max(self.layout.sizes) * self.store.dtype.itemsize + self.reserve_bytes
+        working = len(KINDS) * max(self.layout.sizes) * self.store.dtype.itemsize
         if memory_budget < process + working:
-            gathered = f" and {SPARE_GATHERED} gathered parameter chunks" if self.sharded else ""
             raise ValueError(f"memory_budget must hold the process ({process:,} bytes now) and one chunk of each of "
-                             f"{', '.join(KINDS)}{gathered} ({working:,} bytes), {process + working:,} bytes in all; "
+                             f"{', '.join(KINDS)} ({working:,} bytes), {process + working:,} bytes in all; "
                              f"got {memory_budget:,}")
 
     def owns(self, chunk: int) -> bool:
@@ -237,6 +234,9 @@ class ChunkedStates(ChunkResidency):
 
     def _evictable(self, key: ChunkKey) -> bool:
         return self.owns(key[1]) or key[0] != "param"  # a gathered copy leaves with `_release_gathered`
+
+    def _kept(self) -> set[ChunkKey]:
+        return {("param", chunk) for chunk in self._gathered if not self.owns(chunk)}
 
     def _bring(self, key: ChunkKey) -> None:
         chunk = key[1]
