@@ -6,12 +6,14 @@ returns). Placement follows `trainers.chunk_placement`: the first step keeps onl
 use and measures the other tensors; later steps keep what the budget leaves them, evicting the
 chunk used again furthest ahead, and start reading the chunks of the next `PREFETCH_MOMENTS`
 moments from disk as soon as a moment begins, as far as the room at each moment until then
-allows (the store's background thread reads while the model computes). The budget counts the whole process on a CPU machine: the rest of
-the process (its resident memory beyond the chunks and the step's tensors, the most of it seen at
-any moment of the first step), the step's other tensors, the chunks, and a margin
-(`CAPACITY_MARGIN`). So that freed memory leaves the process, allocations of `MMAP_THRESHOLD`
-bytes and more are mapped and unmapped on their own (glibc's mallopt, for the whole process): the
-default allocator keeps freed chunks in its heap, where they still count as resident.
+allows (the store's background thread reads while the model computes).
+
+The budget counts the whole process on a CPU machine: the rest of the process (its resident
+memory beyond the chunks and the step's tensors, the most of it seen at any moment of the first
+step), the step's other tensors, the chunks, and a margin (`CAPACITY_MARGIN`). So that freed
+memory leaves the process, allocations of `MMAP_THRESHOLD` bytes and more are mapped and unmapped
+on their own (glibc's mallopt, for the whole process): the default allocator keeps freed chunks
+in its heap, where they still count as resident.
 """
 
 from __future__ import annotations
@@ -241,7 +243,7 @@ class ChunkResidency:
         for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
             room = min(room, placement.capacity[ahead])
             for key in sorted(placement.moments[ahead].chunks):
-                if key in self.store.memory or self.store.pending(key) or key not in self.store.files:
+                if not self.store.readable(key):
                     continue
                 if self.store.resident_bytes() + self._bytes(key) > room:
                     return
@@ -279,7 +281,6 @@ class ChunkResidency:
             raise MemoryError(
                 f"memory_budget={self.budget:,} bytes is smaller than the step's working set: at moment {short} of "
                 f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)} and any "
-                f"kept), "
-                f"the step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
+                f"kept), the step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
                 f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         self.placement.plan(capacity)

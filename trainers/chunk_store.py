@@ -149,6 +149,10 @@ class ChunkStore:
         self.memory[key] = buffer
         return buffer
 
+    def readable(self, key: ChunkKey) -> bool:
+        """Whether chunk `key` would come from its file: it has one, and is neither in memory nor on its way."""
+        return key in self.files and key not in self.memory and not self.pending(key)
+
     def pending(self, key: ChunkKey) -> bool:
         """Whether chunk `key` is being read ahead or written (its buffer counted as resident)."""
         return key in self.reading or key in self.writing
@@ -156,7 +160,7 @@ class ChunkStore:
     def prefetch(self, key: ChunkKey, numel: int) -> bool:
         """Start reading chunk `key` from its file in the background; False when there is nothing
         to read (in memory, on its way, or without a file)."""
-        if key in self.memory or key in self.reading or key in self.writing or key not in self.files:
+        if not self.readable(key):
             return False
         buffer = self._allocate(numel)
         self.reading[key] = (self.io.submit(read_file, self.path(key), _bytes_of(buffer), self.files[key]), buffer)
@@ -213,11 +217,11 @@ class ChunkStore:
             self._finish_write(next(iter(self.writing)))
 
     def flush(self) -> None:
-        """Wait for every read and write; raise the first error."""
+        """Wait for every write and read ahead (those stay on their way until `load`); raise the first error."""
         for key in list(self.writing):
             self._finish_write(key)
-        for key in list(self.reading):
-            self.memory[key] = self._finish_read(key)
+        for future, _ in self.reading.values():
+            future.result()
 
     def collect(self) -> None:
         """Account the writes that ended (raising a failed one's error, its chunk back in memory)."""

@@ -281,6 +281,11 @@ class ChunkedStates(ChunkResidency):
         if not self.owns(chunk):
             self._drop(("param", chunk))
 
+    def _release_all_gathered(self) -> None:
+        """Drop every gathered copy (their owners may change the chunks next)."""
+        for chunk in list(self._gathered):
+            self._release_gathered(chunk)
+
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
         super().unpin(keys)
         if self._gathered:
@@ -295,8 +300,7 @@ class ChunkedStates(ChunkResidency):
             yield
         finally:
             self._gathering = False
-            for chunk in list(self._gathered):
-                self._release_gathered(chunk)
+            self._release_all_gathered()
 
     def chunks_of(self, params: Iterable[nn.Parameter]) -> frozenset[ChunkKey]:
         """The parameter chunks of those of `params` that this class holds."""
@@ -436,8 +440,7 @@ class ChunkedStates(ChunkResidency):
     def step(self, lr: float, grad_factor: float) -> None:
         """One AdamW update of every chunk this rank owns at learning rate `lr`, the gradients first
         multiplied by `grad_factor` (clipping); the gradients are then dropped."""
-        for chunk in list(self._gathered):  # their owners change them
-            self._release_gathered(chunk)
+        self._release_all_gathered()
         self._gathering, gathering = False, self._gathering
         try:
             for chunk, members in enumerate(self._chunk_members):
