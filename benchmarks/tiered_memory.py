@@ -38,14 +38,14 @@ BLOCK = 128
 """Tokens per sequence."""
 
 
-def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: str) -> dict:
-    """Train one GPT in this process; its figures."""
+def gpt_and_data(layers: int, width: int, meta: bool = False):
+    """GPT of `layers` blocks of `width` (GPT-2's vocabulary, 64-wide heads, no biases; on the meta
+    device when `meta`) and 128-token blocks of Shakespeare."""
     import torch
 
     from nlp.data import TokenBlocks
     from nlp.gpt import GPT, GPTConfig
     from nlp.tokenizers import GPT2Tokenizer
-    from trainers import Strategy, TrainConfig, Trainer
     from zoo.corpora import shakespeare_text
 
     torch.manual_seed(0)
@@ -53,15 +53,21 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: 
     data = TokenBlocks(torch.tensor(tokenizer.encode(shakespeare_text()[:100_000])), BLOCK)
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=layers, n_head=width // 64,
                        n_embd=width, bias=False)
+    with torch.device("meta" if meta else "cpu"):
+        return GPT(config), data
+
+
+def run(mode: str, layers: int, width: int, steps: int, budget: int, directory: str) -> dict:
+    """Train one GPT in this process; its figures."""
+    from trainers import Strategy, TrainConfig, Trainer
+
+    model, data = gpt_and_data(layers, width, meta=mode == "chunks")
     if mode == "torch":
-        return plain_torch(GPT(config), data, steps) | {"mode": mode, "layers": layers, "width": width, "budget": budget}
+        return plain_torch(model, data, steps) | {"mode": mode, "layers": layers, "width": width, "budget": budget}
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    strategy = None
     if mode == "chunks":
-        with torch.device("meta"):
-            model = GPT(config)
         strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget=budget, zero=3 if ranks > 1 else 0)
-    else:
-        model, strategy = GPT(config), None
     train = TrainConfig(max_steps=steps, global_batch_size=4, micro_batch_size=2, lr=1e-4, warmup_steps=1,
                         log_every=1, progress=False, output_dir=str(Path(directory) / "out"))
     started = time.perf_counter()

@@ -56,6 +56,15 @@ def chunk_budget(room: int) -> int:
     return int((resident_set_bytes() + room) / (1 - CAPACITY_MARGIN))
 
 
+def device_budget(room: int | None) -> int | None:
+    """A device memory budget for Strategy(offload="chunks") that leaves `room` bytes to the chunks
+    and the step's device tensors: on a GPU beside what is allocated there now; off a GPU (the device
+    tier a pool of host memory) `room` itself. None: None (no device budget)."""
+    if room is None:
+        return None
+    return room + (torch.cuda.memory_allocated() if torch.cuda.is_available() else 0)
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64."""
     actual, expected = actual.double(), expected.double()

@@ -32,6 +32,11 @@ class Moment:
     """Bytes of those chunks."""
     other_bytes: int = 0
     """The most bytes of other tensors alive from this moment to the next."""
+    device_in_use_bytes: int = 0
+    """Under a device tier: bytes of the chunks in use on the device (0 when the moment works
+    on host copies: an update on the host)."""
+    device_other_bytes: int = 0
+    """Under a device tier: the most bytes of the step's device tensors alive from this moment to the next."""
 
 
 @dataclass
@@ -41,7 +46,9 @@ class Placement:
 
     moments: list[Moment] = field(default_factory=list)
     capacity: list[int] = field(default_factory=list)
-    """Bytes the chunks may hold at each moment (after `plan`)."""
+    """Bytes the chunks may hold in host memory at each moment (after `plan`)."""
+    device_capacity: list[int] = field(default_factory=list)
+    """Under a device tier: bytes the chunks may hold on the device at each moment (after `plan`)."""
     position: int = 0
     """Index of the current moment."""
     uses: dict[ChunkKey, list[int]] = field(default_factory=dict)
@@ -51,9 +58,9 @@ class Placement:
     def planned(self) -> bool:
         return bool(self.capacity)
 
-    def plan(self, capacity_of: list[int]) -> None:
-        """Install the capacity of each recorded moment."""
-        self.capacity = capacity_of
+    def plan(self, capacity_of: list[int], device_capacity_of: list[int] | None = None) -> None:
+        """Install the capacity of each recorded moment (in host memory, and on the device)."""
+        self.capacity, self.device_capacity = capacity_of, device_capacity_of or []
         self.uses = {}
         for index, moment in enumerate(self.moments):
             for key in moment.chunks:
@@ -69,11 +76,13 @@ class Placement:
                 return
         self.position = len(self.moments)
 
-    def current_capacity(self) -> int:
-        """Bytes the chunks may hold now: the moment's, or the smallest outside the record."""
-        if 0 <= self.position < len(self.capacity):
-            return self.capacity[self.position]
-        return min(self.capacity)
+    def current_capacity(self, device: bool = False) -> int:
+        """Bytes the chunks may hold now in host memory (on the device): the moment's, or the
+        smallest outside the record."""
+        capacity = self.device_capacity if device else self.capacity
+        if 0 <= self.position < len(capacity):
+            return capacity[self.position]
+        return min(capacity)
 
     def next_use(self, key: ChunkKey) -> float:
         """The moment at which chunk `key` is used next (inf: not again in this step)."""

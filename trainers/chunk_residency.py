@@ -8,12 +8,20 @@ chunk used again furthest ahead, and start reading the chunks of the next `PREFE
 moments from disk as soon as a moment begins, as far as the room at each moment until then
 allows (the store's background thread reads while the model computes).
 
-The budget counts the whole process on a CPU machine: the rest of the process (its resident
+The budget counts the whole process's resident memory: the rest of the process (its resident
 memory beyond the chunks and the step's tensors, the most of it seen at any moment of the first
 step), the step's other tensors, the chunks, and a margin (`CAPACITY_MARGIN`). So that freed
 memory leaves the process, allocations of `MMAP_THRESHOLD` bytes and more are mapped and unmapped
 on their own (glibc's mallopt, for the whole process): the default allocator keeps freed chunks
 in its heap, where they still count as resident.
+
+Under a device tier (`trainers.chunk_device`: a GPU's memory above host memory and disk), pins
+bring chunks to the device, where the model computes with them; the device copies follow the same
+moments and the same rule under the device budget (the chunks on the device, the step's device
+tensors, the rest of the device's allocations, a margin), and chunks of the next moments already
+in host memory are copied up ahead of their use. A device copy that changed is copied down when it
+leaves. Work on host copies (an update where a chunk lives, a checkpoint) pins with `holding(...,
+host=True)` or `pin_on_host`, which first bring a chunk's device copy down.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
+from trainers.chunk_device import DeviceChunks
 from trainers.chunk_placement import Moment, Placement
 from trainers.chunk_store import ChunkKey, ChunkStore
 from trainers.tensor_peak import TensorPeak
@@ -59,12 +68,20 @@ def resident_set_bytes() -> int:
 
 class ChunkResidency:
     """Chunks of `sizes[index]` elements in `store`, in memory while pinned and as the placement
-    allows under `budget` bytes for the process. Subclasses bind chunks to what uses them
-    (`_bound`, `_unbound`), say which chunks may not be evicted (`_evictable`, `_kept`) and how a
-    chunk is brought into memory (`_bring`)."""
+    allows under `budget` bytes for the process; with `device`, pinned chunks on the device under
+    `device_budget` bytes. Subclasses bind chunks to what uses them (`_bound`, `_unbound`), say
+    which chunks may not be evicted (`_evictable`, `_kept`) and how a chunk is brought into memory
+    (`_bring`)."""
 
-    def __init__(self, store: ChunkStore, sizes: list[int], budget: int) -> None:
+    def __init__(self, store: ChunkStore, sizes: list[int], budget: int, device: DeviceChunks | None = None,
+                 device_budget: int = 0) -> None:
         self.store, self.sizes, self.budget = store, sizes, budget
+        self.device, self.device_budget = device, device_budget
+        self._host_only = False
+        """Pins bring chunks into host memory only (work on host copies)."""
+        self._device_tracker: TensorPeak | None = None
+        self._device_rest = 0
+        """While the first step runs: the most device memory seen besides chunks and the step's device tensors."""
         self.placement = Placement()
         self.busy = False
         """True while the chunk code itself runs (code that watches operations then stays out of the way)."""
@@ -87,12 +104,17 @@ class ChunkResidency:
             module.register_forward_pre_hook(self._enter_module)
             module.register_forward_hook(self._exit_module, always_call=True)
 
+    @property
+    def compute_memory(self) -> dict[ChunkKey, torch.Tensor]:
+        """The chunks the model can compute with, by key: on the device under a device tier, else in memory."""
+        return self.store.memory if self.device is None else self.device.memory
+
     # ---------------------------------------------------------------- hooks for subclasses
     def _bound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
-        """Chunk `key` came into memory as `buffer`."""
+        """Chunk `key` can be computed with as `buffer` (in `compute_memory`)."""
 
-    def _unbound(self, key: ChunkKey) -> None:
-        """Chunk `key` is about to leave memory."""
+    def _unbound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
+        """Chunk `key`'s `buffer` is about to leave `compute_memory`."""
 
     def _evictable(self, key: ChunkKey) -> bool:
         """Whether the placement may evict chunk `key` when it is not pinned."""
@@ -103,45 +125,100 @@ class ChunkResidency:
         return set()
 
     def _bring(self, key: ChunkKey) -> None:
-        """Chunk `key`, just pinned, into memory."""
+        """Chunk `key`, just pinned, where pins bring it: on the device or in host memory."""
+        if self.device is None or self._host_only:
+            self._bring_to_host(key)
+        else:
+            self._bring_to_device(key)
+
+    def _bring_to_host(self, key: ChunkKey) -> None:
         if key not in self.store.memory:
             self._make_room(0 if self.store.pending(key) else self._bytes(key))  # pending: already counted
             self._load(key)
+
+    def _bring_to_device(self, key: ChunkKey) -> None:
+        device = self.device
+        if key not in device.memory:
+            self._make_device_room(self._bytes(key))
+            self.busy, was_busy = True, self.busy
+            try:
+                if key in self.store.memory or self.store.pending(key) or key in self.store.files:
+                    self._bring_to_host(key)
+                    buffer = device.upload(key, self.store.memory[key])
+                else:  # never written: zeros, made on the device
+                    buffer = device.zeros(key, self.sizes[key[1]])
+                self._bound(key, buffer)
+            finally:
+                self.busy = was_busy
+        device.wait(key)
 
     # ---------------------------------------------------------------- chunks in and out of memory
     def _bytes(self, key: ChunkKey) -> int:
         return self.sizes[key[1]] * self.store.dtype.itemsize
 
     def _load(self, key: ChunkKey) -> torch.Tensor:
-        """Chunk `key` in memory (read back or created), bound."""
+        """Chunk `key` in host memory (read back or created), bound when there is no device tier."""
         self.busy, was_busy = True, self.busy
         try:
             loaded = key in self.store.memory
             buffer = self.store.load(key, self.sizes[key[1]])
-            if not loaded:
+            if not loaded and self.device is None:
                 self._bound(key, buffer)
             return buffer
         finally:
             self.busy = was_busy
 
     def _evict(self, key: ChunkKey) -> None:
-        """Chunk `key` out of memory, written to its file when it changed."""
+        """Chunk `key` out of host memory, written to its file when it changed."""
         self.busy, was_busy = True, self.busy
         try:
-            self._unbound(key)
+            if self.device is None:
+                self._unbound(key, self.store.memory[key])
             self.store.evict(key)
         finally:
             self.busy = was_busy
 
-    def _drop(self, key: ChunkKey) -> None:
-        """Chunk `key` forgotten (its memory and its file)."""
+    def _evict_from_device(self, key: ChunkKey) -> None:
+        """Chunk `key`'s device copy freed, first copied down into host memory when it is the only true copy."""
+        device = self.device
         self.busy, was_busy = True, self.busy
         try:
-            if key in self.store.memory:
-                self._unbound(key)
+            if key in device.dirty:
+                self._make_room(self._bytes(key))
+                host = self.store.receive(key, self.sizes[key[1]])
+                device.download(key, host)
+                self.store.changed(key)
+            self._unbound(key, device.memory[key])
+            device.drop(key)
+        finally:
+            self.busy = was_busy
+
+    def _drop(self, key: ChunkKey) -> None:
+        """Chunk `key` forgotten (its copies and its file)."""
+        self.busy, was_busy = True, self.busy
+        try:
+            memory = self.compute_memory
+            if key in memory:
+                self._unbound(key, memory[key])
+            if self.device is not None:
+                self.device.drop(key)
             self.store.drop(key)
         finally:
             self.busy = was_busy
+
+    def changed(self, key: ChunkKey) -> None:
+        """Chunk `key` was written to where pins brought it: on the device its copy becomes the only
+        true one (the host copy and file are forgotten), in host memory its file no longer holds it."""
+        if self.device is None or self._host_only:
+            self.store.changed(key)
+        elif key not in self.device.dirty:
+            self.device.dirty.add(key)
+            self.store.drop(key)
+
+    def _furthest(self, keys: list[ChunkKey]) -> ChunkKey:
+        """The one of `keys` used again furthest ahead (the least recently used among equals)."""
+        return max(keys, key=lambda key: (self.placement.next_use(key) if self.placement.planned else 0,
+                                          -self._last_used.get(key, 0)))
 
     def _make_room(self, needed: int) -> None:
         """Evict unpinned chunks until those in memory and `needed` more bytes fit the capacity:
@@ -152,11 +229,22 @@ class ChunkResidency:
             free = [key for key in self.store.memory if not self._pins[key] and self._evictable(key)]
             if not free:
                 return
-            victim = max(free, key=lambda key: (self.placement.next_use(key) if self.placement.planned else 0,
-                                                -self._last_used.get(key, 0)))
+            victim = self._furthest(free)
             resident -= self.store.memory[victim].nbytes
             self._evict(victim)
         self.store.settle(capacity - needed)  # the victims' writes, where their memory is needed now
+
+    def _make_device_room(self, needed: int) -> None:
+        """The same on the device, under its capacity."""
+        capacity = self.placement.current_capacity(device=True) if self.placement.planned else 0
+        resident = self.device.resident_bytes()
+        while resident + needed > capacity:
+            free = [key for key in self.device.memory if not self._pins[key] and self._evictable(key)]
+            if not free:
+                return
+            victim = self._furthest(free)
+            resident -= self.device.memory[victim].nbytes
+            self._evict_from_device(victim)
 
     def pin(self, keys: frozenset[ChunkKey]) -> None:
         """Bring chunks `keys` into memory (in sorted order, the same on every rank) and keep them
@@ -169,6 +257,8 @@ class ChunkResidency:
             self._last_used[key] = self._clock
             self._bring(key)
         self._make_room(0)
+        if self.device is not None and not self._host_only:
+            self._make_device_room(0)
 
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
         self._pins.subtract(keys)
@@ -177,16 +267,38 @@ class ChunkResidency:
         return self._pins[key] > 0
 
     @contextmanager
-    def holding(self, keys: frozenset[ChunkKey]) -> Iterator[dict[ChunkKey, torch.Tensor]]:
-        """Chunks `keys` pinned in memory while the chunk code itself works on them (watchers out
-        of the way); yields the chunks in memory by key."""
-        self.pin(keys)
-        self.busy, was_busy = True, self.busy
+    def holding(self, keys: frozenset[ChunkKey], host: bool = False) -> Iterator[dict[ChunkKey, torch.Tensor]]:
+        """Chunks `keys` pinned while the chunk code itself works on them (watchers out of the
+        way), where the model computes with them or, with `host`, in host memory (their device
+        copies brought down first); yields the chunks there by key."""
+        with self._on_host(host):
+            if host:
+                self.pin_on_host(keys)
+            else:
+                self.pin(keys)
+            self.busy, was_busy = True, self.busy
+            try:
+                yield self.store.memory if host else self.compute_memory
+            finally:
+                self.busy = was_busy
+                self.unpin(keys)
+
+    def pin_on_host(self, keys: frozenset[ChunkKey]) -> None:
+        """Pin chunks `keys` in host memory until `unpin`, their device copies brought down first."""
+        with self._on_host(True):
+            if self.device is not None:
+                for key in sorted(keys & self.device.memory.keys()):
+                    self._evict_from_device(key)
+            self.pin(keys)
+
+    @contextmanager
+    def _on_host(self, host: bool) -> Iterator[None]:
+        """Inside, with `host`: pins bring chunks into host memory only, and changes are made there."""
+        self._host_only, was_host_only = self._host_only or host, self._host_only
         try:
-            yield self.store.memory
+            yield
         finally:
-            self.busy = was_busy
-            self.unpin(keys)
+            self._host_only = was_host_only
 
     def held(self, keys: frozenset[ChunkKey]) -> None:
         """An operation that pinned `keys` ended: they stay pinned until the innermost running
@@ -223,13 +335,31 @@ class ChunkResidency:
         if self._tracker is not None:
             moments = self.placement.moments
             if moments:
-                moments[-1].other_bytes = self._tracker.mark()
-            self._rest = max(self._rest, resident_set_bytes() - self.store.resident_bytes() - self._tracker.live)
+                self._mark(moments[-1])
+            self._rest = max(self._rest, resident_set_bytes() - self._host_chunk_bytes() - self._tracker.live)
+            if self._device_tracker is not None:
+                self._device_rest = max(self._device_rest, torch.cuda.memory_allocated(self.device.device)
+                                        - self.device.resident_bytes() - self._device_tracker.live)
             in_use = set(keys) | {key for key, count in self._pins.items() if count} | self._kept()
-            moments.append(Moment(keys, sum(self._bytes(key) for key in in_use)))
+            in_use_bytes = sum(self._bytes(key) for key in in_use)
+            on_device = self.device is not None and not self._host_only
+            moments.append(Moment(keys, in_use_bytes, device_in_use_bytes=in_use_bytes if on_device else 0))
         elif self.placement.planned:
             self.placement.advance(keys)
             self._prefetch()
+            if self.device is not None:
+                self._prefetch_to_device()
+
+    def _mark(self, moment: Moment) -> None:
+        """The step's tensors' most bytes from `moment` on, which ends now (off a GPU the device
+        tier's tensors are the host's)."""
+        moment.other_bytes = self._tracker.mark()
+        moment.device_other_bytes = self._device_tracker.mark() if self._device_tracker else moment.other_bytes
+
+    def _host_chunk_bytes(self) -> int:
+        """Bytes of chunks in host memory (off a GPU, the device tier's pool included)."""
+        pool = self.device.resident_bytes() if self.device is not None and self.device.device.type == "cpu" else 0
+        return self.store.resident_bytes() + pool
 
     def _prefetch(self) -> None:
         """Start reading the chunks of the next `PREFETCH_MOMENTS` moments, nearest first, while
@@ -243,11 +373,34 @@ class ChunkResidency:
         for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
             room = min(room, placement.capacity[ahead])
             for key in sorted(placement.moments[ahead].chunks):
-                if not self.store.readable(key):
+                if not self.store.readable(key) or (self.device is not None and key in self.device.memory):
                     continue
                 if self.store.resident_bytes() + self._bytes(key) > room:
                     return
                 self.store.prefetch(key, self.sizes[key[1]])
+
+    def _prefetch_to_device(self) -> None:
+        """Copy up the chunks of the next `PREFETCH_MOMENTS` moments that work on the device and
+        are in host memory, nearest first, while they fit the device's capacity from now to their use."""
+        placement, here, device = self.placement, self.placement.position, self.device
+        if not 0 <= here < len(placement.moments):
+            return
+        room = placement.device_capacity[here]
+        for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
+            room = min(room, placement.device_capacity[ahead])
+            moment = placement.moments[ahead]
+            if not moment.device_in_use_bytes:
+                continue
+            for key in sorted(moment.chunks):
+                if key in device.memory or key not in self.store.memory:
+                    continue
+                if device.resident_bytes() + self._bytes(key) > room:
+                    return
+                self.busy, was_busy = True, self.busy
+                try:
+                    self._bound(key, device.upload(key, self.store.memory[key], ahead=True))
+                finally:
+                    self.busy = was_busy
 
     def new_region(self) -> None:
         """What runs next does not continue the last moment (an evaluation, a checkpoint)."""
@@ -258,14 +411,16 @@ class ChunkResidency:
         """One training step runs inside; the first records the step's moments and plans the
         placement from them."""
         recording = not self.placement.planned
-        self._rest = resident_set_bytes() - self.store.resident_bytes()
-        self._tracker = TensorPeak() if recording else None
+        self._rest = resident_set_bytes() - self._host_chunk_bytes()
+        on_gpu = self.device is not None and self.device.device.type == "cuda"
+        self._tracker = TensorPeak("cpu" if on_gpu else None) if recording else None
+        self._device_tracker = TensorPeak("cuda") if recording and on_gpu else None
         self.placement.position, self._moment_chunks = -1, None
-        with self._tracker or nullcontext():
+        with self._tracker or nullcontext(), self._device_tracker or nullcontext():
             yield
         if recording:
-            self.placement.moments[-1].other_bytes = self._tracker.mark()
-            self._tracker = None
+            self._mark(self.placement.moments[-1])
+            self._tracker = self._device_tracker = None
             self._plan(self._rest)
         self.placement.position = len(self.placement.moments)  # outside the step: the smallest capacity
 
@@ -283,4 +438,20 @@ class ChunkResidency:
                 f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)} and any "
                 f"kept), the step's other tensors ({moment.other_bytes:,}), the rest of the process ({rest:,}) and a margin "
                 f"of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
-        self.placement.plan(capacity)
+        self.placement.plan(capacity, self._device_capacity() if self.device is not None else None)
+
+    def _device_capacity(self) -> list[int]:
+        """Bytes the chunks may hold on the device at each recorded moment."""
+        moments = self.placement.moments
+        margin = int(CAPACITY_MARGIN * self.device_budget)
+        capacity = [self.device_budget - margin - self._device_rest - moment.device_other_bytes for moment in moments]
+        short = max(range(len(moments)), key=lambda i: moments[i].device_in_use_bytes - capacity[i])
+        moment = moments[short]
+        if capacity[short] < moment.device_in_use_bytes:
+            raise MemoryError(
+                f"device_memory_budget={self.device_budget:,} bytes is smaller than the step's working set on the "
+                f"device: at moment {short} of {len(moments)} it needs chunks in use ({moment.device_in_use_bytes:,} "
+                f"bytes: {sorted(moment.chunks)} and any kept), the step's device tensors "
+                f"({moment.device_other_bytes:,}), the device's other allocations ({self._device_rest:,}) and a "
+                f"margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
+        return capacity

@@ -82,10 +82,11 @@ def read_file(path: Path, data: memoryview, checksum: str) -> None:
 
 class ChunkStore:
     """Chunks of `dtype` elements; those evicted go to files in `directory`, read and written by
-    a background thread."""
+    a background thread. `pin_memory`: buffers in page-locked memory (a GPU copies them up and down
+    without staging)."""
 
-    def __init__(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        self.directory, self.dtype = Path(directory), dtype
+    def __init__(self, directory: str | Path, dtype: torch.dtype = torch.float32, pin_memory: bool = False) -> None:
+        self.directory, self.dtype, self.pin_memory = Path(directory), dtype, pin_memory
         self.memory: dict[ChunkKey, torch.Tensor] = {}
         """Chunks in memory."""
         self.files: dict[ChunkKey, str] = {}
@@ -116,7 +117,7 @@ class ChunkStore:
 
     def _allocate(self, numel: int) -> torch.Tensor:
         with _disable_current_modes():
-            buffer = torch.empty(numel, dtype=self.dtype)
+            buffer = torch.empty(numel, dtype=self.dtype, pin_memory=self.pin_memory)
         self._resident += buffer.nbytes
         return buffer
 
@@ -170,7 +171,7 @@ class ChunkStore:
 
     def receive(self, key: ChunkKey, numel: int) -> torch.Tensor:
         """An uninitialised chunk `key` of `numel` elements in memory, to be filled from elsewhere
-        (another rank); it has no file and is never written to one (`drop` it)."""
+        (another rank, the device); it has no file, and is written to one only once `changed`."""
         buffer = self._allocate(numel)
         self.memory[key] = buffer
         return buffer

@@ -9,6 +9,12 @@ data-parallel ranks and its norms taken, so the global norm is known when backwa
 AdamW update then runs chunk by chunk where the chunks are (parameter, gradient, two moments),
 and the gradient chunk is dropped without being written.
 
+On a GPU (or with a device budget; `trainers.chunk_device`) the chunks the model computes with are
+on the device, above host memory (pinned) and disk, and the update of each chunk runs where its
+parameters are when the step reaches it: on the device (its gradients and moments copied up beside
+them) or on the host (its gradients copied down), so that no chunk goes down and up again just for
+the update.
+
 ZeRO over chunks (`shard=True`): each chunk has one owning rank (`trainers.chunks.chunk_owners`),
 which alone keeps its parameters and moments (in memory or in its files) and updates them. A
 completed gradient chunk is reduced to its owner (the others drop theirs); a parameter chunk that
@@ -39,6 +45,7 @@ from torch.optim.adamw import adamw
 from trainers.activation_swap import ActivationSwap, SwappedTensor
 from trainers.chunk_access import ParameterAccess, SavedChunkView
 from trainers.chunk_checkpoint import ChunkedTensor
+from trainers.chunk_device import DeviceChunks
 from trainers.chunk_residency import ChunkResidency, resident_set_bytes
 from trainers.chunk_store import ChunkKey, ChunkStore
 from trainers.chunks import chunk_owners, search_chunk_size
@@ -49,6 +56,10 @@ KINDS = ("param", "grad", "exp_avg", "exp_avg_sq")
 """The chunk lists, one layout for all: parameters, gradients, AdamW's two moments."""
 SPARE_GATHERED = 2
 """Under ZeRO over chunks: gathered parameter chunks kept besides those in use (the most recently used)."""
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[torch.device, int]:
+    return tensor.device, tensor.untyped_storage().data_ptr()
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -83,7 +94,9 @@ class ChunkedStates(ChunkResidency):
     chunks of their own); `group`: the data-parallel ranks whose gradients are averaged; `shard`:
     each of them owns a share of the chunks (ZeRO over chunks, module docstring); `swap_min_bytes`:
     saved activations of at least this size go to files under `directory`/activations during a
-    step (`trainers.activation_swap`; None: they stay in memory).
+    step (`trainers.activation_swap`; None: they stay in memory). `device`: where the model computes,
+    with a device tier of `device_budget` bytes (None: in host memory, no device tier); the model's
+    other tensors (buffers, frozen parameters) move there.
 
     A model built on the meta device is materialised chunk by chunk: its `init_weights()` runs
     once per parameter chunk, with the other parameters on the meta device, so that no more than one
@@ -92,7 +105,8 @@ class ChunkedStates(ChunkResidency):
 
     def __init__(self, model: nn.Module, config: TrainConfig, directory: str, memory_budget: int,
                  group: dist.ProcessGroup | None = None, largest: int | None = None, shard: bool = False,
-                 swap_min_bytes: int | None = None) -> None:
+                 swap_min_bytes: int | None = None, device: torch.device | None = None,
+                 device_budget: int = 0) -> None:
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
@@ -101,7 +115,11 @@ class ChunkedStates(ChunkResidency):
             raise ValueError(f"offload='chunks' keeps fp32 parameters in its chunks; the model's trainable parameters "
                              f"are {', '.join(dtypes)}")
         self.layout = search_chunk_size([p.numel() for _, p in named], largest=largest)
-        super().__init__(ChunkStore(directory), list(self.layout.sizes), memory_budget)
+        on_gpu = device is not None and device.type == "cuda"
+        super().__init__(ChunkStore(directory, pin_memory=on_gpu), list(self.layout.sizes), memory_budget,
+                         DeviceChunks(device) if device is not None else None, device_budget)
+        self.compute_device = device or torch.device("cpu")
+        """Where the model computes."""
         self.config, self.group = config, group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
@@ -113,15 +131,21 @@ class ChunkedStates(ChunkResidency):
         """Under sharding: the parameter chunks gathered lately, least recently used first (the same on every rank)."""
         self._gathering = False
         """Whether every rank runs the same code now, so that chunks can be gathered."""
-        self._param_storage: dict[int, ChunkKey] = {}
-        """Storage address of each parameter chunk in memory."""
+        self._param_storage: dict[tuple[torch.device, int], ChunkKey] = {}
+        """Device and storage address of each parameter chunk the model can compute with."""
+        if swap_min_bytes is not None and self.compute_device.type != "cpu":
+            raise ValueError(f"Strategy.swap_activations writes activations in host memory to disk; here the step's "
+                             f"tensors are on {self.compute_device} (swapping from the device to host memory is not "
+                             f"built); got swap_activations={swap_min_bytes:,}")
         self.swap = (ActivationSwap(Path(directory) / "activations", swap_min_bytes, self.store.io)
                      if swap_min_bytes is not None else None)
         """Where saved activations go during a step, when they are swapped."""
         on_meta = any(p.is_meta for _, p in named)
         if on_meta:
             named = self._materialise(model, named)
-        nan = torch.full((1,), float("nan"))
+        else:
+            self._move_others(model)
+        nan = torch.full((1,), float("nan"), device=self.compute_device)
         self.members = [_Member(name, p, *self.layout.slots[index], p.ndim >= 2, nan.expand(p.shape))
                         for index, (name, p) in enumerate(named)]
         self._index = {id(m.param): index for index, m in enumerate(self.members)}
@@ -133,6 +157,10 @@ class ChunkedStates(ChunkResidency):
         self.store.flush()  # a directory that cannot take the chunks fails here
         self.steps = [0] * len(self.members)
         """AdamW steps taken by each parameter."""
+        self.updates_on_device = 0
+        """Chunk updates run on the device so far (under a device tier)."""
+        self.updates_on_host = 0
+        """Chunk updates run in host memory so far."""
         self.has_grad = [False] * len(self.members)
         self._received = [0] * self.layout.chunks
         self._last_micro_batch = True
@@ -149,6 +177,9 @@ class ChunkedStates(ChunkResidency):
             raise ValueError(f"memory_budget must hold the process ({process:,} bytes now) and one chunk of each of "
                              f"{', '.join(KINDS)} ({working:,} bytes), {process + working:,} bytes in all; "
                              f"got {memory_budget:,}")
+        if device is not None and device_budget < working:
+            raise ValueError(f"device_memory_budget must hold one chunk of each of {', '.join(KINDS)} on the device "
+                             f"({working:,} bytes); got {device_budget:,}")
 
     def owns(self, chunk: int) -> bool:
         """Whether this rank keeps and updates chunk `chunk`."""
@@ -158,7 +189,7 @@ class ChunkedStates(ChunkResidency):
     def _materialise(self, model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
         """Replace every meta parameter by a CPU one holding the absent marker (trainable) or
         uninitialised memory (frozen), and every meta buffer by uninitialised CPU memory."""
-        nan = torch.full((1,), float("nan"))
+        nan, device = torch.full((1,), float("nan"), device=self.compute_device), self.compute_device
         replaced: dict[int, nn.Parameter] = {}
         self._owners: dict[int, list[tuple[nn.Module, str, nn.Parameter]]] = {}
         for module in model.modules():
@@ -166,15 +197,26 @@ class ChunkedStates(ChunkResidency):
                 if param is None or not param.is_meta:
                     continue
                 if id(param) not in replaced:
-                    data = nan.expand(param.shape) if param.requires_grad else torch.empty(param.shape)
+                    data = nan.expand(param.shape) if param.requires_grad else torch.empty(param.shape, device=device)
                     replaced[id(param)] = nn.Parameter(data, requires_grad=param.requires_grad)
                 new = replaced[id(param)]
                 module._parameters[name] = new
                 self._owners.setdefault(id(new), []).append((module, name, param))
             for name, buffer in list(module._buffers.items()):
                 if buffer is not None and buffer.is_meta:
-                    module._buffers[name] = torch.empty_like(buffer, device="cpu")
+                    module._buffers[name] = torch.empty_like(buffer, device=device)
         return [(name, replaced.get(id(p), p)) for name, p in named]
+
+    @torch.no_grad()
+    def _move_others(self, model: nn.Module) -> None:
+        """The model's buffers and frozen parameters to the compute device (the chunks hold the rest)."""
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(self.compute_device)
+            for param in module._parameters.values():
+                if param is not None and not param.requires_grad:
+                    param.data = param.data.to(self.compute_device)
 
     @torch.no_grad()
     def _initialise_by_chunk(self, model: nn.Module) -> None:
@@ -186,7 +228,9 @@ class ChunkedStates(ChunkResidency):
                              "method to initialise its chunks")
         for chunk, indices in enumerate(self._chunk_members):
             key = ("param", chunk)
-            self._load(key)
+            buffer = self._load(key)
+            if self.device is not None:  # initialised in host memory
+                self._bound(key, buffer)
             inside = {id(self.members[i].param) for i in indices}
             shown = [(module, name, meta) for member in self.members if id(member.param) not in inside
                      for module, name, meta in self._owners[id(member.param)]]
@@ -198,6 +242,8 @@ class ChunkedStates(ChunkResidency):
                 for member in self.members:
                     for module, name, _ in self._owners[id(member.param)]:
                         module._parameters[name] = member.param
+                if self.device is not None:
+                    self._unbound(key, buffer)
             if self.owns(chunk):
                 self.store.changed(key)
                 self._evict(key)
@@ -224,13 +270,13 @@ class ChunkedStates(ChunkResidency):
         if key[0] == "param":
             for index in self._chunk_members[key[1]]:
                 self.members[index].param.data = self.members[index].view(buffer)
-            self._param_storage[buffer.untyped_storage().data_ptr()] = key
+            self._param_storage[_storage_key(buffer)] = key
 
-    def _unbound(self, key: ChunkKey) -> None:
+    def _unbound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
         if key[0] == "param":
             for index in self._chunk_members[key[1]]:
                 self.members[index].param.data = self.members[index].absent
-            del self._param_storage[self.store.memory[key].untyped_storage().data_ptr()]
+            del self._param_storage[_storage_key(buffer)]
 
     def _evictable(self, key: ChunkKey) -> bool:
         return self.owns(key[1]) or key[0] != "param"  # a gathered copy leaves with `_release_gathered`
@@ -260,13 +306,17 @@ class ChunkedStates(ChunkResidency):
         if self.owns(chunk):
             super()._bring(key)
         else:
-            self._make_room(self._bytes(key))
             self.busy, was_busy = True, self.busy
             try:
-                self._bound(key, self.store.receive(key, self.sizes[chunk]))
+                if self.device is None:
+                    self._make_room(self._bytes(key))
+                    self._bound(key, self.store.receive(key, self.sizes[chunk]))
+                else:
+                    self._make_device_room(self._bytes(key))
+                    self._bound(key, self.device.receive(key, self.sizes[chunk]))
             finally:
                 self.busy = was_busy
-        dist.broadcast(self.store.memory[key], group=self.group, group_src=self.owners[chunk])
+        dist.broadcast(self.compute_memory[key], group=self.group, group_src=self.owners[chunk])
         self._gathered[chunk] = None
         self._trim_gathered()
 
@@ -351,7 +401,7 @@ class ChunkedStates(ChunkResidency):
                 member = self.members[index]
                 return SavedChunkView(("param", member.chunk), member.offset, tuple(tensor.shape),
                                       _contiguous_strides(tensor.shape))
-            key = self._param_storage.get(tensor.untyped_storage().data_ptr())
+            key = self._param_storage.get(_storage_key(tensor))
             if key is None:
                 return tensor if self.swap is None else self.swap.pack(tensor)
             return SavedChunkView(key, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
@@ -388,8 +438,8 @@ class ChunkedStates(ChunkResidency):
             self._held_gradients = key
         self.busy = True
         try:
-            member.view(self.store.memory[key]).add_(grad)
-            self.store.changed(key)
+            member.view(self.compute_memory[key]).add_(grad)
+            self.changed(key)
             self.has_grad[index] = True
             if self._last_micro_batch:
                 self._received[member.chunk] += 1
@@ -408,7 +458,7 @@ class ChunkedStates(ChunkResidency):
         """Chunk `chunk`'s gradients are final: average them over the ranks (on its owner, when
         sharded: the others drop theirs) and take their norms."""
         key = ("grad", chunk)
-        buffer = self.store.memory[key]
+        buffer = self.compute_memory[key]
         if self.world > 1:
             if self.sharded:
                 dist.reduce(buffer, group=self.group, group_dst=self.owners[chunk])
@@ -430,7 +480,8 @@ class ChunkedStates(ChunkResidency):
             if self._received[chunk] < len(members) and any(self.has_grad[i] for i in members):
                 with self.holding(frozenset([("grad", chunk)])):
                     self._complete(chunk)
-        total = torch.stack(self._norm_squares).sum() if self._norm_squares else torch.zeros((), dtype=torch.float64)
+        total = (torch.stack(self._norm_squares).sum() if self._norm_squares
+                 else torch.zeros((), dtype=torch.float64, device=self.compute_device))
         self._norm_squares = []
         if self.sharded:
             dist.all_reduce(total, group=self.group)
@@ -452,8 +503,15 @@ class ChunkedStates(ChunkResidency):
         self.discard_gradients()
 
     def _update(self, chunk: int, updated: list[int], lr: float, grad_factor: float) -> None:
+        """AdamW on chunk `chunk`'s parameters `updated`, where its parameters are: on the device
+        when they are there, in host memory otherwise."""
         config = self.config
-        with self.holding(frozenset((kind, chunk) for kind in KINDS)) as chunks:
+        on_device = self.device is not None and ("param", chunk) in self.device.memory
+        if on_device:
+            self.updates_on_device += 1
+        else:
+            self.updates_on_host += 1
+        with self.holding(frozenset((kind, chunk) for kind in KINDS), host=not on_device) as chunks:
             param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
             if grad_factor != 1.0:
                 grad.mul_(grad_factor)
@@ -466,7 +524,7 @@ class ChunkedStates(ChunkResidency):
                       maximize=False)
                 self.steps[index] += 1
             for kind in ("param", "exp_avg", "exp_avg_sq"):
-                self.store.changed((kind, chunk))
+                self.changed((kind, chunk))
 
     @torch.no_grad()
     def state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
@@ -481,11 +539,11 @@ class ChunkedStates(ChunkResidency):
             for chunk, members in enumerate(self._chunk_members):
                 with self.holding(frozenset([("param", chunk)])) as chunks:
                     if keep:
-                        chunked.update({index: self.members[index].view(chunks[("param", chunk)]).clone()
+                        chunked.update({index: self.members[index].view(chunks[("param", chunk)]).to("cpu", copy=True)
                                         for index in members})
         if not keep:
             return {}
-        return {name: chunked[self._index[id(value)]] if id(value) in self._index else value.detach().clone()
+        return {name: chunked[self._index[id(value)]] if id(value) in self._index else value.detach().to("cpu", copy=True)
                 for name, value in model.state_dict(keep_vars=True).items()}
 
     def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
@@ -526,7 +584,7 @@ class ChunkedStates(ChunkResidency):
             self.unpin(keys)
 
         def view() -> tuple[torch.Tensor, Callable[[bool], None]]:
-            self.pin(keys)  # until release
+            self.pin_on_host(keys)  # until release
             return member.view(self.store.memory[(kind, member.chunk)]), release
         return view
 

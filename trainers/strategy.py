@@ -46,7 +46,9 @@ class Strategy:
     `offload_dir`, as many kept in memory as `memory_budget` leaves room for
     (`trainers.chunked_states`; fp32, no tensor or pipeline parallelism; ZeRO 0: every
     data-parallel rank keeps all chunks, 3: each keeps and updates its share of them and gathers the
-    others' parameter chunks as the model uses them)."""
+    others' parameter chunks as the model uses them). On a GPU the chunks in use are on the device,
+    as many kept there as `device_memory_budget` leaves room for, the rest in pinned host memory and
+    files."""
 
     offload_dir: str | None = None
     """Directory for the chunk files of offload="chunks" (each rank writes under rank<N>/ in it);
@@ -117,6 +119,14 @@ class Strategy:
     instead the whole process's resident memory (on a CPU machine), which the chunks in memory
     fill beside the step's other tensors; it is required there."""
 
+    device_memory_budget: int | str | None = None
+    """Under offload="chunks": bytes of device memory the chunks and the step's device tensors may
+    hold at their peak (an int, or a string with a unit: "4GiB"), the device tier above host memory
+    and disk (`trainers.chunk_device`). None: on a GPU, the device memory free when training starts;
+    on a CPU-only machine, no device tier. Given on a CPU-only machine, the device tier is a second
+    pool of host memory under this budget, beside `memory_budget` (which then counts the process
+    without it): the moves of all three tiers, on any machine."""
+
     swap_activations: int | str | None = None
     """Under offload="chunks": tensors that autograd saves for backward, of at least this many
     bytes (an int, or a string with a unit: "1MiB"), are written to files in `offload_dir` as
@@ -126,6 +136,11 @@ class Strategy:
     def __post_init__(self) -> None:
         if self.memory_budget is not None:
             self.memory_budget = parse_bytes(self.memory_budget, "Strategy.memory_budget")
+        if self.device_memory_budget is not None:
+            self.device_memory_budget = parse_bytes(self.device_memory_budget, "Strategy.device_memory_budget")
+            if self.offload != "chunks":
+                raise ValueError("Strategy.device_memory_budget sizes the device tier of offload='chunks'; "
+                                 f"got offload={self.offload!r}")
         if self.swap_activations is not None:
             self.swap_activations = parse_bytes(self.swap_activations, "Strategy.swap_activations")
             if self.offload != "chunks":

@@ -20,10 +20,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 class TensorPeak(TorchDispatchMode):
     """with TensorPeak() as tracked: ...; tracked.peak is the most bytes alive at once among the
     storages created inside (tensors that existed before, such as inputs and parameters, are not
-    counted; gradients created inside are)."""
+    counted; gradients created inside are). `device_type`: count only tensors on devices of
+    that type ("cpu", "cuda"; None: all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str | None = None) -> None:
         super().__init__()
+        self.device_type = device_type
         self.live = 0
         self.peak = 0
         self.interval_peak = 0
@@ -55,7 +57,8 @@ class TensorPeak(TorchDispatchMode):
         inputs = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if _countable(t)}
         out = func(*args, **kwargs)
         for value in tree_flatten(out)[0]:
-            if _countable(value) and _storage_key(value) not in inputs:
+            if (_countable(value) and _storage_key(value) not in inputs
+                    and self.device_type in (None, value.device.type)):
                 self._track(value)
         return out
 

@@ -161,7 +161,7 @@ class Trainer:
             self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
                                         strategy.memory_budget, self.env.mesh["dp"].get_group(),
                                         largest_block_tensor(self.model), shard=strategy.zero == 3,
-                                        swap_min_bytes=strategy.swap_activations)
+                                        swap_min_bytes=strategy.swap_activations, **self._device_tier(strategy))
             self.optimizer = None
         else:
             self.optimizer = TrainOptimizer(
@@ -359,6 +359,14 @@ class Trainer:
         return None if self.pipeline is None else self.env.mesh["pp"].get_group()
 
     # ---------------------------------------------------------------- memory budget
+    def _device_tier(self, strategy: Strategy) -> dict[str, Any]:
+        """ChunkedStates' device tier: on a GPU under strategy.device_memory_budget (None: the device
+        memory free now); off a GPU only when a device budget is given (a pool of host memory)."""
+        device, budget = self.env.device, strategy.device_memory_budget
+        if device.type == "cuda":
+            return {"device": device, "device_budget": budget if budget is not None else torch.cuda.mem_get_info(device)[0]}
+        return {} if budget is None else {"device": device, "device_budget": budget}
+
     def _plan_budget(self, model: nn.Module, strategy: Strategy, example_batch: Batch | None) -> Strategy:
         """Plan for strategy.memory_budget on rank 0 and apply the plan on every rank: the
         strategy to parallelise with (returned), the recompute policy, the chunk sizes."""
@@ -479,6 +487,9 @@ class Trainer:
         """One step with the model states in chunks (`trainers.chunked_states`)."""
         chunks, config = self.chunks, self.config
         read, written, ahead = chunks.store.bytes_read, chunks.store.bytes_written, chunks.store.bytes_prefetched
+        device = chunks.device
+        up, down, up_ahead = (device.bytes_up, device.bytes_down, device.bytes_ahead) if device is not None else (0, 0, 0)
+        on_device, on_host = chunks.updates_on_device, chunks.updates_on_host
         swapped = chunks.swap.bytes_written if chunks.swap is not None else 0
         with chunks.step_region():
             loss_sum, units = accumulate_gradients(self.model, self.model_class,
@@ -497,6 +508,12 @@ class Trainer:
         record["offload_read_ahead_bytes"] = chunks.store.bytes_prefetched - ahead
         if chunks.swap is not None:
             record["swapped_activation_bytes"] = chunks.swap.bytes_written - swapped
+        if device is not None:
+            record["device_up_bytes"] = device.bytes_up - up
+            record["device_down_bytes"] = device.bytes_down - down
+            record["device_up_ahead_bytes"] = device.bytes_ahead - up_ahead
+            record["device_updated_chunks"] = chunks.updates_on_device - on_device
+            record["host_updated_chunks"] = chunks.updates_on_host - on_host
         return record
 
     def _step_record(self, loss_sum: torch.Tensor, units: int, accumulation: int, lr: float, grad_norm: float,

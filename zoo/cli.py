@@ -20,7 +20,7 @@ from zoo.store import list_models, locate, read_config
 
 TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--pp P [--pp-schedule S] "
                "[--microbatches M] [--stages-per-rank V]] [--offload chunks --offload-dir DIR --memory BYTES "
-               "[--swap-activations BYTES]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
+               "[--device-memory BYTES] [--swap-activations BYTES]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
 
 
 def _parse_overrides(words: list[str]) -> dict[str, str]:
@@ -91,13 +91,13 @@ def check_ranks(config: Any, nproc: int) -> None:
 STRATEGY_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
                   "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank",
                   "offload": "strategy.offload", "offload_dir": "strategy.offload_dir", "memory": "strategy.memory_budget",
-                  "swap_activations": "strategy.swap_activations"}
+                  "device_memory": "strategy.device_memory_budget", "swap_activations": "strategy.swap_activations"}
 """`zoo train` flags that stand for recipe options of the strategy (with --sequence-parallel)."""
 
 
 def strategy_overrides(args: argparse.Namespace, config: Any) -> list[str]:
     """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches, --stages-per-rank, --offload,
-    --offload-dir, --memory and --swap-activations as the recipe options they stand for
+    --offload-dir, --memory, --device-memory and --swap-activations as the recipe options they stand for
     (strategy.*); ValueError for a recipe without a strategy."""
     words = [word for flag, option in STRATEGY_FLAGS.items() if getattr(args, flag) is not None
              for word in (f"--{option}", str(getattr(args, flag)))]
@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(--strategy.offload_dir)")
     train.add_argument("--memory", default=None, help="memory budget, e.g. 4GiB (--strategy.memory_budget); with "
                        "--offload chunks: the whole process's resident memory")
+    train.add_argument("--device-memory", default=None, help="with --offload chunks: device memory the chunks and "
+                       "the step's device tensors may hold, e.g. 8GiB (--strategy.device_memory_budget; default on a "
+                       "GPU: the memory free at the start)")
     train.add_argument("--swap-activations", default=None, help="with --offload chunks: saved activations of this "
                        "size and more go to files, e.g. 1MiB (--strategy.swap_activations)")
     train.add_argument("--stages-per-rank", type=int, default=None,

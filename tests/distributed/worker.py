@@ -94,25 +94,32 @@ def strategies(out: str, *combos: str) -> None:
 
 CHUNK_MODELS = {
     "gpt": (lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1),
-            lambda: lm_examples(64, length=32, vocab=512), None, 1e-3, 8 * 2**20),
+            lambda: lm_examples(64, length=32, vocab=512), None, 1e-3, 8 * 2**20, 8 * 2**20),
     "conformer": (lambda: tiny(loss="samplewise_pruned", warm_steps=2, prune_range=3, samplewise_memory_budget=1),
-                  lambda: speech_examples(16), collate_speech, 3e-3, 4 * 2**20),
+                  lambda: speech_examples(16), collate_speech, 3e-3, 4 * 2**20, 2 * 2**20),
 }
-"""Models of the chunked runs: factory, examples, collate, learning rate, room for chunks (bytes)."""
+"""Models of the chunked runs: factory, examples, collate, learning rate, room for chunks in host
+memory, and the device budget of a device tier (bytes; too small for a rank's states beside the step's tensors)."""
 
 
 def chunks(out: str, directory: str, model: str, *modes: str) -> None:
     """`model` 5 steps in memory ("memory"), with its states in chunks with room for a few of them
     beside what the process held before ("chunks"; after "memory", whose run grew the process to its
     size in training), or the same with ZeRO-3 over the chunks ("zero3"), and with saved activations
-    of 16 KiB and more swapped to disk ("zero3-swap"): parameters, losses, bytes
-    read from the chunk files each step, the bytes of each rank's chunk files after training, the room."""
-    build, examples, collate, lr, room = CHUNK_MODELS[model]
+    of 16 KiB and more swapped to disk ("zero3-swap"), and "chunks" or "zero3" with a device tier
+    ("chunks-device", "zero3-device"; host memory standing for the device; 4 times the room in
+    host memory):
+    parameters, losses, bytes read from the chunk files each step, the bytes of each rank's chunk
+    files after training, the room, and under a device tier the bytes copied up and down and the
+    chunks updated on the device each step."""
+    build, examples, collate, lr, room, device_room = CHUNK_MODELS[model]
     results = {}
     for mode in modes:
-        strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(room),
+        host_room = 4 * room if mode.endswith("device") else room  # the device tier is tight instead
+        strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(host_room),
                              zero=3 if mode.startswith("zero3") else 0,
-                             swap_activations=16 * 2**10 if mode.endswith("swap") else None)
+                             swap_activations=16 * 2**10 if mode.endswith("swap") else None,
+                             device_memory_budget=device_room if mode.endswith("device") else None)
                     if mode != "memory" else None)
         trainer = Trainer(build(), config(max_steps=5, lr=lr), strategy)
         history = trainer.fit(examples(), collate_fn=collate)
@@ -121,7 +128,9 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
         dist.all_gather_object(disk, on_disk)
         results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
                          "read": [r.get("offload_read_bytes", 0) for r in history], "disk": disk, "room": room,
-                         "swapped": [r.get("swapped_activation_bytes", 0) for r in history]}
+                         "swapped": [r.get("swapped_activation_bytes", 0) for r in history],
+                         **{key: [r.get(key, 0) for r in history]
+                            for key in ("device_up_bytes", "device_down_bytes", "device_updated_chunks")}}
     if dist.get_rank() == 0:
         torch.save(results, out)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import chunk_budget, lm_examples, relative_error, tiny_gpt
+from helpers import chunk_budget, device_budget, lm_examples, relative_error, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 
 
@@ -47,11 +47,48 @@ def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap):
 
 
 
-def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device_room", [6 * 2**20, 2**30], ids=["device-tight", "device-roomy"])
+def test_chunked_gpt_with_a_device_tier_trains_as_in_memory(tmp_path, device_room):
+    """Three tiers (the device tier a pool of host memory under its own budget, as on a GPU
+    machine; `trainers.chunk_device`): the same losses and parameters as training in memory.
+    Tight (6 MiB on the device for 26 MB of states beside the step's tensors): chunks go up and
+    down every step and the updates run partly on the device, partly in host memory. Roomy: once
+    the first step has measured it, everything stays on the device and updates there, and after
+    one step that brings it up, nothing moves between the tiers."""
+    build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
+    data = lm_examples(64, length=32, vocab=512)
+    plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
+    expected = plain.fit(data)
+    chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20),
+                               device_memory_budget=device_budget(device_room)))
+    history = chunked.fit(data)
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
+    params, reference = chunked.full_state_dict(), plain.full_state_dict()
+    for name, value in reference.items():
+        assert relative_error(params[name], value) < 1e-6, name
+    chunks = chunked.chunks.layout.chunks
+    assert all(r["device_updated_chunks"] + r["host_updated_chunks"] == chunks for r in history)
+    assert history[0]["device_updated_chunks"] <= 1  # the first step keeps only the chunks in use (the last)
+    if device_room < 2**30:
+        assert all(r["device_up_bytes"] > 0 and r["device_down_bytes"] > 0 for r in history[1:])
+        assert all(0 < r["device_updated_chunks"] < chunks for r in history[1:])
+        assert chunked.chunks.device.resident_bytes() <= device_room
+    else:
+        assert all(r["device_updated_chunks"] == chunks for r in history[1:])
+        assert all(r[key] == 0 for r in history[2:] for key in
+                   ("device_up_bytes", "device_down_bytes", "offload_read_bytes", "offload_written_bytes"))
+        assert chunked.chunks.device.resident_bytes() == 3 * 4 * sum(chunked.chunks.layout.sizes)  # parameters, moments
+
+
+@pytest.mark.parametrize("device_room", [None, 4 * 2**20], ids=["host", "device-tier"])
+def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path, device_room):
     with torch.device("meta"):
         model = tiny_gpt(n_embd=64, n_layer=3)
     trainer = Trainer(model, config(output_dir=str(tmp_path), max_steps=10, lr=1e-2),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**25)))
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**25),
+                               device_memory_budget=device_budget(device_room)))
     assert len(trainer.chunks.layout.sizes) > 2 and not list(model.parameters())[0].is_meta
     weights = trainer.full_state_dict()
     matrices = torch.cat([w.flatten() for name, w in weights.items() if name.endswith("q.weight")])
@@ -80,6 +117,21 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
                                          r"of param, grad, exp_avg, exp_avg_sq \([\d,]+ bytes\), [\d,]+ bytes in all; got "
                                          "67,108,864"):
         Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), small)
+    with pytest.raises(ValueError, match=r"Strategy.device_memory_budget sizes the device tier of offload='chunks'; "
+                                         r"got offload='none'"):
+        Strategy(device_memory_budget="1GiB")
+    one_chunk = Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**25),
+                         device_memory_budget=2**16)
+    with pytest.raises(ValueError, match=r"device_memory_budget must hold one chunk of each of param, grad, exp_avg, "
+                                         r"exp_avg_sq on the device \([\d,]+ bytes\); got 65,536"):
+        Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), one_chunk)
+    few_chunks = Strategy(offload="chunks", offload_dir=str(tmp_path / "few"), memory_budget=chunk_budget(2**25),
+                          device_memory_budget=2**21)
+    trainer = Trainer(tiny_gpt(n_embd=128, n_layer=2, vocab_size=512, block_size=32), config(output_dir=str(tmp_path)),
+                      few_chunks)
+    with pytest.raises(MemoryError, match=r"device_memory_budget=2,097,152 bytes is smaller than the step's working "
+                                          r"set on the device: at moment \d+"):
+        trainer.fit(lm_examples(64, length=32, vocab=512))
     (tmp_path / "a file").write_text("")
     blocked = Strategy(offload="chunks", offload_dir=str(tmp_path / "a file"), memory_budget=chunk_budget(2**20))
     with pytest.raises(OSError, match=r"offload directory '.*a file/rank00000' cannot take chunk param 0"):
@@ -97,7 +149,9 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
 @pytest.mark.timeout(300)
 def test_checkpoints_of_chunked_states_load_into_memory_and_back(tmp_path):
     """4 steps, saved after 2: in memory throughout; chunked, resumed in memory; in memory,
-    resumed chunked. Every route ends on the same losses and parameters."""
+    resumed chunked; the same with a device tier that holds every chunk (the checkpoint brings
+    down the device copies, the only true ones after an update on the device). Every route ends on
+    the same losses and parameters."""
     build = lambda: tiny_gpt(n_embd=64, n_layer=3)  # noqa: E731
     data = lm_examples(64)
 
@@ -107,13 +161,17 @@ def test_checkpoints_of_chunked_states_load_into_memory_and_back(tmp_path):
         trainer.history = trainer.fit(data)
         return trainer
 
-    def chunks(folder: str) -> Strategy:  # room for the states; the checkpoint is what is tested
-        return Strategy(offload="chunks", offload_dir=str(tmp_path / folder / "chunks"), memory_budget=chunk_budget(2**25))
+    def chunks(folder: str, device_room: int | None = None) -> Strategy:  # room for the states: checkpoints are tested
+        return Strategy(offload="chunks", offload_dir=str(tmp_path / folder / "chunks"), memory_budget=chunk_budget(2**25),
+                        device_memory_budget=device_budget(device_room))
 
     reference = run("memory", None)
-    chunked = run("chunked", chunks("chunked"))
-    assert [r["loss"] for r in chunked.history] == pytest.approx([r["loss"] for r in reference.history], rel=1e-6)
-    for source, strategy in (("chunked", None), ("memory", chunks("resumed"))):
+    for folder, device_room in (("chunked", None), ("chunked-device", 2**26)):
+        chunked = run(folder, chunks(folder, device_room))
+        assert [r["loss"] for r in chunked.history] == pytest.approx([r["loss"] for r in reference.history], rel=1e-6)
+    assert chunked.history[1]["device_updated_chunks"] == chunked.chunks.layout.chunks
+    for source, strategy in (("chunked", None), ("chunked-device", None), ("memory", chunks("resumed")),
+                             ("memory", chunks("resumed-device", 2**26))):
         resumed = Trainer(build(), config(output_dir=str(tmp_path / "resumed"), max_steps=4,
                                           checkpoint_dir=str(tmp_path / "resumed" / "checkpoints")), strategy)
         assert resumed.resume(tmp_path / source / "checkpoints" / "step_00000002")

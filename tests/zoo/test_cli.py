@@ -101,12 +101,14 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
 
 @pytest.mark.timeout(300)
 def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path):
-    """`--offload chunks --offload-dir DIR --memory 2GiB` (ZeRO-3 over chunks, the recipe's stage):
-    each rank's chunk files under DIR, the model saved whole and generating, the card's command
+    """`--offload chunks --offload-dir DIR --memory 2GiB --device-memory 256MiB` (ZeRO-3 over
+    chunks, the recipe's stage; off a GPU the device tier a pool of host memory): each rank's chunk
+    files under DIR, the model saved whole and generating, the card's command
     naming the tiered strategy."""
     out = tmp_path / "gpt"
     result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", "--offload", "chunks", "--offload-dir",
-                     str(tmp_path / "chunks"), "--memory", "2GiB", "--swap-activations", "4KiB", "--strategy.zero", "3",
+                     str(tmp_path / "chunks"), "--memory", "2GiB", "--device-memory", "256MiB",
+                     "--swap-activations", "4KiB", "--strategy.zero", "3",
                      "--strategy.precision", "fp32", "--tokenizer", "char", "--train.max_steps", "4",
                      "--train.eval_batches", "2", "--train.progress", "false", "--train.output_dir", str(tmp_path / "run"),
                      "--model.n_layer", "1", "--model.n_embd", "32", "--sample_tokens", "20", "--output", str(out),
@@ -119,6 +121,7 @@ def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path)
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
     card = (out / CARD_FILE).read_text()
     assert "--strategy.offload chunks" in card and "--strategy.swap_activations 4096" in card
+    assert "--strategy.device_memory_budget 268435456" in card
 
 
 @pytest.mark.timeout(300)
