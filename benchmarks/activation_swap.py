@@ -8,7 +8,9 @@ Shakespeare in GPT-2 BPE, micro batches of 4, 2 per step) for a few steps with i
 under a budget that holds them all (8 GiB), so that the rows differ only in where activations go.
 "Step tensors peak" is the most bytes of the step's other tensors alive at once, as the chunk
 engine measured it in the first step (`trainers.tensor_peak.TensorPeak`, the figure its placement
-plans with); peak RSS is getrusage's ru_maxrss at the end.
+plans with), and where it falls: the moment of that step (each a change of the chunks in use) and
+the chunks in use then, named by kind and their first tensor; peak RSS is getrusage's ru_maxrss at
+the end.
 
     python benchmarks/activation_swap.py [--steps 3] [--min-bytes 1MiB] [--dir DIR]
 """
@@ -52,8 +54,15 @@ def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
     trainer = Trainer(model, train, strategy)
     history = trainer.fit(data)
     later = history[1:] or history
+    moments = trainer.chunks.placement.moments
+    peak = max(range(len(moments)), key=lambda index: moments[index].other_bytes)
+    tensors: dict[int, list[str]] = {}
+    for member in trainer.chunks.members:
+        tensors.setdefault(member.chunk, []).append(member.name)
+    in_use = [f"{kind} {tensors[chunk][0]}" + (f" +{len(tensors[chunk]) - 1}" if len(tensors[chunk]) > 1 else "")
+              for kind, chunk in sorted(moments[peak].chunks)]
     return {"recompute": recompute, "swap": swap, "losses": [r["loss"] for r in history],
-            "step_tensors_peak": max(m.other_bytes for m in trainer.chunks.placement.moments),
+            "step_tensors_peak": moments[peak].other_bytes, "peak_moment": [peak, len(moments), in_use],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "swapped_per_step": [r.get("swapped_activation_bytes", 0) for r in history],
             "step_seconds": [r["step_seconds"] for r in history],
@@ -91,15 +100,17 @@ def main() -> None:
     directory.mkdir(parents=True, exist_ok=True)
     print(f"{args.steps} steps of 2 x 4 x {BLOCK} tokens, GPT 6 x 512; swapped: saved tensors of {swap:,} bytes "
           "and more")
-    print("| recompute | activations | step tensors peak | peak RSS | swapped per step | tokens/s (after step 1) | "
-          "losses |")
-    print("|---|---|---|---|---|---|---|")
+    print("| recompute | activations | step tensors peak | peak at (moment of step 1: chunks in use) | peak RSS | "
+          "swapped per step | tokens/s (after step 1) | losses |")
+    print("|---|---|---|---|---|---|---|---|")
     for recompute in ("none", "blocks"):
         rows = [launch(recompute, None, args.steps, directory), launch(recompute, swap, args.steps, directory)]
         for row in rows:
             same = "same" if row["losses"] == rows[0]["losses"] else "DIFFER"
+            moment, moments, in_use = row["peak_moment"]
             print(f"| {recompute} | {'swapped' if row['swap'] else 'kept'} | {row['step_tensors_peak'] / 2**20:,.0f} MiB "
-                  f"({row['step_tensors_peak'] / rows[0]['step_tensors_peak']:.2f}x) | {row['peak_rss'] / 2**30:.2f} GiB | "
+                  f"({row['step_tensors_peak'] / rows[0]['step_tensors_peak']:.2f}x) | {moment} of {moments}: "
+                  f"{', '.join(in_use)} | {row['peak_rss'] / 2**30:.2f} GiB | "
                   f"{row['swapped_per_step'][-1] / 2**30:.2f} GiB | {row['tokens_per_second']:,.1f} | {same} |", flush=True)
 
 

@@ -177,9 +177,10 @@ class ChunkedStates(ChunkResidency):
             raise ValueError(f"memory_budget must hold the process ({process:,} bytes now) and one chunk of each of "
                              f"{', '.join(KINDS)} ({working:,} bytes), {process + working:,} bytes in all; "
                              f"got {memory_budget:,}")
-        if device is not None and device_budget < working:
-            raise ValueError(f"device_memory_budget must hold one chunk of each of {', '.join(KINDS)} on the device "
-                             f"({working:,} bytes); got {device_budget:,}")
+        computing = 2 * max(self.layout.sizes) * self.store.dtype.itemsize
+        if device is not None and device_budget < computing:
+            raise ValueError(f"device_memory_budget must hold the largest chunk's parameters and gradients on the "
+                             f"device ({computing:,} bytes); got {device_budget:,}")
 
     def owns(self, chunk: int) -> bool:
         """Whether this rank keeps and updates chunk `chunk`."""
@@ -504,14 +505,17 @@ class ChunkedStates(ChunkResidency):
 
     def _update(self, chunk: int, updated: list[int], lr: float, grad_factor: float) -> None:
         """AdamW on chunk `chunk`'s parameters `updated`, where its parameters are: on the device
-        when they are there, in host memory otherwise."""
+        when they are there and the placement leaves room for the chunk's gradients and moments
+        beside them (after the first step), in host memory otherwise."""
         config = self.config
-        on_device = self.device is not None and ("param", chunk) in self.device.memory
+        keys = frozenset((kind, chunk) for kind in KINDS)
+        on_device = (self.device is not None and self.placement.planned and ("param", chunk) in self.device.memory
+                     and sum(map(self._bytes, keys)) <= self.placement.current_capacity(device=True))
         if on_device:
             self.updates_on_device += 1
         else:
             self.updates_on_host += 1
-        with self.holding(frozenset((kind, chunk) for kind in KINDS), host=not on_device) as chunks:
+        with self.holding(keys, host=not on_device) as chunks:
             param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
             if grad_factor != 1.0:
                 grad.mul_(grad_factor)
