@@ -1,7 +1,9 @@
 """Activation swapping under chunked model states (`Strategy(offload="chunks",
 swap_activations=...)`, `trainers.activation_swap`): what the step's other tensors (activations,
 temporaries) hold at their peak, the process's peak RSS, and throughput, with saved activations
-kept in memory or swapped to disk, each with and without block recompute.
+kept in memory or swapped to disk, each with and without block recompute; then each block's
+choice made under a budget for a fraction of what the blocks save (`Strategy(activation_memory=)`,
+`trainers.activation_plan`), the fractions of --plans.
 
 Each row is a fresh process training GPT (GPT-2's vocabulary, 6 x 512, 512-token blocks of
 Shakespeare in GPT-2 BPE, micro batches of 4, 2 per step) for a few steps with its states in chunks
@@ -12,7 +14,7 @@ plans with), and where it falls: the moment of that step (each a change of the c
 the chunks in use then, named by kind and their first tensor; peak RSS is getrusage's ru_maxrss at
 the end.
 
-    python benchmarks/activation_swap.py [--steps 3] [--min-bytes 1MiB] [--dir DIR]
+    python benchmarks/activation_swap.py [--steps 3] [--min-bytes 1MiB] [--plans 0.5 0.25] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ BLOCK = 512
 """Tokens per sequence."""
 
 
-def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
+def run(recompute: str, swap: int | None, room: int | None, steps: int, directory: str) -> dict:
     """Train one GPT in this process; its figures."""
     import torch
 
@@ -48,7 +50,7 @@ def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=6, n_head=8, n_embd=512,
                           bias=False))
     strategy = Strategy(offload="chunks", offload_dir=directory, memory_budget="8GiB", recompute=recompute,
-                        swap_activations=swap)
+                        swap_activations=swap, activation_memory=room)
     train = TrainConfig(max_steps=steps, global_batch_size=8, micro_batch_size=4, lr=1e-4, warmup_steps=1,
                         log_every=1, progress=False, output_dir=str(Path(directory) / "out"))
     trainer = Trainer(model, train, strategy)
@@ -61,7 +63,10 @@ def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
         tensors.setdefault(member.chunk, []).append(member.name)
     in_use = [f"{kind} {tensors[chunk][0]}" + (f" +{len(tensors[chunk]) - 1}" if len(tensors[chunk]) > 1 else "")
               for kind, chunk in sorted(moments[peak].chunks)]
-    return {"recompute": recompute, "swap": swap, "losses": [r["loss"] for r in history],
+    plan = trainer.block_activations or {}
+    return {"recompute": recompute, "swap": swap, "room": room, "losses": [r["loss"] for r in history],
+            "plan": [sum(1 for choice in plan.values() if choice == kind) for kind in ("keep", "swap", "recompute")],
+            "saved_bytes": sum(cost.saved_bytes for cost in trainer.block_costs or ()),
             "step_tensors_peak": moments[peak].other_bytes, "peak_moment": [peak, len(moments), in_use],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "swapped_per_step": [r.get("swapped_activation_bytes", 0) for r in history],
@@ -69,12 +74,13 @@ def run(recompute: str, swap: int | None, steps: int, directory: str) -> dict:
             "tokens_per_second": sum(r["tokens"] for r in later) / sum(r["step_seconds"] for r in later)}
 
 
-def launch(recompute: str, swap: int | None, steps: int, directory: Path) -> dict:
+def launch(recompute: str, swap: int | None, steps: int, directory: Path, room: int | None = None) -> dict:
     """`run` in a fresh process (its files removed after)."""
     folder = Path(tempfile.mkdtemp(dir=directory))
     try:
         command = [sys.executable, __file__, "--run", recompute, "--steps", str(steps), "--dir", str(folder)]
-        done = subprocess.run(command + (["--swap-bytes", str(swap)] if swap else []), capture_output=True, text=True)
+        command += (["--swap-bytes", str(swap)] if swap else []) + (["--room", str(room)] if room is not None else [])
+        done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(done.stderr.strip().splitlines()[-1])
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -88,31 +94,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--min-bytes", default="1MiB", help="saved tensors of at least this size are swapped")
+    parser.add_argument("--plans", type=float, nargs="*", default=[0.5, 0.25],
+                        help="budgets for the blocks' kept activations, as fractions of what they save")
     parser.add_argument("--dir", default=None, help="where files go (default: a temporary folder)")
     parser.add_argument("--run", choices=("none", "blocks"), help=argparse.SUPPRESS)
     parser.add_argument("--swap-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--room", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        print(json.dumps(run(args.run, args.swap_bytes, args.steps, args.dir)))
+        print(json.dumps(run(args.run, args.swap_bytes, args.room, args.steps, args.dir)))
         return
     swap = parse_bytes(args.min_bytes, "--min-bytes")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="swap-"))
     directory.mkdir(parents=True, exist_ok=True)
     print(f"{args.steps} steps of 2 x 4 x {BLOCK} tokens, GPT 6 x 512; swapped: saved tensors of {swap:,} bytes "
           "and more")
-    print("| recompute | activations | step tensors peak | peak at (moment of step 1: chunks in use) | peak RSS | "
+    print("| blocks | activations | step tensors peak | peak at (moment of step 1: chunks in use) | peak RSS | "
           "swapped per step | tokens/s (after step 1) | losses |")
     print("|---|---|---|---|---|---|---|---|")
-    for recompute in ("none", "blocks"):
-        rows = [launch(recompute, None, args.steps, directory), launch(recompute, swap, args.steps, directory)]
-        for row in rows:
-            same = "same" if row["losses"] == rows[0]["losses"] else "DIFFER"
-            moment, moments, in_use = row["peak_moment"]
-            print(f"| {recompute} | {'swapped' if row['swap'] else 'kept'} | {row['step_tensors_peak'] / 2**20:,.0f} MiB "
-                  f"({row['step_tensors_peak'] / rows[0]['step_tensors_peak']:.2f}x) | {moment} of {moments}: "
-                  f"{', '.join(in_use)} | {row['peak_rss'] / 2**30:.2f} GiB | "
-                  f"{row['swapped_per_step'][-1] / 2**30:.2f} GiB | {row['tokens_per_second']:,.1f} | {same} |", flush=True)
-
+    first = launch("none", None, args.steps, directory, room=2**50)  # every block keeps; the probe measures them
+    rows = [("keep | kept", first)] + [(f"{'recompute' if recompute == 'blocks' else 'keep'} | "
+                                        f"{'swapped' if swapped else 'kept'}", launch(recompute, swapped, args.steps, directory))
+                                       for recompute, swapped in (("none", swap), ("blocks", None), ("blocks", swap))]
+    print(f"(the blocks save {first['saved_bytes'] / 2**20:,.0f} MiB a micro batch)")
+    for fraction in args.plans:
+        room = int(fraction * first["saved_bytes"])
+        row = launch("none", None, args.steps, directory, room=room)
+        kept, swapped, recomputed = row["plan"]
+        rows.append((f"plan for {fraction:g} x ({room / 2**20:,.0f} MiB) | {kept} keep, {swapped} swap, "
+                     f"{recomputed} recompute", row))
+    for label, row in rows:
+        moment, moments, in_use = row["peak_moment"]
+        same = "same" if row["losses"] == first["losses"] else "DIFFER: " + ", ".join(f"{x:.6f}" for x in row["losses"])
+        print(f"| {label} | {row['step_tensors_peak'] / 2**20:,.0f} MiB ({row['step_tensors_peak'] / first['step_tensors_peak']:.2f}x) "
+              f"| {moment} of {moments}: {', '.join(in_use)} | {row['peak_rss'] / 2**30:.2f} GiB | "
+              f"{row['swapped_per_step'][-1] / 2**30:.2f} GiB | {row['tokens_per_second']:,.1f} | {same} |", flush=True)
 
 if __name__ == "__main__":
     main()

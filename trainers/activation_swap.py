@@ -83,6 +83,9 @@ class ActivationSwap:
 
     def __init__(self, directory: str | Path, min_bytes: int, io: ThreadPoolExecutor) -> None:
         self.directory, self.min_bytes, self.io = Path(directory), min_bytes, io
+        self.enabled = True
+        """Whether `pack` swaps now (a per-block plan turns it on only inside the blocks that swap;
+        `trainers.activation_plan`)."""
         self.bytes_written = 0
         """Bytes of saved tensors written so far."""
         self.bytes_read = 0
@@ -104,7 +107,8 @@ class ActivationSwap:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor | SwappedTensor:
         """`tensor` as autograd keeps it: itself, or a record of its file being written."""
-        if tensor.nbytes < self.min_bytes or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        if (not self.enabled or tensor.nbytes < self.min_bytes or tensor.device.type != "cpu"
+                or tensor.layout != torch.strided):
             return tensor
         self._collect()
         path = self.directory / f"saved{self._count:08d}.bin"

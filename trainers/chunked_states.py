@@ -353,6 +353,15 @@ class ChunkedStates(ChunkResidency):
             self._gathering = False
             self._release_all_gathered()
 
+    def parameter_access(self) -> ParameterAccess:
+        """A torch-function mode that brings the parameters' chunks as operations use them: for code
+        that runs where the step's own mode is not active (a block's forward rerun in backward)."""
+        return ParameterAccess(self)
+
+    def holds_parameter(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is a chunked parameter or a view of a parameter chunk."""
+        return id(tensor) in self._index or _storage_key(tensor) in self._param_storage
+
     def chunks_of(self, params: Iterable[nn.Parameter]) -> frozenset[ChunkKey]:
         """The parameter chunks of those of `params` that this class holds."""
         index = self._index

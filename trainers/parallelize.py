@@ -44,6 +44,13 @@ class PipelineParts:
     tied: TiedCopies
 
 
+def recompute_units(model: nn.Module) -> list[str]:
+    """The modules a recompute policy decides for, without pipeline parallelism: the blocks of the
+    model's plan, then the other units its plan names for recompute."""
+    plan = model_plan(model)
+    return plan.block_names(model) + resolve(model, plan.recompute, "recompute")
+
+
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
                 microbatches: int = 1, recompute: RecomputePolicy | None = None) -> tuple[nn.Module, PipelineParts | None]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this

@@ -18,8 +18,8 @@ same random state: gradients are those of the plain forward.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -120,7 +120,10 @@ class _OpRecorder(TorchDispatchMode):
 class RecomputePolicy:
     """What each block keeps for backward (block name -> `Keep`), read at each forward. With
     `profile` set, blocks that keep only their inputs record their operators' costs in
-    `profiles` (block name -> `OpCost`s of its last forward)."""
+    `profiles` (block name -> `OpCost`s of its last forward). `recompute_context`, when set, makes
+    the context each recomputed forward runs in: the rerun happens inside backward, where the
+    torch-function modes the first forward ran under are not active (chunked states find their
+    parameters through one, `trainers.chunk_access`)."""
 
     def __init__(self, keep: Mapping[str, Keep], profile: bool = False) -> None:
         for name, choice in keep.items():
@@ -130,6 +133,7 @@ class RecomputePolicy:
         self.keep = dict(keep)
         self.profile = profile
         self.profiles: dict[str, list[OpCost]] = {}
+        self.recompute_context: Callable[[], AbstractContextManager] | None = None
 
     def run(self, name: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`function(*args, **kwargs)`, the forward of block `name`, keeping what the policy says."""
@@ -145,8 +149,24 @@ class RecomputePolicy:
             context_fn = lambda: (_OpRecorder(costs), nullcontext())  # noqa: E731
         else:
             context_fn = None
+        if self.recompute_context is not None:
+            context_fn = partial(_recomputed_in, context_fn or (lambda: (nullcontext(), nullcontext())),
+                                 self.recompute_context)
         extra = {} if context_fn is None else {"context_fn": context_fn}
         return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **extra, **kwargs)
+
+
+def _recomputed_in(context_fn: Callable[[], tuple[AbstractContextManager, AbstractContextManager]],
+                   outer: Callable[[], AbstractContextManager]) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """`context_fn`'s forward and recompute contexts, the recompute one inside `outer()`."""
+    forward, recompute = context_fn()
+    return forward, _nested(outer(), recompute)
+
+
+@contextmanager
+def _nested(outer: AbstractContextManager, inner: AbstractContextManager) -> Iterator[None]:
+    with outer, inner:
+        yield
 
 
 class _BlockRun:

@@ -131,7 +131,20 @@ class Strategy:
     """Under offload="chunks": tensors that autograd saves for backward, of at least this many
     bytes (an int, or a string with a unit: "1MiB"), are written to files in `offload_dir` as
     forward saves them and read back ahead of backward (`trainers.activation_swap`); what a block
-    saves at all follows `recompute`. None: activations stay in memory."""
+    saves at all follows `recompute`. None: activations stay in memory. Under `activation_memory`
+    or `block_activations`: the size from which the swapping blocks' tensors go (None: all)."""
+
+    activation_memory: int | str | None = None
+    """Under offload="chunks": bytes of saved activations the model's blocks may keep in memory
+    during a step (an int, or a string with a unit). A probe forward before the first step measures
+    what each block saves and how long its forward takes; blocks keep their activations while they
+    fit, and each other block swaps them to files or recomputes them from its input, whichever the
+    probe found faster (`trainers.activation_plan`). Needs recompute="none" (the choice is per block)."""
+
+    block_activations: tuple[str, ...] | None = None
+    """Under offload="chunks": each block's choice set by hand, "NAME=CHOICE" for every block of the
+    model's plan, CHOICE one of keep, swap, recompute (`--strategy.block_activations
+    blocks.0=keep,blocks.1=swap,...`). Needs recompute="none"; not with `activation_memory`."""
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None:
@@ -146,6 +159,7 @@ class Strategy:
             if self.offload != "chunks":
                 raise ValueError("Strategy.swap_activations writes activations beside the chunks of offload='chunks'; "
                                  f"got offload={self.offload!r}")
+        self._check_block_activations()
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or value not in allowed:
@@ -187,6 +201,26 @@ class Strategy:
             raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
                              "and needs Strategy.tp > 1; got tp=1")
 
+
+    def _check_block_activations(self) -> None:
+        if self.activation_memory is not None:
+            self.activation_memory = parse_bytes(self.activation_memory, "Strategy.activation_memory")
+        chosen = {name: value for name, value in (("activation_memory", self.activation_memory),
+                                                  ("block_activations", self.block_activations)) if value is not None}
+        if not chosen:
+            return
+        if len(chosen) > 1 or self.offload != "chunks" or self.recompute != "none":
+            raise ValueError("Strategy.activation_memory or Strategy.block_activations (one of them) chooses what each "
+                             "block of offload='chunks' does with its activations, with recompute='none'; got "
+                             f"{', '.join(f'{k}={v!r}' for k, v in chosen.items())}, offload={self.offload!r}, "
+                             f"recompute={self.recompute!r}")
+        if self.block_activations is not None:
+            self.block_activations = tuple(self.block_activations)
+            wrong = [entry for entry in self.block_activations
+                     if not isinstance(entry, str) or entry.partition("=")[2] not in ("keep", "swap", "recompute")]
+            if wrong:
+                raise ValueError(f"Strategy.block_activations entries must read 'NAME=keep', 'NAME=swap' or "
+                                 f"'NAME=recompute'; got {wrong}")
 
     def _check_chunks(self) -> None:
         if self.offload_dir is None or self.memory_budget is None:

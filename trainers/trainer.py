@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 import resource
@@ -18,6 +19,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from trainers.activation_plan import (CHOICES, BlockCost, Choice, apply_block_activations, block_activation_policy,
+                                     choose_block_activations, disk_seconds_per_byte, measure_blocks,
+                                     parse_block_activations)
 from trainers.budget import BudgetPlan, fit_budget, set_chunk_bytes, tighten
 from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
                                  resume_candidates, save_checkpoint)
@@ -31,10 +35,10 @@ from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
 from trainers.gradients import clip_factor, scale_gradients, total_norm
 from trainers.optim import TrainOptimizer
-from trainers.parallelize import parallelize
+from trainers.parallelize import parallelize, recompute_units
 from trainers.pipeline_schedules import check_schedule
 from trainers.pipeline_step import build_pipeline, pipeline_passes
-from trainers.recompute import RecomputePolicy
+from trainers.recompute import RecomputePolicy, uniform_keep
 from trainers.schedule import warmup_cosine_lr
 from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
@@ -149,6 +153,17 @@ class Trainer:
         if strategy.memory_budget is not None and strategy.offload != "chunks":
             strategy = self._plan_budget(model, strategy, example_batch)
             self.strategy = strategy
+        per_block = strategy.activation_memory is not None or strategy.block_activations is not None
+        blocks = model_plan(model).block_names(model)
+        if strategy.offload == "chunks" and (per_block or strategy.recompute != "none") and blocks:
+            units = recompute_units(model)  # held here: chunked states set how recomputed forwards run
+            self.recompute = (block_activation_policy(units) if per_block
+                              else RecomputePolicy(uniform_keep(units, strategy.recompute)))
+        elif per_block:
+            raise ValueError(f"Strategy.activation_memory and Strategy.block_activations choose per block, but "
+                             f"{type(model).__name__} declares none (define parallel_plan() returning zoo.plan.ModelPlan)")
+        self._activation_blocks = blocks
+        """The blocks a per-block activation plan decides for."""
         self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
                                                       self.recompute)
         self.pipeline = None
@@ -161,13 +176,22 @@ class Trainer:
             self.chunks = ChunkedStates(self.model, config, str(Path(strategy.offload_dir) / f"rank{self.env.rank:05d}"),
                                         strategy.memory_budget, self.env.mesh["dp"].get_group(),
                                         largest_block_tensor(self.model), shard=strategy.zero == 3,
-                                        swap_min_bytes=strategy.swap_activations, **self._device_tier(strategy))
+                                        swap_min_bytes=(strategy.swap_activations or 0) if per_block
+                                        else strategy.swap_activations, **self._device_tier(strategy))
             self.optimizer = None
+            if self.recompute is not None:
+                self.recompute.recompute_context = self.chunks.parameter_access
         else:
             self.optimizer = TrainOptimizer(
                 self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
                 group=self.env.mesh["dp"].get_group(),
             )
+        self.block_activations: dict[str, Choice] | None = None
+        """Under a per-block activation plan: each block's choice (`trainers.activation_plan`)."""
+        self.block_costs: list[BlockCost] | None = None
+        """Under Strategy.activation_memory: what the probe measured of each block (rank 0's)."""
+        if strategy.block_activations is not None:
+            self._apply_block_activations(parse_block_activations(strategy.block_activations, self._activation_blocks))
         self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
         self.step = 0
         self.history: list[dict[str, Any]] = []
@@ -359,6 +383,30 @@ class Trainer:
         return None if self.pipeline is None else self.env.mesh["pp"].get_group()
 
     # ---------------------------------------------------------------- memory budget
+    def _apply_block_activations(self, plan: dict[str, Choice]) -> None:
+        apply_block_activations(self.model, plan, self.recompute, self.chunks.swap)
+        self.block_activations = plan
+        if self.env.is_main:
+            counts = {choice: sum(1 for chosen in plan.values() if chosen == choice) for choice in CHOICES}
+            log.info("blocks' activations: %s", ", ".join(f"{count} {choice}" for choice, count in counts.items()))
+
+    def _choose_block_activations(self, batch: Batch) -> None:
+        """Under Strategy.activation_memory, before the first step: measure the blocks on `batch`
+        (one micro batch) and the disk, choose, and apply the same plan on every rank."""
+        chunks = self.chunks
+        with chunks.access_region():
+            costs = measure_blocks(self.model, self._activation_blocks,
+                                   lambda: model_loss(self.model, self.model_class, batch), chunks.holds_parameter)
+        seconds_per_byte = disk_seconds_per_byte(chunks.swap.directory)
+        shared = [costs, choose_block_activations(costs, self.strategy.activation_memory, seconds_per_byte)]
+        dist.broadcast_object_list(shared, group=self.env.mesh["dp"].get_group(), group_src=0)
+        self.block_costs = shared[0]
+        if self.env.is_main:
+            log.info("blocks measured (saved MiB, forward ms): %s; disk %.2f s/GiB written and read back",
+                     ", ".join(f"{c.name} {c.saved_bytes / 2**20:.1f} {c.forward_seconds * 1e3:.1f}" for c in costs),
+                     seconds_per_byte * 2**30)
+        self._apply_block_activations(shared[1])
+
     def _device_tier(self, strategy: Strategy) -> dict[str, Any]:
         """ChunkedStates' device tier: on a GPU under strategy.device_memory_budget (None: the device
         memory free now); off a GPU only when a device budget is given (a pool of host memory)."""
@@ -486,6 +534,10 @@ class Trainer:
     def _chunked_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
         """One step with the model states in chunks (`trainers.chunked_states`)."""
         chunks, config = self.chunks, self.config
+        if self.block_activations is None and self.strategy.activation_memory is not None:
+            first = next(batches)  # drawn (and its random state seeded) as the step would
+            batches = itertools.chain([first], batches)
+            self._choose_block_activations(_to_device(first, self.env.device))
         read, written, ahead = chunks.store.bytes_read, chunks.store.bytes_written, chunks.store.bytes_prefetched
         device = chunks.device
         up, down, up_ahead = (device.bytes_up, device.bytes_down, device.bytes_ahead) if device is not None else (0, 0, 0)

@@ -16,16 +16,16 @@ def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, mod
     vocabulary embedding) and the Conformer transducer with the sample-wise pruned loss (3.4 MiB of
     states, 4 MiB of room): 5 steps on 2 ranks chunked and ZeRO-3 over chunks (and with saved
     activations swapped to disk; each with a device tier too small for the states, host memory
-    standing for the device, copying chunks up and down every step) match the same 2 ranks in
-    memory to 1e-6, which match one process to 1e-5 (the batch's sum splits in another order); under ZeRO-3 each rank's
+    standing for the device, copying chunks up and down every step; and with every block swapping or
+    recomputing its activations) match the same 2 ranks in memory to 1e-6, which match one process to 1e-5 (the batch's sum splits in another order); under ZeRO-3 each rank's
     files hold about half the states that every rank holds when not sharded."""
     torchrun(1, "chunks", str(tmp_path / "one.pt"), str(tmp_path / "one"), model, "memory")
     torchrun(2, "chunks", str(tmp_path / "two.pt"), str(tmp_path / "two"), model, "memory", "chunks", "zero3",
-             "zero3-swap", "chunks-device", "zero3-device")
+             "zero3-swap", "chunks-device", "zero3-device", "zero3-plan")
     single, two = torch.load(tmp_path / "one.pt")["memory"], torch.load(tmp_path / "two.pt")
     runs = [("memory", single, 1e-5), ("chunks", two["memory"], 1e-6), ("zero3", two["memory"], 1e-6),
             ("zero3-swap", two["memory"], 1e-6), ("chunks-device", two["memory"], 1e-6),
-            ("zero3-device", two["memory"], 1e-6)]
+            ("zero3-device", two["memory"], 1e-6), ("zero3-plan", two["memory"], 1e-6)]
     for mode, reference, tolerance in runs:
         assert two[mode]["losses"] == pytest.approx(reference["losses"], rel=tolerance), mode
         for name, expected in reference["params"].items():

@@ -111,7 +111,8 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
     host memory):
     parameters, losses, bytes read from the chunk files each step, the bytes of each rank's chunk
     files after training, the room, and under a device tier the bytes copied up and down and the
-    chunks updated on the device each step."""
+    chunks updated on the device each step; "zero3-plan": ZeRO-3 over chunks with no room for kept
+    activations, so that every block swaps or recomputes (the choice made on rank 0 for all)."""
     build, examples, collate, lr, room, device_room = CHUNK_MODELS[model]
     results = {}
     for mode in modes:
@@ -119,7 +120,8 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
         strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(host_room),
                              zero=3 if mode.startswith("zero3") else 0,
                              swap_activations=16 * 2**10 if mode.endswith("swap") else None,
-                             device_memory_budget=device_room if mode.endswith("device") else None)
+                             device_memory_budget=device_room if mode.endswith("device") else None,
+                             activation_memory=1 if mode.endswith("plan") else None)
                     if mode != "memory" else None)
         trainer = Trainer(build(), config(max_steps=5, lr=lr), strategy)
         history = trainer.fit(examples(), collate_fn=collate)

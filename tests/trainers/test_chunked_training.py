@@ -16,18 +16,20 @@ def config(**overrides) -> TrainConfig:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("swap", [None, 16 * 2**10], ids=["activations-kept", "activations-swapped"])
-def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap):
+@pytest.mark.parametrize("swap, recompute", [(None, "none"), (16 * 2**10, "none"), (None, "blocks")],
+                         ids=["activations-kept", "activations-swapped", "blocks-recomputed"])
+def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap, recompute):
     """A GPT of 1.6M parameters (26 MB of states, in chunks of 1.6 MB) with room for about a third
     of them: 5 steps of 2 micro batches, clipped, match training in memory to 1e-6; also with
-    the saved activations of 16 KiB and more swapped to disk and back."""
+    the saved activations of 16 KiB and more swapped to disk and back, and with every block
+    recomputed in backward (its parameters' chunks brought back there too)."""
     build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
     data = lm_examples(64, length=32, vocab=512)
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
     expected = plain.fit(data)
     chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
                       Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20),
-                               swap_activations=swap))
+                               swap_activations=swap, recompute=recompute))
     history = chunked.fit(data)
     assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
     assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
