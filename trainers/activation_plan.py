@@ -108,17 +108,21 @@ def measure_blocks(model: nn.Module, blocks: list[str], forward: Callable[[], ob
                    is_parameter: Callable[[torch.Tensor], bool]) -> list[BlockCost]:
     """Run `forward` (the model on one micro batch, gradients on; never backward) and measure each
     block of `blocks`: the bytes autograd saves inside it (not the tensors `is_parameter` names)
-    and its forward's seconds. Nothing saved is kept, so the probe holds no more than a forward
-    without autograd. The random state is put back afterwards, so that training draws as if the
-    probe had not run."""
+    and its forward's seconds. Nothing saved inside a block is kept, so the blocks hold no more
+    than a forward without autograd; what is saved outside them is kept, for a loss that takes
+    gradients within its forward (the sample-wise transducer loss through its joiner). The random
+    state is put back afterwards, so that training draws as if the probe had not run."""
     saved = dict.fromkeys(blocks, 0)
     seconds = dict.fromkeys(blocks, 0.0)
     running: list[str] = []
     started: dict[str, float] = {}
 
-    def pack(tensor: torch.Tensor) -> None:  # nothing kept: the probe has no backward
-        if running and not is_parameter(tensor):
+    def pack(tensor: torch.Tensor) -> torch.Tensor | None:  # the probe never runs the blocks' backward
+        if not running:
+            return tensor
+        if not is_parameter(tensor):
             saved[running[-1]] += tensor.nbytes
+        return None
 
     def enter(name: str):
         def hook(module, args) -> None:
