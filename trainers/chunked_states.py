@@ -513,9 +513,10 @@ class ChunkedStates(ChunkResidency):
         self.discard_gradients()
 
     def _update(self, chunk: int, updated: list[int], lr: float, grad_factor: float) -> None:
-        """AdamW on chunk `chunk`'s parameters `updated`, where its parameters are: on the device
-        when they are there and the placement leaves room for the chunk's gradients and moments
-        beside them (after the first step), in host memory otherwise."""
+        """AdamW (fused: one kernel per weight-decay group) on chunk `chunk`'s parameters `updated`,
+        where its parameters are: on the device when they are there and the placement leaves room
+        for the chunk's gradients and moments beside them (after the first step), in host memory
+        otherwise."""
         config = self.config
         keys = frozenset((kind, chunk) for kind in KINDS)
         on_device = (self.device is not None and self.placement.planned and ("param", chunk) in self.device.memory
@@ -528,14 +529,17 @@ class ChunkedStates(ChunkResidency):
             param, grad, exp_avg, exp_avg_sq = (chunks[(kind, chunk)] for kind in KINDS)
             if grad_factor != 1.0:
                 grad.mul_(grad_factor)
-            for index in updated:
-                member = self.members[index]
-                step = torch.tensor(float(self.steps[index]))
-                adamw([member.view(param)], [member.view(grad)], [member.view(exp_avg)], [member.view(exp_avg_sq)],
-                      [], [step], foreach=False, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
-                      lr=lr, weight_decay=config.weight_decay if member.decay else 0.0, eps=config.eps,
-                      maximize=False)
-                self.steps[index] += 1
+            for decay in (True, False):  # one fused kernel per weight-decay group of the chunk
+                group = [index for index in updated if self.members[index].decay == decay]
+                if not group:
+                    continue
+                views = [[self.members[index].view(buffer) for index in group]
+                         for buffer in (param, grad, exp_avg, exp_avg_sq)]
+                steps = [torch.tensor(float(self.steps[index]), device=param.device) for index in group]
+                adamw(*views, [], steps, fused=True, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
+                      lr=lr, weight_decay=config.weight_decay if decay else 0.0, eps=config.eps, maximize=False)
+                for index in group:
+                    self.steps[index] += 1
             for kind in ("param", "exp_avg", "exp_avg_sq"):
                 self.changed((kind, chunk))
 

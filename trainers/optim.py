@@ -1,7 +1,8 @@
 """AdamW over a parallelised model, with ZeRO-1 state sharding and CPU offload of the step.
 
-The parameters may be plain tensors or FSDP2 DTensors (replicated or sharded); the optimizer only
-ever touches each rank's local tensors, so gradients and states are never gathered.
+The parameters may be plain tensors or FSDP2 / tensor-parallel DTensors; AdamW (torch's fused
+kernel) runs on each rank's local tensors, so gradients and states are never gathered and the
+update goes through no DTensor dispatch.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class _Slot:
     owner: int
     """Data-parallel rank that holds this parameter's optimizer state and runs its update."""
     work: torch.Tensor | None
-    """The tensor AdamW updates on the owner: the parameter, or its fp32 CPU master copy when
-    offloaded. None on the other ranks."""
+    """The plain tensor AdamW updates on the owner: the parameter (a DTensor's local tensor, sharing
+    its storage), or its fp32 CPU master copy when offloaded. None on the other ranks."""
 
 
 def partition_by_size(numels: list[int], world_size: int) -> list[int]:
@@ -75,6 +76,7 @@ class TrainOptimizer:
         data-parallel group has its own owners.
     offload: the owner keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
         runs there on a CPU copy of the gradient, and the result is copied back to the device.
+    AdamW is torch's fused kernel (on CPU too), element for element what chunked states run.
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool,
@@ -87,15 +89,23 @@ class TrainOptimizer:
         owners = partition_by_size([p.numel() for _, p in named], world_size) if shard_state else [self.rank] * len(named)
         self.shard_state, self.offload = shard_state, offload
         self.slots = [
-            _Slot(fqn, p, owner, (self._master_copy(p) if offload else p) if owner == self.rank else None)
+            _Slot(fqn, p, owner, (self._master_copy(p) if offload else self._local_leaf(p)) if owner == self.rank else None)
             for (fqn, p), owner in zip(named, owners)
         ]
         decay = [s.work for s in self._owned() if s.param.ndim >= 2]
         no_decay = [s.work for s in self._owned() if s.param.ndim < 2]
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         groups = [group for group in groups if group["params"]]
-        # Under ZeRO-1 a rank may own no parameter at all (more ranks than parameters).
-        self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps) if groups else None
+        # Under ZeRO-1 a rank may own no parameter at all (more ranks than parameters). Fused: one
+        # kernel over all tensors of a group on CPU as on GPU, the arithmetic chunked states run too.
+        self.inner = (torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True)
+                      if groups else None)
+
+    @staticmethod
+    def _local_leaf(param: nn.Parameter) -> torch.Tensor:
+        """`param` itself, or for a DTensor its local tensor as a leaf of its own (the same storage,
+        pointed at it again before each step)."""
+        return local_tensor(param).detach() if isinstance(param, DTensor) else param
 
     @staticmethod
     def _master_copy(param: nn.Parameter) -> torch.Tensor:
@@ -121,15 +131,17 @@ class TrainOptimizer:
     def _local_step(self, lr: float) -> None:
         for group in self.inner.param_groups:
             group["lr"] = lr
-        if self.offload:
-            for slot in self._owned():
-                grad = slot.param.grad
-                slot.work.grad = None if grad is None else local_tensor(grad).to("cpu", torch.float32)
+        separate = [slot for slot in self._owned() if slot.work is not slot.param]  # masters, local tensors
+        for slot in separate:
+            if not self.offload:  # FSDP2 may give a parameter a new local tensor (at its lazy init)
+                slot.work.set_(local_tensor(slot.param))
+            grad = slot.param.grad
+            slot.work.grad = None if grad is None else local_tensor(grad).to(slot.work.device, slot.work.dtype)
         self.inner.step()
-        if self.offload:
-            for slot in self._owned():
+        for slot in separate:
+            if self.offload:
                 local_tensor(slot.param).copy_(slot.work)
-                slot.work.grad = None
+            slot.work.grad = None
 
     def zero_grad(self) -> None:
         """Free every gradient (set to None)."""
@@ -143,23 +155,16 @@ class TrainOptimizer:
         if key == "step":
             return value
         param = slot.param
-        if isinstance(value, DTensor):
-            return _without_dp(value) if self.shard_state else value
-        if isinstance(param, DTensor) and not self.shard_state:
-            return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
-                                      shape=param.shape, stride=param.stride())
-        return value
+        if not isinstance(param, DTensor):
+            return value
+        value = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                   shape=param.shape, stride=param.stride())
+        return _without_dp(value) if self.shard_state else value
 
     def _import(self, slot: _Slot, key: str, value: torch.Tensor) -> torch.Tensor:
-        if key == "step":
-            return value
-        if self.offload:
-            return local_tensor(value)
-        param = slot.param
-        if isinstance(param, DTensor):
-            return DTensor.from_local(local_tensor(value), param.device_mesh, param.placements, run_check=False,
-                                      shape=param.shape, stride=param.stride())
-        return value
+        if key == "step":  # the fused kernel reads it where the tensor it updates is
+            return value.to(slot.work.device, torch.float32)
+        return local_tensor(value)
 
     def checkpoint_state(self, model: nn.Module) -> tuple[dict[str, Any], dict[str, ChunkedTensor]]:
         """What a checkpoint of `model` (the module this optimizer steps) holds, {"model",
