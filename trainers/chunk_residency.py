@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -221,30 +221,29 @@ class ChunkResidency:
                                           -self._last_used.get(key, 0)))
 
     def _make_room(self, needed: int) -> None:
-        """Evict unpinned chunks until those in memory and `needed` more bytes fit the capacity:
-        the one used again furthest ahead first (the least recently used among equals)."""
+        """Evict unpinned chunks from host memory until those there and `needed` more bytes fit the
+        capacity, then let the victims' writes settle where their memory is needed now."""
         capacity = self.placement.current_capacity() if self.placement.planned else 0
-        resident = self.store.resident_bytes()
-        while resident + needed > capacity:
-            free = [key for key in self.store.memory if not self._pins[key] and self._evictable(key)]
-            if not free:
-                return
-            victim = self._furthest(free)
-            resident -= self.store.memory[victim].nbytes
-            self._evict(victim)
-        self.store.settle(capacity - needed)  # the victims' writes, where their memory is needed now
+        self._evict_down_to(self.store.memory, self.store.resident_bytes(), capacity - needed, self._evict)
+        self.store.settle(capacity - needed)
 
     def _make_device_room(self, needed: int) -> None:
         """The same on the device, under its capacity."""
         capacity = self.placement.current_capacity(device=True) if self.placement.planned else 0
-        resident = self.device.resident_bytes()
-        while resident + needed > capacity:
-            free = [key for key in self.device.memory if not self._pins[key] and self._evictable(key)]
+        self._evict_down_to(self.device.memory, self.device.resident_bytes(), capacity - needed,
+                            self._evict_from_device)
+
+    def _evict_down_to(self, memory: dict[ChunkKey, torch.Tensor], resident: int, limit: int,
+                       evict: Callable[[ChunkKey], None]) -> None:
+        """`evict` unpinned chunks of `memory` (`resident` bytes now) until at most `limit` bytes stay:
+        the one used again furthest ahead first (the least recently used among equals)."""
+        while resident > limit:
+            free = [key for key in memory if not self._pins[key] and self._evictable(key)]
             if not free:
                 return
             victim = self._furthest(free)
-            resident -= self.device.memory[victim].nbytes
-            self._evict_from_device(victim)
+            resident -= memory[victim].nbytes
+            evict(victim)
 
     def pin(self, keys: frozenset[ChunkKey]) -> None:
         """Bring chunks `keys` into memory (in sorted order, the same on every rank) and keep them

@@ -3,11 +3,15 @@ memory: the same losses and parameters, step for step, while the chunks go throu
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from helpers import chunk_budget, device_budget, lm_examples, relative_error, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.chunked_states import KINDS
 
 
 def config(**overrides) -> TrainConfig:
@@ -15,29 +19,37 @@ def config(**overrides) -> TrainConfig:
                           "grad_clip": 0.5, "log_every": 1, "progress": False, **overrides})
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("swap, recompute", [(None, "none"), (16 * 2**10, "none"), (None, "blocks")],
-                         ids=["activations-kept", "activations-swapped", "blocks-recomputed"])
-def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap, recompute):
-    """A GPT of 1.6M parameters (26 MB of states, in chunks of 1.6 MB) with room for about a third
-    of them: 5 steps of 2 micro batches, clipped, match training in memory to 1e-6; also with
-    the saved activations of 16 KiB and more swapped to disk and back, and with every block
-    recomputed in backward (its parameters' chunks brought back there too)."""
+def trained_in_memory_and_chunked(tmp_path, **strategy) -> tuple[list[dict], Trainer, list[dict]]:
+    """A GPT of 1.6M parameters (26 MB of states, in chunks of 1.6 MB) trained for 5 steps of 2
+    micro batches with dropout, in memory and with `Strategy(offload="chunks", **strategy)` and 8 MiB
+    of host memory for the states beside the step's tensors: the history in memory, the chunked
+    trainer and its history, once their losses and final parameters are checked to match to 1e-6."""
     build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
     data = lm_examples(64, length=32, vocab=512)
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
     expected = plain.fit(data)
     chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
                       Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20),
-                               swap_activations=swap, recompute=recompute))
+                               **strategy))
     history = chunked.fit(data)
     assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
-    assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
-    assert any(r["grad_norm"] > 0.5 for r in expected)  # clipping took part
     params, reference = chunked.full_state_dict(), plain.full_state_dict()
     assert params.keys() == reference.keys()
     for name, value in reference.items():
         assert relative_error(params[name], value) < 1e-6, name
+    return expected, chunked, history
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("swap, recompute", [(None, "none"), (16 * 2**10, "none"), (None, "blocks")],
+                         ids=["activations-kept", "activations-swapped", "blocks-recomputed"])
+def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap, recompute):
+    """The GPT with room for about a third of its states trains as in memory, clipped; also with
+    the saved activations of 16 KiB and more swapped to disk and back, and with every block
+    recomputed in backward (its parameters' chunks brought back there too)."""
+    expected, chunked, history = trained_in_memory_and_chunked(tmp_path, swap_activations=swap, recompute=recompute)
+    assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in expected], rel=1e-6)
+    assert any(r["grad_norm"] > 0.5 for r in expected)  # clipping took part
     # Every step after the first (which reads every chunk it uses) still goes to the disk: the
     # states do not fit beside the activations.
     states = 16 * chunked.num_parameters()
@@ -46,7 +58,6 @@ def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap, recomp
     if swap:  # each step's saved activations went to files, removed once backward was done with them
         assert all(r["swapped_activation_bytes"] > 2**20 for r in history)
         assert chunked.chunks.swap.bytes_read > 0 and not list((tmp_path / "chunks" / "rank00000" / "activations").iterdir())
-
 
 
 @pytest.mark.timeout(300)
@@ -58,18 +69,7 @@ def test_chunked_gpt_with_a_device_tier_trains_as_in_memory(tmp_path, device_roo
     down every step and the updates run partly on the device, partly in host memory. Roomy: once
     the first step has measured it, everything stays on the device and updates there, and after
     one step that brings it up, nothing moves between the tiers."""
-    build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
-    data = lm_examples(64, length=32, vocab=512)
-    plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
-    expected = plain.fit(data)
-    chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked")),
-                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20),
-                               device_memory_budget=device_budget(device_room)))
-    history = chunked.fit(data)
-    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
-    params, reference = chunked.full_state_dict(), plain.full_state_dict()
-    for name, value in reference.items():
-        assert relative_error(params[name], value) < 1e-6, name
+    _, chunked, history = trained_in_memory_and_chunked(tmp_path, device_memory_budget=device_budget(device_room))
     chunks = chunked.chunks.layout.chunks
     assert all(r["device_updated_chunks"] + r["host_updated_chunks"] == chunks for r in history)
     assert history[0]["device_updated_chunks"] == 0  # the first step has no placement to follow: updates on the host
@@ -146,6 +146,41 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
     path.write_bytes(bytes(data))
     with pytest.raises(RuntimeError, match=r"chunk file .*param00001.bin changed on disk since it was written"):
         trainer.fit(lm_examples(64))
+
+
+@pytest.mark.timeout(300)
+def test_a_full_offload_directory_stops_training_and_the_last_checkpoint_resumes(tmp_path):
+    """From step 3 on every chunk file goes to /dev/full (a device the kernel always reports
+    full): training stops with the OSError naming the directory, the chunk and ENOSPC, and the
+    step-2 checkpoint resumes in memory to the uninterrupted run's steps 3-4 and parameters."""
+    build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32)  # noqa: E731
+    data = lm_examples(64, length=32, vocab=512)
+    reference = Trainer(build(), config(output_dir=str(tmp_path / "memory"), max_steps=4))
+    expected = reference.fit(data)
+    chunked = Trainer(build(), config(output_dir=str(tmp_path / "chunked"), max_steps=4, checkpoint_every=2,
+                                      checkpoint_dir=str(tmp_path / "chunked" / "checkpoints")),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(8 * 2**20)))
+    keys = [(kind, index) for kind in KINDS for index in range(chunked.chunks.layout.chunks)]
+    collated = itertools.count()
+
+    def collate_filling_the_disk_at_step_3(examples: list[dict]) -> dict:
+        if next(collated) == 2 * 2:  # steps 1 and 2 (2 micro batches each) are done, and checkpointed
+            for key in keys:  # where each chunk file is written before it is renamed into place
+                chunked.chunks.store.path(key).with_suffix(".partial").symlink_to("/dev/full")
+        return default_collate(examples)
+
+    with pytest.raises(OSError, match=r"offload directory '.*chunks/rank00000' cannot take chunk \w+ \d+ \([\d,]+ "
+                                      r"bytes\): No space left on device"):
+        chunked.fit(data, collate_fn=collate_filling_the_disk_at_step_3)
+    assert [r["loss"] for r in chunked.history] == pytest.approx([r["loss"] for r in expected[:2]], rel=1e-6)
+    assert all(r["offload_written_bytes"] > 0 for r in chunked.history)  # the states went through the directory
+    resumed = Trainer(build(), config(output_dir=str(tmp_path / "resumed"), max_steps=4))
+    assert resumed.resume(tmp_path / "chunked" / "checkpoints" / "step_00000002")
+    history = resumed.fit(data)
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected[2:]], rel=1e-6)
+    params = resumed.full_state_dict()
+    for name, value in reference.full_state_dict().items():
+        assert relative_error(params[name], value) < 1e-6, name
 
 
 @pytest.mark.timeout(300)
