@@ -427,11 +427,10 @@ class ChunkResidency:
         """Capacities from the recorded moments, `rest` the most resident memory of the process
         besides chunks and the step's tensors."""
         moments = self.placement.moments
-        margin = int(CAPACITY_MARGIN * self.budget)
-        capacity = [self.budget - margin - rest - moment.other_bytes for moment in moments]
-        short = max(range(len(moments)), key=lambda i: moments[i].in_use_bytes - capacity[i])
-        moment = moments[short]
-        if capacity[short] < moment.in_use_bytes:
+        capacity, short, margin = _capacities(moments, self.budget, rest, lambda moment: moment.other_bytes,
+                                              lambda moment: moment.in_use_bytes)
+        if short is not None:
+            moment = moments[short]
             raise MemoryError(
                 f"memory_budget={self.budget:,} bytes is smaller than the step's working set: at moment {short} of "
                 f"{len(moments)} it needs chunks in use ({moment.in_use_bytes:,} bytes: {sorted(moment.chunks)} and any "
@@ -442,11 +441,11 @@ class ChunkResidency:
     def _device_capacity(self) -> list[int]:
         """Bytes the chunks may hold on the device at each recorded moment."""
         moments = self.placement.moments
-        margin = int(CAPACITY_MARGIN * self.device_budget)
-        capacity = [self.device_budget - margin - self._device_rest - moment.device_other_bytes for moment in moments]
-        short = max(range(len(moments)), key=lambda i: moments[i].device_in_use_bytes - capacity[i])
-        moment = moments[short]
-        if capacity[short] < moment.device_in_use_bytes:
+        capacity, short, margin = _capacities(moments, self.device_budget, self._device_rest,
+                                              lambda moment: moment.device_other_bytes,
+                                              lambda moment: moment.device_in_use_bytes)
+        if short is not None:
+            moment = moments[short]
             raise MemoryError(
                 f"device_memory_budget={self.device_budget:,} bytes is smaller than the step's working set on the "
                 f"device: at moment {short} of {len(moments)} it needs chunks in use ({moment.device_in_use_bytes:,} "
@@ -454,3 +453,14 @@ class ChunkResidency:
                 f"({moment.device_other_bytes:,}), the device's other allocations ({self._device_rest:,}) and a "
                 f"margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         return capacity
+
+
+def _capacities(moments: list[Moment], budget: int, rest: int, other: Callable[[Moment], int],
+                in_use: Callable[[Moment], int]) -> tuple[list[int], int | None, int]:
+    """Bytes the chunks may hold at each of `moments` under `budget`, less a margin, `rest` and the
+    moment's `other` tensors; the moment whose chunks `in_use` most lack that room (None when every
+    moment has it); the margin."""
+    margin = int(CAPACITY_MARGIN * budget)
+    capacity = [budget - margin - rest - other(moment) for moment in moments]
+    short = max(range(len(moments)), key=lambda i: in_use(moments[i]) - capacity[i])
+    return capacity, (short if capacity[short] < in_use(moments[short]) else None), margin
