@@ -263,6 +263,9 @@ class ChunkedStates(ChunkResidency):
             buffer = self._load(key)
             for index, value in zip(indices, values):
                 self.members[index].view(buffer).copy_(value)
+            if self.device is not None:  # bound only where it computes: meanwhile absent, on that device
+                for index in indices:
+                    self.members[index].param.data = self.members[index].absent
             self.store.changed(key)
             self._evict(key)
 

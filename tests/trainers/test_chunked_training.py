@@ -100,6 +100,21 @@ def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path, devi
     assert history[-1]["loss"] < history[0]["loss"] - 0.1
 
 
+@pytest.mark.parametrize("device_room", [None, 4 * 2**20], ids=["host", "device-tier"])
+def test_a_built_model_keeps_no_parameter_storage_of_its_own_once_chunked(tmp_path, device_room):
+    """Once its states are copied into chunks, every trainable parameter holds the absent marker
+    (one NaN broadcast, on the compute device) until a chunk binds it where the model computes.
+    Under a device tier a parameter that kept its original host storage went into the first
+    forward on the host, and autograd then refused its gradient from the GPU."""
+    model = tiny_gpt(n_embd=64, n_layer=2)
+    trainer = Trainer(model, config(output_dir=str(tmp_path)),
+                      Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**25),
+                               device_memory_budget=device_budget(device_room)))
+    device = trainer.chunks.compute_device
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.device == device and set(p.stride()) == {0} and torch.isnan(p.detach()).all() for p in params)
+
+
 def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_file_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"Strategy.offload='chunks' needs Strategy.offload_dir \(where chunks go\) and "
                                          r"Strategy.memory_budget \(how much stays in memory\); got offload_dir=None, "
