@@ -14,8 +14,9 @@ Chunk files bypass the operating system's page cache once written or read (posix
 DONTNEED): the machine's memory is not quietly spent as a cache of them, and a chunk read comes
 from the disk.
 
-A chunk file is written next to its final name, flushed to the disk and renamed, and its BLAKE2b
-checksum is kept in memory: a file that is truncated or changed between its write and a read is
+A chunk file is written next to its final name, flushed to the disk and renamed, and its CRC-32
+(zlib's, several GB/s; BLAKE2b ran at 0.34 GB/s on an H100 machine's host and took most of a
+first step there) is kept in memory: a file that is truncated or changed between its write and a read is
 refused with an error, never read into the model. A write that fails (a full or unwritable
 directory) puts the chunk back in memory, unchanged, and its error is raised by the next call to
 the store. A chunk read back keeps its file: evicting it again before it changes (a parameter read
@@ -28,8 +29,8 @@ Buffers are allocated outside any dispatch mode, so that a tracker of the step's
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,7 +41,7 @@ ChunkKey = tuple[str, int]
 
 
 def _checksum(data: memoryview) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return f"{zlib.crc32(data):08x}"
 
 
 def _bytes_of(buffer: torch.Tensor) -> memoryview:
@@ -49,7 +50,7 @@ def _bytes_of(buffer: torch.Tensor) -> memoryview:
 
 def write_file(directory: Path, target: Path, data: memoryview, what: str) -> str:
     """`data` into file `target` (written beside it, flushed, renamed; out of the page cache);
-    returns its BLAKE2b checksum. OSError naming `what` when `directory` cannot take it."""
+    returns its CRC-32. OSError naming `what` when `directory` cannot take it."""
     partial = target.with_suffix(".partial")
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -68,7 +69,7 @@ def write_file(directory: Path, target: Path, data: memoryview, what: str) -> st
 
 
 def read_file(path: Path, data: memoryview, checksum: str) -> None:
-    """File `path` into `data`, refused when its size or its BLAKE2b checksum is not `checksum`'s."""
+    """File `path` into `data`, refused when its size or its CRC-32 is not `checksum`."""
     with open(path, "rb") as source:
         read = source.readinto(data)
         extra = len(source.read(1))
@@ -77,7 +78,7 @@ def read_file(path: Path, data: memoryview, checksum: str) -> None:
         raise RuntimeError(f"chunk file {path} holds {path.stat().st_size:,} bytes; {data.nbytes:,} were written")
     found = _checksum(data)
     if found != checksum:
-        raise RuntimeError(f"chunk file {path} changed on disk since it was written: BLAKE2b {found}, {checksum} written")
+        raise RuntimeError(f"chunk file {path} changed on disk since it was written: CRC-32 {found}, {checksum} written")
 
 
 class ChunkStore:
