@@ -5,7 +5,8 @@ offload="params")`: every parameter on the host, each block copied up for its fo
 every gradient down, the update on the host) and against plain training with the states on the GPU.
 
 Each run is a fresh process on one GPU whose caching allocator is capped at the budget
-(torch.cuda.set_per_process_memory_fraction), training GPT (GPT-2's vocabulary, 128-token blocks
+(torch.cuda.set_per_process_memory_fraction; every mode with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True),
+training GPT (GPT-2's vocabulary, 128-token blocks
 of Shakespeare, 2 micro batches of 2, fp32, built on the meta device) for a few steps. A size
 fits when its run finishes; the GPU peak is torch.cuda.max_memory_allocated. Each mode climbs the
 --layers ladder at --width until a size fails (or its run passes --run-timeout). Chunked runs
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,10 +85,14 @@ def launch(mode: str, layers: int, args: argparse.Namespace, budget: int, host_b
                "--dir", str(folder), "--device", args.device]
     failed = {"mode": mode, "layers": layers, "width": args.width}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.run_timeout)
+        # Every mode with expandable segments: the cap is on the allocator's reserved memory, and chunks,
+        # gradients and activations of many sizes otherwise strand hundreds of MiB between them.
+        env = os.environ | {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.run_timeout, env=env)
         if done.returncode:
             lines = done.stderr.strip().splitlines() or ["no output"]
-            return failed | {"error": next((line for line in reversed(lines) if "Error" in line), lines[-1])}
+            return failed | {"error": next((line for line in reversed(lines) if "Error" in line), lines[-1]),
+                             "stderr_tail": done.stderr[-4000:]}
         return json.loads(done.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         return failed | {"error": f"over --run-timeout {args.run_timeout} s"}

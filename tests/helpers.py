@@ -48,21 +48,44 @@ def shakespeare_gpt(n_layer: int = 16, n_embd: int = 32, block_size: int = 128, 
     return (lambda: GPT(config)), data, None, rows
 
 
+CUDA_LAZY_LOADING = 256 << 20
+"""Bytes of RSS a process on a GPU gains in its first training steps as CUDA loads kernels (lazily)."""
+
+
+def _warm_cuda() -> None:
+    """A linear layer's forward and backward on the GPU: CUDA's context and the cuBLAS / cuBLASLt
+    workspaces (77 MB on an H100), made at first use, exist before a budget is measured."""
+    x = torch.ones(8, 8, device="cuda", requires_grad=True)
+    torch.nn.functional.linear(x, x, x[0]).sum().backward()
+    torch.cuda.synchronize()
+
+
 def chunk_budget(room: int) -> int:
     """A process memory budget for Strategy(offload="chunks") that leaves about `room` bytes to
-    chunks beside what this process holds now (about: a process's first training step grows it)."""
+    chunks beside what this process holds now (about: a process's first training step grows it; on
+    a GPU, CUDA's context and libraries, loaded at first use, are loaded first and the kernels a step
+    loads later are given room)."""
     from trainers.chunk_residency import CAPACITY_MARGIN, resident_set_bytes
 
+    if torch.cuda.is_available():
+        _warm_cuda()
+        room += CUDA_LAZY_LOADING
     return int((resident_set_bytes() + room) / (1 - CAPACITY_MARGIN))
 
 
 def device_budget(room: int | None) -> int | None:
     """A device memory budget for Strategy(offload="chunks") that leaves `room` bytes to the chunks
     and the step's device tensors: on a GPU beside what is allocated there now; off a GPU (the device
-    tier a pool of host memory) `room` itself. None: None (no device budget)."""
+    tier a pool of host memory) `room` itself. None: None (no device budget). On a GPU the budget also
+    holds the residency's allocator slack (`CUDA_ALLOCATOR_SLACK`)."""
     if room is None:
         return None
-    return room + (torch.cuda.memory_allocated() if torch.cuda.is_available() else 0)
+    if not torch.cuda.is_available():
+        return room
+    from trainers.chunk_residency import CUDA_ALLOCATOR_SLACK
+
+    _warm_cuda()
+    return room + torch.cuda.memory_allocated() + CUDA_ALLOCATOR_SLACK
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

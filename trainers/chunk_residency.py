@@ -44,6 +44,11 @@ PREFETCH_MOMENTS = 2
 """Moments ahead whose chunks are read from disk before they are used."""
 CAPACITY_MARGIN = 0.03
 """Share of the budget left free for what the measurement cannot see (peaks between moments)."""
+CUDA_ALLOCATOR_SLACK = 256 << 20
+"""Bytes of a GPU's device budget left free, beyond the margin, for the caching allocator's reserved but
+unallocated blocks, which a cap on the process's GPU memory counts and the measurement (allocated
+bytes) does not: 128 to 327 MiB on an H100 under a 4 GiB cap with chunks moving, with and without
+expandable segments (BENCHMARKS.md, "Tiered memory on the GPU")."""
 MMAP_THRESHOLD = 1 << 20
 """Bytes from which glibc's malloc maps each allocation on its own (returned to the system when freed)."""
 M_MMAP_THRESHOLD = -3
@@ -441,7 +446,8 @@ class ChunkResidency:
     def _device_capacity(self) -> list[int]:
         """Bytes the chunks may hold on the device at each recorded moment."""
         moments = self.placement.moments
-        capacity, short, margin = _capacities(moments, self.device_budget, self._device_rest,
+        slack = CUDA_ALLOCATOR_SLACK if self.device.device.type == "cuda" else 0
+        capacity, short, margin = _capacities(moments, self.device_budget, self._device_rest + slack,
                                               lambda moment: moment.device_other_bytes,
                                               lambda moment: moment.device_in_use_bytes)
         if short is not None:
@@ -450,8 +456,8 @@ class ChunkResidency:
                 f"device_memory_budget={self.device_budget:,} bytes is smaller than the step's working set on the "
                 f"device: at moment {short} of {len(moments)} it needs chunks in use ({moment.device_in_use_bytes:,} "
                 f"bytes: {sorted(moment.chunks)} and any kept), the step's device tensors "
-                f"({moment.device_other_bytes:,}), the device's other allocations ({self._device_rest:,}) and a "
-                f"margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
+                f"({moment.device_other_bytes:,}), the device's other allocations ({self._device_rest:,}), the "
+                f"allocator's slack ({slack:,}) and a margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
         return capacity
 
 
