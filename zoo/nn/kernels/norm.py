@@ -4,7 +4,7 @@ Forward writes y, the residual sum s when asked, and a float32 rstd per row. Bac
 x_hat = (y - bias) / weight, so it reads y instead of s; each program also reduces the weight
 and bias gradients over a group of rows into one partial row, summed on the host. The dropout
 mask of element (row, col) is `tl.rand(seed, row * H + col) >= p`, the same 64-bit offsets as the
-element-wise kernels. Programs take `warps_for(BLOCK)` warps, so wide rows do not spill registers.
+element-wise kernels, the seed not specialised either. Programs take `warps_for(BLOCK)` warps, so wide rows do not spill registers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from zoo.nn.kernels.launch import warps_for
 ROWS_PER_PROGRAM = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _forward_kernel(x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, sum_ptr, rstd_ptr, width, p, seed, eps,
                     HAS_RESIDUAL: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                     DROP: tl.constexpr, NORM: tl.constexpr, IS_RMS: tl.constexpr, STORE_SUM: tl.constexpr,
@@ -49,7 +49,7 @@ def _forward_kernel(x_ptr, residual_ptr, weight_ptr, bias_ptr, y_ptr, sum_ptr, r
         tl.store(rstd_ptr + row, rstd)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _backward_kernel(grad_y_ptr, grad_sum_ptr, y_ptr, rstd_ptr, weight_ptr, bias_ptr, total_ptr, grad_x_ptr,
                      partial_w_ptr, partial_b_ptr, rows, width, p, seed,
                      HAS_GRAD_Y: tl.constexpr, HAS_GRAD_SUM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
