@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import zoo
+from protein.baselines import extended_chain
 from protein.data import CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
 from protein.folding import fold
@@ -64,11 +65,6 @@ class FoldTinyConfig:
     def __post_init__(self) -> None:
         if self.evaluation_chains < 0:
             raise ValueError(f"evaluation_chains must be >= 0; got {self.evaluation_chains}")
-
-
-def extended_chain(length: int) -> torch.Tensor:
-    """(L, 3) Cα of an ideal extended chain: 3.8 Å steps along x."""
-    return torch.arange(length, dtype=torch.float32)[:, None] * torch.tensor([3.8, 0.0, 0.0])
 
 
 def structure_scores(model: FoldingModel, chains: list[ProteinChain]) -> dict[str, float]:

@@ -14,11 +14,11 @@ import pytest
 
 import protein
 import zoo
+from protein.baselines import extended_chain
 from protein.data import load_chains
 from protein.metrics import lddt
 from protein.model import FoldingModel
 from protein.pdb_io import read_chain
-from recipes.fold_tiny import extended_chain
 from zoo.store import read_config
 
 ZOO = str(Path(sys.executable).parent / "zoo")

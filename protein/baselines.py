@@ -1,0 +1,161 @@
+"""Trivial structure predictors a folding model has to beat: the extended chain, an ideal α-helix,
+and secondary structure placed from sequence propensities with ideal geometry.
+
+Structures here are Cα traces built from internal coordinates: consecutive Cα are 3.8 Å apart,
+and each residue's state (DSSP reduced to three: H helix, E strand, C coil) sets the virtual bond
+angle Cα(i-1)-Cα(i)-Cα(i+1) and the virtual dihedral Cα(i-1)..Cα(i+2). `StateGeometry.measure`
+takes both per state from real chains (the training chains: a baseline learns nothing else), and
+`Propensities.measure` takes each residue type's state frequencies from them; the predictor
+scores a window of residues around each position (Chou-Fasman's idea, the numbers measured).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from protein.residues import AMINO_ACIDS
+
+CA_STEP = 3.8
+"""Å between consecutive Cα (trans peptide bonds)."""
+STATES = "HEC"
+"""Three-state secondary structure: helix, strand, coil."""
+DSSP_TO_STATE = {"H": "H", "G": "H", "I": "H", "E": "E", "B": "E"}
+"""DSSP letters reduced to three states (the usual reduction); any other letter is coil."""
+WINDOW = 7
+"""Residues a propensity prediction looks at, centred on the predicted one."""
+
+
+def three_states(dssp: str) -> str:
+    """DSSP letters -> H / E / C per residue."""
+    return "".join(DSSP_TO_STATE.get(letter, "C") for letter in dssp)
+
+
+def virtual_angles(ca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, 3) Cα -> (bond angles (L-2,) at Cα 1..L-2, dihedrals (L-3,) about Cα 1-2 .. L-3-L-2),
+    radians, float64; dihedrals in (-π, π]."""
+    ca = ca.double()
+    bonds = ca[1:] - ca[:-1]
+    first, second = -bonds[:-1], bonds[1:]
+    cosine = (first * second).sum(-1) / (first.norm(dim=-1) * second.norm(dim=-1))
+    angles = torch.acos(cosine.clamp(-1.0, 1.0))
+    b1, b2, b3 = bonds[:-2], bonds[1:-1], bonds[2:]
+    n1, n2 = torch.linalg.cross(b1, b2), torch.linalg.cross(b2, b3)
+    along = (b2 / b2.norm(dim=-1, keepdim=True) * torch.linalg.cross(n1, n2)).sum(-1)
+    dihedrals = torch.atan2(along, (n1 * n2).sum(-1))
+    return angles, dihedrals
+
+
+def trace_from_angles(angles: torch.Tensor, dihedrals: torch.Tensor, step: float = CA_STEP) -> torch.Tensor:
+    """The inverse of `virtual_angles`: a Cα trace (L, 3) float64 with bonds of `step` Å, bond
+    angles `angles` (L-2,) and dihedrals `dihedrals` (L-3,) in radians (each atom placed from the
+    three before it, the natural extension reference frame method)."""
+    length = angles.shape[0] + 2
+    if dihedrals.shape[0] != max(length - 3, 0):
+        raise ValueError(f"dihedrals must have {max(length - 3, 0)} values for {length - 2} angles; "
+                         f"got {dihedrals.shape[0]}")
+    points = [torch.zeros(3, dtype=torch.float64), torch.tensor([step, 0.0, 0.0], dtype=torch.float64)]
+    if length > 2:
+        theta = angles[0].item()
+        points.append(points[1] + step * torch.tensor([-math.cos(theta), math.sin(theta), 0.0], dtype=torch.float64))
+    for index in range(3, length):
+        a, b, c = points[-3], points[-2], points[-1]
+        theta, tau = angles[index - 2].item(), dihedrals[index - 3].item()
+        bc = (c - b) / (c - b).norm()
+        normal = torch.linalg.cross(b - a, bc)
+        normal = normal / normal.norm()
+        frame = torch.stack([bc, torch.linalg.cross(normal, bc), normal], dim=1)
+        local = step * torch.tensor([-math.cos(theta), math.sin(theta) * math.cos(tau), math.sin(theta) * math.sin(tau)],
+                                    dtype=torch.float64)
+        points.append(c + frame @ local)
+    return torch.stack(points[:length]) if length >= 2 else torch.zeros(length, 3, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class StateGeometry:
+    """The Cα virtual bond angle and dihedral (radians) of each secondary-structure state."""
+
+    angle: dict[str, float]
+    """State -> bond angle at a Cα of that state."""
+    dihedral: dict[str, float]
+    """State -> dihedral about the bond from a Cα of that state to the next."""
+
+    @classmethod
+    def measure(cls, traces: list[tuple[torch.Tensor, str]]) -> StateGeometry:
+        """From real chains, each a Cα trace (L, 3) and its three states (L letters): per state the
+        mean bond angle and the circular mean dihedral, over the positions whose residues all have
+        that state (helix and strand interiors; coil wherever four coil residues follow each other)."""
+        angles_by_state = {state: [] for state in STATES}
+        dihedrals_by_state = {state: [] for state in STATES}
+        for ca, states in traces:
+            angles, dihedrals = virtual_angles(ca)
+            for index in range(1, len(states) - 1):
+                if states[index - 1] == states[index] == states[index + 1]:
+                    angles_by_state[states[index]].append(angles[index - 1])
+            for index in range(1, len(states) - 2):
+                if len(set(states[index - 1:index + 3])) == 1:
+                    dihedrals_by_state[states[index]].append(dihedrals[index - 1])
+        missing = [state for state in STATES if not angles_by_state[state] or not dihedrals_by_state[state]]
+        if missing:
+            raise ValueError(f"the chains must have runs of every state {STATES!r}; none of {missing}")
+        angle = {state: torch.stack(values).mean().item() for state, values in angles_by_state.items()}
+        dihedral = {state: torch.atan2(torch.stack(values).sin().mean(), torch.stack(values).cos().mean()).item()
+                    for state, values in dihedrals_by_state.items()}
+        return cls(angle, dihedral)
+
+    def trace(self, states: str) -> torch.Tensor:
+        """The Cα trace (L, 3) float32 of a chain with these states (L letters of H / E / C)."""
+        unknown = sorted(set(states) - set(STATES))
+        if unknown:
+            raise ValueError(f"states must be letters of {STATES!r}; got {unknown}")
+        angles = torch.tensor([self.angle[s] for s in states[1:-1]], dtype=torch.float64)
+        dihedrals = torch.tensor([self.dihedral[s] for s in states[1:-2]], dtype=torch.float64)
+        return trace_from_angles(angles, dihedrals).float()
+
+
+@dataclass(frozen=True)
+class Propensities:
+    """log(P(state | residue type) / P(state)) for each residue type (20 standard ones) and state."""
+
+    scores: torch.Tensor
+    """(20, 3) float64, rows in `protein.residues.AMINO_ACIDS` order, columns in `STATES` order."""
+
+    @classmethod
+    def measure(cls, chains: list[tuple[str, str]]) -> Propensities:
+        """From (sequence, three states) pairs; each count starts at one (Laplace)."""
+        counts = torch.ones(len(AMINO_ACIDS), len(STATES), dtype=torch.float64)
+        for sequence, states in chains:
+            for residue, state in zip(sequence, states):
+                if residue in AMINO_ACIDS:
+                    counts[AMINO_ACIDS.index(residue), STATES.index(state)] += 1
+        given_residue = counts / counts.sum(1, keepdim=True)
+        overall = counts.sum(0) / counts.sum()
+        return cls((given_residue / overall).log())
+
+    def predict(self, sequence: str) -> str:
+        """Three states for `sequence`: at each position the state whose propensity scores, summed
+        over the `WINDOW` residues around it (unknown letters score zero), are highest."""
+        rows = torch.tensor([AMINO_ACIDS.index(r) if r in AMINO_ACIDS else -1 for r in sequence])
+        scores = torch.where((rows >= 0)[:, None], self.scores[rows.clamp_min(0)], 0.0)
+        half = WINDOW // 2
+        padded = torch.nn.functional.pad(scores.T[None], (half, half))
+        summed = torch.nn.functional.conv1d(padded, torch.ones(len(STATES), 1, WINDOW, dtype=torch.float64),
+                                            groups=len(STATES))[0].T
+        return "".join(STATES[i] for i in summed.argmax(-1).tolist())
+
+
+def extended_chain(length: int) -> torch.Tensor:
+    """(L, 3) Cα of a fully extended chain: 3.8 Å steps along x."""
+    return torch.arange(length, dtype=torch.float32)[:, None] * torch.tensor([CA_STEP, 0.0, 0.0])
+
+
+def ideal_helix(length: int, geometry: StateGeometry) -> torch.Tensor:
+    """(L, 3) Cα of one α-helix over the whole chain, with `geometry`'s helix angle and dihedral."""
+    return geometry.trace("H" * length)
+
+
+def propensity_structure(sequence: str, propensities: Propensities, geometry: StateGeometry) -> torch.Tensor:
+    """(L, 3) Cα of `sequence` folded as its predicted states with ideal geometry."""
+    return geometry.trace(propensities.predict(sequence))
