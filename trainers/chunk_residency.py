@@ -48,7 +48,7 @@ CUDA_ALLOCATOR_SLACK = 256 << 20
 """Bytes of a GPU's device budget left free, beyond the margin, for the caching allocator's reserved but
 unallocated blocks, which a cap on the process's GPU memory counts and the measurement (allocated
 bytes) does not: 128 to 327 MiB on an H100 under a 4 GiB cap with chunks moving, with and without
-expandable segments (BENCHMARKS.md, "Tiered memory on the GPU")."""
+expandable segments (BENCHMARKS.md, "The first GPU figures: one H100")."""
 MMAP_THRESHOLD = 1 << 20
 """Bytes from which glibc's malloc maps each allocation on its own (returned to the system when freed)."""
 M_MMAP_THRESHOLD = -3
