@@ -10,6 +10,7 @@ three-state accuracy (Q3) of the propensity predictor, and with --per-chain ever
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -17,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protein.baselines import (Propensities, StateGeometry, extended_chain, ideal_helix,  # noqa: E402
-                               propensity_structure, three_states)
+from protein.baselines import (STATES, Propensities, StateGeometry, extended_chain,  # noqa: E402
+                               ideal_helix, propensity_structure, three_states)
 from protein.data import load_chains  # noqa: E402
 from protein.metrics import gdt_ts, lddt, tm_score  # noqa: E402
 
@@ -36,6 +37,12 @@ def main() -> None:
     geometry = StateGeometry.measure([(c.coordinates[:, 1], three_states(c.dssp)) for c in train])
     propensities = Propensities.measure([(c.sequence, three_states(c.dssp)) for c in train])
     print(f"measured on {len(train)} training chains in {time.perf_counter() - started:.1f} s")
+    print("Cα bond angle / dihedral per state: " + ", ".join(
+        f"{state} {math.degrees(geometry.angle[state]):.1f}° / {math.degrees(geometry.dihedral[state]):+.1f}°"
+        for state in STATES))
+    helix = ideal_helix(24, geometry).double()
+    print(f"ideal helix: Cα i to i+3 {(helix[3:] - helix[:-3]).norm(dim=-1).mean():.2f} Å, "
+          f"i to i+4 {(helix[4:] - helix[:-4]).norm(dim=-1).mean():.2f} Å")
     builders = {"extended chain": lambda c: extended_chain(len(c.sequence)),
                 "ideal helix": lambda c: ideal_helix(len(c.sequence), geometry),
                 "propensity states": lambda c: propensity_structure(c.sequence, propensities, geometry)}

@@ -54,7 +54,7 @@ CUDA_LAZY_LOADING = 256 << 20
 
 def _warm_cuda() -> None:
     """A linear layer's forward and backward on the GPU: CUDA's context and the cuBLAS / cuBLASLt
-    workspaces (77 MB on an H100), made at first use, exist before a budget is measured."""
+    workspaces, made at first use, exist before a budget is measured."""
     x = torch.ones(8, 8, device="cuda", requires_grad=True)
     torch.nn.functional.linear(x, x, x[0]).sum().backward()
     torch.cuda.synchronize()

@@ -457,7 +457,8 @@ class ChunkResidency:
                 f"device: at moment {short} of {len(moments)} it needs chunks in use ({moment.device_in_use_bytes:,} "
                 f"bytes: {sorted(moment.chunks)} and any kept), the step's device tensors "
                 f"({moment.device_other_bytes:,}), the device's other allocations ({self._device_rest:,}), the "
-                f"allocator's slack ({slack:,}) and a margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger budget or a smaller micro batch")
+                f"allocator's slack ({slack:,}) and a margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger "
+                f"budget or a smaller micro batch")
         return capacity
 
 

@@ -255,19 +255,15 @@ class ChunkedStates(ChunkResidency):
     def _copy_in(self) -> None:
         for chunk, indices in enumerate(self._chunk_members):
             key = ("param", chunk)
-            if not self.owns(chunk):
-                for index in indices:
-                    self.members[index].param.data = self.members[index].absent
-                continue
-            values = [self.members[i].param.detach() for i in indices]  # the old storage, kept alive
-            buffer = self._load(key)
-            for index, value in zip(indices, values):
-                self.members[index].view(buffer).copy_(value)
-            if self.device is not None:  # bound only where it computes: meanwhile absent, on that device
-                for index in indices:
-                    self.members[index].param.data = self.members[index].absent
-            self.store.changed(key)
-            self._evict(key)
+            if self.owns(chunk):
+                values = [self.members[i].param.detach() for i in indices]  # the old storage, kept alive
+                buffer = self._load(key)
+                for index, value in zip(indices, values):
+                    self.members[index].view(buffer).copy_(value)
+                self.store.changed(key)
+                self._evict(key)
+            for index in indices:  # every tier: absent, on the compute device, until a chunk binds it there
+                self.members[index].param.data = self.members[index].absent
 
     # ---------------------------------------------------------------- residency hooks
     def _bound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
@@ -538,7 +534,8 @@ class ChunkedStates(ChunkResidency):
                     continue
                 views = [[self.members[index].view(buffer) for index in group]
                          for buffer in (param, grad, exp_avg, exp_avg_sq)]
-                steps = [torch.tensor(float(self.steps[index]), device=param.device) for index in group]
+                # one copy to the device for the group's steps (a tensor each would be a copy, and a wait, each)
+                steps = list(torch.tensor([float(self.steps[index]) for index in group], device=param.device).unbind())
                 adamw(*views, [], steps, fused=True, amsgrad=False, beta1=config.betas[0], beta2=config.betas[1],
                       lr=lr, weight_decay=config.weight_decay if decay else 0.0, eps=config.eps, maximize=False)
                 for index in group:
