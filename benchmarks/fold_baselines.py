@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from protein.baselines import (STATES, Propensities, StateGeometry, extended_chain,  # noqa: E402
-                               ideal_helix, propensity_structure, three_states)
+from protein.baselines import (Propensities, StateGeometry, extended_chain,  # noqa: E402
+                               ideal_helix, propensity_structure)
+from protein.secondary_structure import STATES, three_states  # noqa: E402
 from protein.data import load_chains  # noqa: E402
 from protein.metrics import gdt_ts, lddt, tm_score  # noqa: E402
 

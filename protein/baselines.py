@@ -17,20 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from protein.residues import AMINO_ACIDS
+from protein.secondary_structure import STATES, three_states
 
 CA_STEP = 3.8
 """Å between consecutive Cα (trans peptide bonds)."""
-STATES = "HEC"
-"""Three-state secondary structure: helix, strand, coil."""
-DSSP_TO_STATE = {"H": "H", "G": "H", "I": "H", "E": "E", "B": "E"}
-"""DSSP letters reduced to three states (the usual reduction); any other letter is coil."""
 WINDOW = 7
 """Residues a propensity prediction looks at, centred on the predicted one."""
-
-
-def three_states(dssp: str) -> str:
-    """DSSP letters -> H / E / C per residue."""
-    return "".join(DSSP_TO_STATE.get(letter, "C") for letter in dssp)
 
 
 def virtual_angles(ca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ import torch
 
 from protein.features import msa_features
 from protein.residues import AMINO_ACIDS, UNKNOWN, sequence_ids
+from protein.secondary_structure import IGNORE_INDEX, state_ids
 
 CHAINS_FILE = Path(__file__).parent / "assets" / "promod3_chains.npz"
 Split = Literal["train", "validation", "test"]
@@ -99,7 +100,8 @@ class FoldingExamples(torch.utils.data.Dataset):
     makes runs repeatable). Otherwise the crop is centred and the profile kept unless
     `with_profile=False`, and the MSA draw is seeded by the index.
     Item: {"input_ids" (L,), "position_ids" (L,), "msa_features" (S, L, MSA_FEATURES), "msa_mask"
-    (S, L), "coordinates" (L, 5, 3), "atom_mask" (L, 5)}."""
+    (S, L), "coordinates" (L, 5, 3), "atom_mask" (L, 5), "secondary_structure" (L,) three-state ids, "profile" (L, 20) (the target of the model's profile head
+    where the input withholds it)}."""
 
     def __init__(self, chains: list[ProteinChain], config: CropConfig, random: bool = True, with_profile: bool = True
                  ) -> None:
@@ -126,12 +128,14 @@ class FoldingExamples(torch.utils.data.Dataset):
         msa, msa_mask = msa_features(residues, chain.profile[rows] if keep_profile else None, config.msa_rows, generator)
         return {"input_ids": residues, "position_ids": torch.arange(start, start + size), "msa_features": msa,
                 "msa_mask": msa_mask, "coordinates": chain.coordinates[rows],
-                "atom_mask": torch.ones(size, 5, dtype=torch.bool)}
+                "atom_mask": torch.ones(size, 5, dtype=torch.bool), "secondary_structure": state_ids(chain.dssp[rows]),
+                "profile": chain.profile[rows]}
 
 
 def collate_folding(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Items -> a batch padded to the longest crop and the most MSA rows, with "attention_mask"
-    (B, L) 1 = residue; padded MSA rows and residues have msa_mask 0."""
+    (B, L) 1 = residue; padded MSA rows and residues have msa_mask 0, padded residues a
+    secondary_structure of IGNORE_INDEX."""
     length = max(e["input_ids"].shape[0] for e in examples)
     rows = max(e["msa_features"].shape[0] for e in examples)
     batch: dict[str, list[torch.Tensor]] = {key: [] for key in (*examples[0], "attention_mask")}
@@ -144,5 +148,8 @@ def collate_folding(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.
         batch["msa_mask"].append(torch.nn.functional.pad(e["msa_mask"], (0, pad, 0, extra_rows)))
         batch["coordinates"].append(torch.nn.functional.pad(e["coordinates"], (0, 0, 0, 0, 0, pad)))
         batch["atom_mask"].append(torch.nn.functional.pad(e["atom_mask"], (0, 0, 0, pad)))
+        batch["secondary_structure"].append(torch.nn.functional.pad(e["secondary_structure"], (0, pad),
+                                                                    value=IGNORE_INDEX))
+        batch["profile"].append(torch.nn.functional.pad(e["profile"], (0, 0, 0, pad)))
         batch["attention_mask"].append(torch.nn.functional.pad(torch.ones(length - pad), (0, pad)))
     return {key: torch.stack(values) for key, values in batch.items()}

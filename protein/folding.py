@@ -2,11 +2,16 @@
 
     prediction = protein.fold("fold-tiny", "MKTAYIAKQR...")
     prediction.backbone (L, 3, 3) N/CA/C in Å, prediction.plddt (L,) in [0, 1]
-    prediction.write_pdb("out.pdb")          pLDDT x 100 in the B-factor column
+    prediction.write("out.pdb")              or "out.cif"; pLDDT x 100 in the B-factor column
+
+A model without a chunk size or memory budget of its own folds under `INFERENCE_MEMORY_BUDGET`:
+short sequences run whole, and a long one is chunked so that no intermediate tensor outgrows the
+budget (the triangle attention logits of a 1,000-residue chain would take 16 GB whole).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +20,14 @@ import torch
 
 from protein.features import msa_features
 from protein.model import FoldingModel
-from protein.pdb_io import write_pdb
+from protein.pdb_io import write_structure
 from protein.residues import normalize_sequence, sequence_ids
 from zoo.store import load
+
+MAX_RESIDUES = 1500
+"""Longest sequence folded: time grows with the cube of the length (minutes at this length on 2 cores)."""
+INFERENCE_MEMORY_BUDGET = 256 * 2**20
+"""Bytes one chunk's largest intermediate may take when folding with a model that sets none."""
 
 
 @dataclass
@@ -31,28 +41,44 @@ class Prediction:
     plddt: torch.Tensor
     """(L,) predicted lDDT-Cα in [0, 1]."""
 
-    def write_pdb(self, path: str | os.PathLike) -> None:
-        """Write the backbone as a PDB file, pLDDT x 100 as B-factors."""
-        write_pdb(Path(path), self.sequence, self.backbone, b_factors=self.plddt * 100)
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the backbone as PDB (.pdb) or mmCIF (.cif), pLDDT x 100 as B-factors."""
+        write_structure(Path(path), self.sequence, self.backbone, b_factors=self.plddt * 100)
+
+
+def checked_sequence(sequence: str) -> str:
+    """The normalised sequence (protein.residues.normalize_sequence), or ValueError when it is
+    longer than MAX_RESIDUES."""
+    sequence = normalize_sequence(sequence)
+    if len(sequence) > MAX_RESIDUES:
+        raise ValueError(f"sequence has {len(sequence)} residues; at most {MAX_RESIDUES} are folded (split it into "
+                         f"domains)")
+    return sequence
 
 
 @torch.no_grad()
 def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.Tensor | None = None,
          recycles: int | None = None, msa_rows: int = 8) -> Prediction:
-    """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read).
-    profile: (L, 20) amino-acid frequencies when one is known (else the model folds from the
-    sequence alone); recycles: None = the model's max_recycles."""
+    """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read;
+    at most MAX_RESIDUES). profile: (L, 20) amino-acid frequencies when one is known (else the
+    model folds from the sequence alone); recycles: None = the model's max_recycles."""
     if recycles is not None and (isinstance(recycles, bool) or not isinstance(recycles, int) or recycles < 0):
         raise ValueError(f"recycles must be an int >= 0 (or None for the model's own); got {recycles!r}")
+    sequence = checked_sequence(sequence)
     folding = model if isinstance(model, FoldingModel) else load(model)
     if not isinstance(folding, FoldingModel):
         raise ValueError(f"model {str(model)!r} is not a folding model; got a {type(folding).__name__}")
-    sequence = normalize_sequence(sequence)
     residues = sequence_ids(sequence)
     msa, msa_mask = msa_features(residues, profile, msa_rows, torch.Generator().manual_seed(0))
     device = next(folding.parameters()).device
     folding.eval()
-    out = folding(input_ids=residues[None].to(device), attention_mask=torch.ones(1, len(sequence), device=device),
-                  position_ids=torch.arange(len(sequence), device=device)[None], msa_features=msa[None].to(device),
-                  msa_mask=msa_mask[None].to(device), recycles=recycles)
+    config = folding.config
+    if config.chunk_size is None and config.memory_budget is None:
+        folding.config = dataclasses.replace(config, memory_budget=INFERENCE_MEMORY_BUDGET)
+    try:
+        out = folding(input_ids=residues[None].to(device), attention_mask=torch.ones(1, len(sequence), device=device),
+                      position_ids=torch.arange(len(sequence), device=device)[None],
+                      msa_features=msa[None].to(device), msa_mask=msa_mask[None].to(device), recycles=recycles)
+    finally:
+        folding.config = config
     return Prediction(sequence, out["backbone"][0].float().cpu(), out["plddt"][0].cpu())

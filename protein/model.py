@@ -2,10 +2,14 @@
 
     input_ids (B, L) residue ids, attention_mask (B, L) 1 = residue, position_ids (B, L) residue
     numbers, msa_features (B, S, L, MSA_FEATURES), msa_mask (B, S, L)
-    [labels: coordinates (B, L, 5, 3) Å of N, CA, C, O, CB and atom_mask (B, L, 5)]
-    -> {"backbone" (B, L, 3, 3) N/CA/C, "plddt" (B, L) in [0, 1], and without labels
-        "distogram_logits" (B, L, L, bins), with labels "loss", "fape", "distogram_loss", "plddt_loss"
-        instead (the loss is chunked like the Evoformer, so the logits never exist whole)}
+    [labels: coordinates (B, L, 5, 3) Å of N, CA, C, O, CB and atom_mask (B, L, 5); optionally
+     secondary_structure (B, L) three-state ids (H, E, C = 0, 1, 2; -100 ignored) and profile
+     (B, L, 20) the chain's amino-acid frequencies, the target of the profile head wherever the
+     input withheld it (msa_features' has-profile flag 0)]
+    -> {"backbone" (B, L, 3, 3) N/CA/C, "plddt" (B, L) in [0, 1], "secondary_structure_logits"
+        (B, L, 3), and without labels "distogram_logits" (B, L, L, bins), with labels "loss", "fape",
+        "distogram_loss", "plddt_loss", "secondary_structure_loss" and "profile_loss" instead (the loss is chunked
+        like the Evoformer, so the logits never exist whole)}
 
 Recycling (Algorithm 2): the model runs 1 + `recycles` times, each pass seeing the previous pass's
 first MSA row, pair representation and Cα distances; only the last pass records gradients. In
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from protein.chunking import chunk_size_for
@@ -29,6 +34,7 @@ from protein.frames import Frames
 from protein.losses import distogram_logits, distogram_loss, distogram_targets, fape, plddt_from_logits, plddt_loss
 from protein.precision import LayerNorm
 from protein.residues import ALPHABET_SIZE, AMINO_ACIDS
+from protein.secondary_structure import IGNORE_INDEX, SECONDARY_STRUCTURE_STATES
 from protein.structure_module import StructureConfig, StructureModule
 from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
@@ -64,6 +70,12 @@ class FoldConfig:
     """Weight of the distogram loss (FAPE has 1)."""
     plddt_weight: float = 0.01
     """Weight of the pLDDT loss."""
+    secondary_structure_weight: float = 0.3
+    """Weight of the three-state secondary-structure cross-entropy (an auxiliary target; 0: the
+    head is trained by nothing)."""
+    profile_weight: float = 0.3
+    """Weight of the profile head's cross-entropy against the withheld profile (AlphaFold's masked
+    MSA objective in the profile's terms: from the sequence alone, predict what evolution allows)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.evoformer, dict):  # as read back from config.json
@@ -106,6 +118,8 @@ class FoldingModel(nn.Module):
         self.training_step = 0
         self.plddt_head = nn.Sequential(LayerNorm(width), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
+        self.secondary_structure_head = nn.Sequential(LayerNorm(width), nn.Linear(width, SECONDARY_STRUCTURE_STATES))
+        self.profile_head = nn.Sequential(LayerNorm(e.msa_dim), nn.Linear(e.msa_dim, len(AMINO_ACIDS)))
 
     PLAN_CROP = 256
     """Residues per crop in `example_batch` (AlphaFold's initial-training crop)."""
@@ -118,7 +132,8 @@ class FoldingModel(nn.Module):
         profile sampled into PLAN_MSA_ROWS rows S: input_ids, position_ids (rows, L), msa_features
         (rows, S, L, MSA_FEATURES), msa_mask (rows, S, L), coordinates (rows, L, 5, 3) of a random walk
         with 3.8 Å between residues, atom_mask (rows, L, 5) all present, attention_mask (rows, L) of
-        ones: what `zoo plan` estimates a step with."""
+        ones, random secondary_structure (rows, L) and the profile (rows, L, 20): what `zoo plan`
+        estimates a step with."""
         length, depth = FoldingModel.PLAN_CROP, FoldingModel.PLAN_MSA_ROWS
         residues = torch.randint(0, len(AMINO_ACIDS), (rows, length))
         profiles = torch.rand(rows, length, len(AMINO_ACIDS)).softmax(-1)
@@ -128,7 +143,8 @@ class FoldingModel(nn.Module):
         return {"input_ids": residues, "position_ids": torch.arange(length).expand(rows, length).clone(),
                 "msa_features": torch.stack([features for features, _ in msa]),
                 "msa_mask": torch.stack([mask for _, mask in msa]), "coordinates": steps.cumsum(1) + atoms,
-                "atom_mask": torch.ones(rows, length, 5, dtype=torch.bool), "attention_mask": torch.ones(rows, length)}
+                "atom_mask": torch.ones(rows, length, 5, dtype=torch.bool), "attention_mask": torch.ones(rows, length),
+                "secondary_structure": torch.randint(0, SECONDARY_STRUCTURE_STATES, (rows, length)), "profile": profiles}
 
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit; under tensor parallelism the
@@ -138,7 +154,8 @@ class FoldingModel(nn.Module):
         return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",), pipeline=PipelineSplit(
             pre=("msa_in", "target_to_msa", "target_to_pair_i", "target_to_pair_j", "relative_position",
                  "recycled_msa_norm", "recycled_pair_norm", "recycled_distance"),
-            post=("single", "structure", "distogram_head", "plddt_head")), chunk_memory="memory_budget")
+            post=("single", "structure", "distogram_head", "plddt_head",
+                                                       "secondary_structure_head", "profile_head")), chunk_memory="memory_budget")
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: seeds the draw of the recycles."""
@@ -192,7 +209,7 @@ class FoldingModel(nn.Module):
                 "ca": torch.zeros(b, length, 3, device=device)}
 
     def pipeline_enter(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
-                       atom_mask=None) -> Carry:
+                       atom_mask=None, secondary_structure=None, profile=None) -> Carry:
         """First pipeline stage: the Evoformer's inputs of a pass without recycling (see
         `_trunk_inputs`). Recycling runs every block once per recycle, so a pipelined model trains
         with FoldConfig.max_recycles = 0."""
@@ -211,15 +228,15 @@ class FoldingModel(nn.Module):
         return {**carry, "msa": msa, "pair": pair}
 
     def pipeline_exit(self, carry: Carry, input_ids, attention_mask, position_ids, msa_features, msa_mask,
-                      coordinates=None, atom_mask=None) -> torch.Tensor:
+                      coordinates=None, atom_mask=None, secondary_structure=None, profile=None) -> torch.Tensor:
         """Last pipeline stage: structure module, pLDDT head and the training loss."""
         if coordinates is None or atom_mask is None:
             raise ValueError("training the folding model needs coordinates and atom_mask in the batch")
         row_chunk = self.row_chunk_size(input_ids.shape[1], input_ids.shape[0])
         structure = self.structure(self.single(carry["msa"][:, 0]), carry["pair"], attention_mask.float(), row_chunk)
-        plddt_logits = self.plddt_head(structure["single"]).float()
-        return self._losses(carry["pair"], structure, plddt_logits, coordinates, atom_mask, attention_mask,
-                            row_chunk)["loss"]
+        targets = {"secondary_structure": secondary_structure, "profile": profile, "msa_features": msa_features}
+        return self._losses(carry["pair"], carry["msa"][:, 0], structure, coordinates, atom_mask, attention_mask,
+                            targets, row_chunk)["loss"]
 
     def _pass(self, batch: dict, previous: dict, chunk: int | None, row_chunk: int | None) -> dict:
         trunk = self._trunk_inputs(batch, previous)
@@ -229,7 +246,8 @@ class FoldingModel(nn.Module):
         return {"msa_row": msa[:, 0].clone(), "pair": pair, "ca": structure["backbone"][:, :, 1], "structure": structure}
 
     def forward(self, input_ids, attention_mask, position_ids, msa_features, msa_mask, coordinates=None,
-                atom_mask=None, recycles: int | None = None) -> dict[str, torch.Tensor]:
+                atom_mask=None, secondary_structure=None, profile=None, recycles: int | None = None
+                ) -> dict[str, torch.Tensor]:
         c = self.config
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
                  "msa_features": msa_features, "msa_mask": msa_mask}
@@ -247,17 +265,21 @@ class FoldingModel(nn.Module):
                 previous = {k: v.detach() for k, v in passed.items() if k in previous}
         final = self._pass(batch, previous, chunk, row_chunk)
         structure = final["structure"]
-        plddt_logits = self.plddt_head(structure["single"]).float()
-        outputs = {"backbone": structure["backbone"], "plddt": plddt_from_logits(plddt_logits)}
+        outputs = {"backbone": structure["backbone"], "plddt": plddt_from_logits(self.plddt_head(structure["single"])),
+                   "secondary_structure_logits": self.secondary_structure_head(structure["single"]).float()}
         if coordinates is None:
             outputs["distogram_logits"] = distogram_logits(self.distogram_head, final["pair"])
         else:
-            outputs.update(self._losses(final["pair"], structure, plddt_logits, coordinates, atom_mask, attention_mask,
-                                        row_chunk))
+            targets = {"secondary_structure": secondary_structure, "profile": profile, "msa_features": msa_features}
+            outputs.update(self._losses(final["pair"], final["msa_row"], structure, coordinates, atom_mask,
+                                        attention_mask, targets, row_chunk))
         return outputs
 
-    def _losses(self, pair, structure, plddt_logits, coordinates, atom_mask, attention_mask, chunk) -> dict:
+    def _losses(self, pair, query_row, structure, coordinates, atom_mask, attention_mask, targets, chunk) -> dict:
+        """The weighted loss and its terms; query_row (B, L, Cm) is the MSA's first row, targets the
+        optional "secondary_structure" and "profile" labels with the "msa_features" they go with."""
         c = self.config
+        plddt_logits = self.plddt_head(structure["single"]).float()
         coordinates = coordinates.float()
         backbone_mask = atom_mask[..., :3].all(-1).float() * attention_mask.float()  # N, CA, C present
         true_frames = Frames.from_points(coordinates[..., 0, :], coordinates[..., 1, :], coordinates[..., 2, :])
@@ -270,5 +292,19 @@ class FoldingModel(nn.Module):
         disto = distogram_loss(self.distogram_head, pair, beta, beta_mask, chunk)
         confidence = plddt_loss(plddt_logits, structure["backbone"][:, :, 1], coordinates[..., 1, :], backbone_mask)
         loss = fape_loss + c.distogram_weight * disto + c.plddt_weight * confidence
-        return {"loss": loss, "fape": fape_loss.detach(), "distogram_loss": disto.detach(),
-                "plddt_loss": confidence.detach()}
+        losses = {"fape": fape_loss.detach(), "distogram_loss": disto.detach(), "plddt_loss": confidence.detach()}
+        if targets["secondary_structure"] is not None:
+            states = targets["secondary_structure"].masked_fill(attention_mask == 0, IGNORE_INDEX)
+            logits = self.secondary_structure_head(structure["single"]).float()
+            states_loss = F.cross_entropy(logits.flatten(0, 1), states.flatten(), ignore_index=IGNORE_INDEX) \
+                if (states != IGNORE_INDEX).any() else logits.sum() * 0.0
+            loss = loss + c.secondary_structure_weight * states_loss
+            losses["secondary_structure_loss"] = states_loss.detach()
+        if targets["profile"] is not None:
+            withheld = (targets["msa_features"][:, 0, :, -1] == 0).float() * attention_mask.float()  # (B, L)
+            log_q = self.profile_head(query_row).float().log_softmax(-1)
+            cross_entropy = -(targets["profile"].float() * log_q).sum(-1)
+            profile_loss = (cross_entropy * withheld).sum() / withheld.sum().clamp_min(1.0)
+            loss = loss + c.profile_weight * profile_loss
+            losses["profile_loss"] = profile_loss.detach()
+        return {"loss": loss, **losses}

@@ -1,4 +1,4 @@
-"""Reading protein chains from PDB and mmCIF files (through gemmi) and writing predictions as PDB.
+"""Reading protein chains from PDB and mmCIF files (through gemmi) and writing predictions as PDB or mmCIF.
 
 A chain is read from the first model. Residues are the chain's polymer (waters and ligands are
 dropped). Non-standard amino acids that gemmi tabulates with a parent (MSE selenomethionine,
@@ -20,6 +20,8 @@ from zoo.downloads import write_atomically
 
 BACKBONE_ATOMS = ("N", "CA", "C", "O", "CB")
 """Atoms kept per residue, in this order."""
+WRITTEN_FORMATS = {".pdb": "pdb", ".ent": "pdb", ".cif": "mmcif", ".mmcif": "mmcif"}
+"""File suffix -> format `write_structure` writes."""
 PEPTIDE_BOND_LIMIT = 2.0
 """Å: a longer C(i)-N(i+1) distance is a chain break (the bond is 1.33 Å)."""
 
@@ -92,13 +94,18 @@ def chain_breaks(coordinates: torch.Tensor, atom_mask: torch.Tensor) -> torch.Te
     return (length > PEPTIDE_BOND_LIMIT) | ~atom_mask[:-1, carbon] | ~atom_mask[1:, nitrogen]
 
 
-def write_pdb(path: str | Path, sequence: str, coordinates: torch.Tensor, atom_mask: torch.Tensor | None = None,
-              b_factors: torch.Tensor | None = None, chain: str = "A") -> None:
-    """Write one chain as a PDB file (atomically): sequence of L letters, coordinates (L, A, 3) Å
-    with A <= 5 atoms in BACKBONE_ATOMS order, atom_mask (L, A) (None: all present; CB is never
-    written for glycine), b_factors (L,) (e.g. pLDDT x 100; None: 0)."""
+def write_structure(path: str | Path, sequence: str, coordinates: torch.Tensor, atom_mask: torch.Tensor | None = None,
+                    b_factors: torch.Tensor | None = None, chain: str = "A") -> None:
+    """Write one chain (atomically) as PDB or as mmCIF, by the file's suffix (`WRITTEN_FORMATS`):
+    sequence of L letters, coordinates (L, A, 3) Å with A <= 5 atoms in BACKBONE_ATOMS order,
+    atom_mask (L, A) (None: all present; CB is never written for glycine), b_factors (L,) (e.g.
+    pLDDT x 100; None: 0)."""
     import gemmi
 
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in WRITTEN_FORMATS:
+        raise ValueError(f"path must end in one of {sorted(WRITTEN_FORMATS)} (the format to write); got {str(path)!r}")
     sequence = normalize_sequence(sequence)
     if coordinates.ndim != 3 or coordinates.shape[0] != len(sequence) or not 1 <= coordinates.shape[1] <= 5 \
             or coordinates.shape[2] != 3:
@@ -128,4 +135,9 @@ def write_pdb(path: str | Path, sequence: str, coordinates: torch.Tensor, atom_m
     structure = gemmi.Structure()
     structure.add_model(model)
     structure.setup_entities()
-    write_atomically(Path(path), structure.make_pdb_string(gemmi.PdbWriteOptions(cryst1_record=False)))
+    if WRITTEN_FORMATS[suffix] == "pdb":
+        text = structure.make_pdb_string(gemmi.PdbWriteOptions(cryst1_record=False))
+    else:
+        structure.name = path.stem
+        text = structure.make_mmcif_document().as_string()
+    write_atomically(path, text)

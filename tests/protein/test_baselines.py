@@ -10,8 +10,9 @@ import statistics
 import pytest
 import torch
 
-from protein.baselines import (CA_STEP, STATES, Propensities, StateGeometry, extended_chain, ideal_helix,
-                               propensity_structure, three_states, trace_from_angles, virtual_angles)
+from protein.baselines import (CA_STEP, Propensities, StateGeometry, extended_chain, ideal_helix,
+                               propensity_structure, trace_from_angles, virtual_angles)
+from protein.secondary_structure import STATES, three_states
 from protein.data import load_chains
 from protein.metrics import lddt
 

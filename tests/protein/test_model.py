@@ -34,7 +34,7 @@ def model(seed: int = 0, **overrides) -> FoldingModel:
 
 
 def test_learns_two_real_chains(batch):
-    folding = model()
+    folding = model(secondary_structure_weight=0.0)  # the structure's own losses alone
     optimizer = torch.optim.Adam(folding.parameters(), 3e-3)
     losses = []
     for step in range(40):
@@ -145,7 +145,42 @@ def test_the_example_batch_has_the_training_batch_format_and_trains(batch):
     features = batch["msa_features"].shape[-1]
     assert shapes == {"input_ids": (2, 256), "position_ids": (2, 256), "attention_mask": (2, 256),
                       "msa_features": (2, 8, 256, features), "msa_mask": (2, 8, 256), "coordinates": (2, 256, 5, 3),
-                      "atom_mask": (2, 256, 5)}
+                      "atom_mask": (2, 256, 5), "secondary_structure": (2, 256), "profile": (2, 256, 20)}
     loss = folding(**example)["loss"]
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in folding.parameters() if p.grad is not None)
+
+
+def test_auxiliary_losses_match_a_float64_reference(batch):
+    """Secondary structure over present residues and the profile over residues whose profile the
+    input withheld: cross-entropies recomputed in float64 from the heads' logits."""
+    chains = load_chains("validation")[:2]
+    torch.manual_seed(3)
+    examples = FoldingExamples(chains, CropConfig(crop_size=24, msa_rows=4, withhold_profile=0.0))
+    withheld = FoldingExamples(chains, CropConfig(crop_size=16, msa_rows=4, withhold_profile=1.0))
+    mixed = collate_folding([examples[0], withheld[1]])  # the second crop is shorter: padded, profile withheld
+    folding = model(seed=4, secondary_structure_weight=0.7, profile_weight=0.2)
+    logits = {}
+    for name in ("secondary_structure_head", "profile_head", "plddt_head"):
+        getattr(folding, name).register_forward_hook(lambda _m, _i, out, name=name: logits.__setitem__(name, out))
+    out = folding(**mixed, recycles=0)
+    present = mixed["attention_mask"].bool()
+    states = logits["secondary_structure_head"].double()[present].log_softmax(-1)
+    expected_states = -states.gather(1, mixed["secondary_structure"][present][:, None]).mean()
+    assert (mixed["secondary_structure"][1, 16:] == -100).all() and present[1].sum() == 16
+    profile_rows = torch.tensor([False, True])[:, None] & present  # withheld in the second crop only
+    log_q = logits["profile_head"].double()[profile_rows].log_softmax(-1)
+    expected_profile = -(mixed["profile"].double()[profile_rows] * log_q).sum(-1).mean()
+    assert out["secondary_structure_loss"].item() == pytest.approx(expected_states.item(), rel=1e-6)
+    assert out["profile_loss"].item() == pytest.approx(expected_profile.item(), rel=1e-6)
+    total = out["fape"] + 0.3 * out["distogram_loss"] + 0.01 * out["plddt_loss"] + 0.7 * expected_states.float() \
+        + 0.2 * expected_profile.float()
+    assert out["loss"].item() == pytest.approx(total.item(), rel=1e-5)
+    folding.zero_grad()
+    out["loss"].backward()
+    assert folding.secondary_structure_head[1].weight.grad.abs().max() > 0 and folding.profile_head[1].weight.grad.abs().max() > 0
+    with torch.no_grad():
+        folding.eval()
+        plain = folding(**{k: v for k, v in mixed.items() if k not in ("coordinates", "atom_mask", "secondary_structure",
+                                                                        "profile")})
+    assert plain["secondary_structure_logits"].shape == (2, 24, 3) and "profile_loss" not in plain

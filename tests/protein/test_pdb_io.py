@@ -1,5 +1,5 @@
 """Reading chains through gemmi (PDB, mmCIF, gzip), non-standard residues, chain breaks, writing
-PDB, and clear errors for files that are not protein structures."""
+PDB and mmCIF, and clear errors for files that are not protein structures."""
 
 import gzip
 
@@ -7,7 +7,7 @@ import gemmi
 import pytest
 import torch
 
-from protein.pdb_io import BACKBONE_ATOMS, chain_breaks, read_chain, write_pdb
+from protein.pdb_io import BACKBONE_ATOMS, chain_breaks, read_chain, write_structure
 
 KUNITZ = "DYKDDDDKLKPDFCFLEEDPGICRGYITRYFYNNQTKQCERFKYGGCLGNMNNFETLEECKNICEDGPNGF"
 """1ADZ's chain as deposited (a FLAG tag, then the second Kunitz domain of TFPI)."""
@@ -34,14 +34,21 @@ def test_reads_an_nmr_model_in_pdb_mmcif_and_gzip(nmr_ensemble, tmp_path):
 def test_write_then_read_round_trip_with_b_factors(nmr_ensemble, tmp_path):
     chain = read_chain(nmr_ensemble)
     path = tmp_path / "out.pdb"
-    write_pdb(path, chain.sequence, chain.coordinates, chain.atom_mask, b_factors=torch.linspace(0, 100, 71))
+    write_structure(path, chain.sequence, chain.coordinates, chain.atom_mask, b_factors=torch.linspace(0, 100, 71))
     back = read_chain(path)
     assert back.sequence == KUNITZ and torch.equal(back.atom_mask, chain.atom_mask)
     assert (back.coordinates - chain.coordinates).abs().max() < 1e-3  # PDB keeps 3 decimals
     b = [a.b_iso for r in gemmi.read_structure(str(path))[0]["A"] for a in r if a.name == "CA"]
     assert b[0] == 0.0 and b[-1] == 100.0
-    write_pdb(tmp_path / "ca.pdb", "gax", chain.coordinates[:3, 1:2])  # Cα only, lower case, unknown residue
+    write_structure(tmp_path / "ca.pdb", "gax", chain.coordinates[:3, 1:2])  # Cα only, lower case, unknown residue
     assert read_chain(tmp_path / "ca.pdb").sequence == "GAX"
+    mmcif = tmp_path / "out.cif"
+    write_structure(mmcif, chain.sequence, chain.coordinates, chain.atom_mask, b_factors=torch.linspace(0, 100, 71))
+    assert mmcif.read_text().startswith("data_out")
+    back = read_chain(mmcif)
+    assert back.sequence == KUNITZ and torch.equal(back.atom_mask, chain.atom_mask)
+    assert (back.coordinates - chain.coordinates).abs().max() < 1e-3
+    assert [a.b_iso for r in gemmi.read_structure(str(mmcif))[0]["A"] for a in r if a.name == "CA"][-1] == 100.0
 
 
 def test_non_standard_residues_breaks_and_numbering(nmr_ensemble, tmp_path):
@@ -85,7 +92,9 @@ def test_bad_files_and_arguments_are_named(nmr_ensemble, tmp_path):
         read_chain(nmr_ensemble, chain="Q")
     with pytest.raises(ValueError, match=r"model must be in \[0, 30\)"):
         read_chain(nmr_ensemble, model=30)
+    with pytest.raises(ValueError, match=r"path must end in one of \['.cif', '.ent', '.mmcif', '.pdb'\].*x.xyz"):
+        write_structure(tmp_path / "x.xyz", "AAA", torch.zeros(3, 1, 3))
     with pytest.raises(ValueError, match="coordinates must be"):
-        write_pdb(tmp_path / "x.pdb", "AAA", torch.zeros(2, len(BACKBONE_ATOMS), 3))
+        write_structure(tmp_path / "x.pdb", "AAA", torch.zeros(2, len(BACKBONE_ATOMS), 3))
     with pytest.raises(ValueError, match="sequence has '1' at position 2"):
-        write_pdb(tmp_path / "x.pdb", "AA1", torch.zeros(3, 1, 3))
+        write_structure(tmp_path / "x.pdb", "AA1", torch.zeros(3, 1, 3))

@@ -33,17 +33,20 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
                "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
                "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
                "--train.micro_batch_size", "1", "--train.eval_every", "2", "--train.eval_batches", "1",
-               "--train.progress", "false", "--evaluation_chains", "1",
+               "--train.progress", "false", "--evaluation_chains", "1", "--heldout_chains", "2",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "mean scores of whole chains" in result.stdout and "extended_chain" in result.stdout
+    assert "mean scores of whole chains" in result.stdout and "propensity_states" in result.stdout
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["arch"] == "fold" and config["config"]["evoformer"]["blocks"] == 2
-    for split in ("validation", "test"):
+    for split, chains in (("validation", 1), ("test", 1), ("heldout", 2)):
         scores = config["metrics"][split]
-        assert scores["chains"] == 1 and all(0.0 <= scores[k] <= 1.0 for k in scores if k != "chains")
+        assert scores["chains"] == chains and scores["ideal_helix_lddt"] > scores["extended_chain_lddt"] > 0.0
+        assert all(0.0 <= scores[k] <= 1.0 for k in scores if k.endswith(("lddt", "tm", "gdt_ts")))
+        assert -1.0 <= scores["plddt_pearson"] <= 1.0
+    assert config["metrics"]["heldout"]["removed_as_similar"] >= 1  # the shipped chains keep some held-out families
     assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
@@ -57,6 +60,23 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     refused = subprocess.run([ZOO, "fold", str(tmp_path / "model"), "MK*", "-o", str(tmp_path / "bad.pdb")],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "sequence has '*' at position 2" in refused.stderr
+
+    fasta = tmp_path / "two.fasta"
+    fasta.write_text(">first protein one\nMKTAYIAKQR\nQISFVK\n>second\nGSHMLEDPV\n")
+    folder = tmp_path / "folds"
+    done = subprocess.run([ZOO, "fold", str(tmp_path / "model"), str(fasta), "-o", str(folder), "--format", "cif"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [read_chain(folder / f"{name}.cif").sequence for name in ("first", "second")] == ["MKTAYIAKQRQISFVK",
+                                                                                            "GSHMLEDPV"]
+    for arguments, message in (([str(fasta), "-o", str(tmp_path / "one.pdb")], "--output must be a folder for 2 records"),
+                               (["M" * 1501, "-o", str(tmp_path / "long.pdb")], "sequence has 1501 residues; at most 1500"),
+                               (["", "-o", str(tmp_path / "empty.pdb")], "sequence must be a non-empty string"),
+                               (["MKT", "-o", str(tmp_path / "out.xyz")], "--output must end in one of"),
+                               ([str(tmp_path / "none.fasta"), "-o", str(folder)], "none.fasta' does not exist")):
+        refused = subprocess.run([ZOO, "fold", str(tmp_path / "model"), *arguments], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2 and message in refused.stderr, (arguments[0][:20], refused.stderr[-500:])
 
 
 def test_shipped_fold_tiny_beats_the_extended_chain_on_test_chains():
