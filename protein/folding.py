@@ -56,14 +56,19 @@ def checked_sequence(sequence: str) -> str:
     return sequence
 
 
+def checked_recycles(recycles: int | None) -> None:
+    """ValueError unless recycles is None (the model's own) or an int >= 0."""
+    if recycles is not None and (isinstance(recycles, bool) or not isinstance(recycles, int) or recycles < 0):
+        raise ValueError(f"recycles must be an int >= 0 (or None for the model's own); got {recycles!r}")
+
+
 @torch.no_grad()
 def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.Tensor | None = None,
          recycles: int | None = None, msa_rows: int = 8) -> Prediction:
     """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read;
     at most MAX_RESIDUES). profile: (L, 20) amino-acid frequencies when one is known (else the
     model folds from the sequence alone); recycles: None = the model's max_recycles."""
-    if recycles is not None and (isinstance(recycles, bool) or not isinstance(recycles, int) or recycles < 0):
-        raise ValueError(f"recycles must be an int >= 0 (or None for the model's own); got {recycles!r}")
+    checked_recycles(recycles)
     sequence = checked_sequence(sequence)
     folding = model if isinstance(model, FoldingModel) else load(model)
     if not isinstance(folding, FoldingModel):
