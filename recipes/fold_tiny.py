@@ -159,7 +159,7 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
 
 An AlphaFold-style folding model: {e.blocks} Evoformer blocks (MSA width {e.msa_dim}, pair width {e.pair_dim}),
 a {s.layers}-layer structure module with invariant point attention, backbone frames without torsions,
-distogram and pLDDT heads, up to {model.config.max_recycles} recycles; {parameters:.2f} M parameters. Trained on
+distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max_recycles} recycles; {parameters:.2f} M parameters. Trained on
 {metrics['train_chains']:,} non-redundant PDB chains of the ProMod3 structure database (CC0), crops of
 {config.crop.crop_size} residues, MSA rows sampled from HHblits profiles (profile withheld from
 {config.crop.withhold_profile:.0%} of the crops).
