@@ -69,6 +69,7 @@ def main() -> None:
     kept, identities = remove_similar([c.sequence for c in chains], [c.sequence for c in training])
     print(f"{len(chains)} held-out chains; {len(chains) - len(kept)} removed as >= {SIMILAR:.0%} identical to one of "
           f"{len(training)} training chains; highest identity kept {max(identities[kept]):.3f}")
+    removed = len(chains) - len(kept)
     chains = [chains[i] for i in kept]
     if args.limit:  # evenly spaced in name order, so every source keeps its share
         picked = sorted({round(k) for k in torch.linspace(0, len(chains) - 1, min(args.limit, len(chains))).tolist()})
@@ -92,7 +93,7 @@ def main() -> None:
                      for k in ("model_lddt", "extended_chain_lddt", "ideal_helix_lddt", "propensity_states_lddt")}
                  | {"chains": sum(r["source"] == s for r in rows)} for s in sources}
     cost = fold_cost(args.model, args.threads)
-    tables = markdown(rows, totals, by_source, cost, len(identities) - len(kept), len(training), args)
+    tables = markdown(rows, totals, by_source, cost, removed, len(training), args)
     print(tables)
     print(f"\n{time.perf_counter() - started:.0f} s in all")
     if args.json:
