@@ -3,8 +3,7 @@
 Identity of two sequences: the identical residues of their best local alignment (Smith-Waterman,
 BLOSUM62, gap open 11 and extend 1, BLAST's protein defaults) divided by the length of the
 shorter sequence, so a short chain that lies inside a long one counts as similar. Alignments run
-through parasail's striped SIMD Smith-Waterman with statistics (about 20 µs for two 200-residue
-chains on one core); `tests/protein/test_identity.py` checks its counts against Biopython's aligner.
+through parasail's striped SIMD Smith-Waterman with statistics; `tests/protein/test_identity.py` checks its counts against Biopython's aligner.
 """
 
 from __future__ import annotations
