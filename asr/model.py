@@ -2,7 +2,8 @@
 
     input_features (B, T, F) raw log-mel, attention_mask (B, T) 1 = frame, labels (B, U) token ids
     padded with -100
-    -> normalised with the stored feature mean/std, SpecAugment in training
+    -> normalised (the stored feature mean/std for a Conformer encoder, Whisper's fixed scaling for a
+       Whisper encoder), SpecAugment in training
     -> encoder (B, T', E); decoder on [blank, labels] (B, U+1, D); joiner; loss
     -> {"loss", "simple_loss", "transducer_loss"} (without labels: {"encoder_out", "encoder_lengths"})
 
@@ -25,12 +26,16 @@ from asr.conformer import CONFORMER_SIZES, ConformerConfig, ConformerEncoder
 from asr.decoder import Joiner, StatelessDecoder
 from asr.features import FeatureConfig, SpecAugment
 from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
+from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, whisper_scaled
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
 
 LossKind = Literal["full", "pruned", "samplewise", "samplewise_pruned"]
 LOSS_KINDS = ("full", "pruned", "samplewise", "samplewise_pruned")
+EncoderKind = Literal["conformer", "whisper"]
+ENCODERS = {"conformer": (ConformerConfig, ConformerEncoder), "whisper": (WhisperEncoderConfig, WhisperEncoder)}
+"""Encoder kinds: their config class and module."""
 
 
 @dataclass
@@ -41,8 +46,12 @@ class TransducerConfig:
     """Output tokens, the blank included."""
     blank_id: int = 0
     """Id of the blank token."""
-    encoder: ConformerConfig = field(default_factory=lambda: CONFORMER_SIZES["tiny"])
-    """Conformer encoder shape (its input_dim is the number of feature bins)."""
+    encoder_kind: EncoderKind = "conformer"
+    """"conformer" (`asr.conformer`, features normalised with the stored training mean and std) or
+    "whisper" (`asr.whisper_encoder`, Whisper's fixed feature scaling; importable from a pretrained
+    Whisper checkpoint)."""
+    encoder: ConformerConfig | WhisperEncoderConfig = field(default_factory=lambda: CONFORMER_SIZES["tiny"])
+    """Encoder shape, of the config class of encoder_kind (its input_dim is the number of feature bins)."""
     decoder_dim: int = 256
     """Stateless decoder width (divisible by 4)."""
     joiner_dim: int = 256
@@ -63,8 +72,14 @@ class TransducerConfig:
     """Masks applied to the normalised features in training (None: none)."""
 
     def __post_init__(self) -> None:
+        if self.encoder_kind not in ENCODERS:
+            raise ValueError(f"TransducerConfig.encoder_kind must be one of {list(ENCODERS)}; got {self.encoder_kind!r}")
+        config_class = ENCODERS[self.encoder_kind][0]
         if isinstance(self.encoder, dict):  # as read back from config.json
-            self.encoder = ConformerConfig(**self.encoder)
+            self.encoder = config_class(**self.encoder)
+        if not isinstance(self.encoder, config_class):
+            raise TypeError(f"TransducerConfig.encoder must be a {config_class.__name__} for encoder_kind "
+                            f"{self.encoder_kind!r}; got a {type(self.encoder).__name__}")
         if isinstance(self.spec_augment, dict):
             self.spec_augment = SpecAugment(**self.spec_augment)
         if self.vocab_size < 2 or not 0 <= self.blank_id < self.vocab_size:
@@ -94,7 +109,7 @@ class Transducer(nn.Module):
         super().__init__()
         self.config = config
         width, vocab = config.encoder.width, config.vocab_size
-        self.encoder = ConformerEncoder(config.encoder)
+        self.encoder = ENCODERS[config.encoder_kind][1](config.encoder)
         self.decoder = StatelessDecoder(vocab, config.decoder_dim, config.context_size, config.blank_id)
         self.joiner = Joiner(width, config.decoder_dim, config.joiner_dim, vocab)
         self.simple_am = nn.Linear(width, vocab)
@@ -122,11 +137,14 @@ class Transducer(nn.Module):
                 "labels": labels + (labels >= config.blank_id).long()}
 
     def parallel_plan(self) -> ModelPlan:
-        """Each Conformer block is one shard and recompute unit; its two feed-forwards and its
+        """The encoder's blocks are the shards and recompute units (`_whisper_plan` for a Whisper
+        encoder). Each Conformer block is one shard and recompute unit; its two feed-forwards and its
         attention are tensor-parallel regions (fc1 and q, k, v column-, fc2 and out row-parallel). A
         pipeline's first stage holds the feature statistics and the subsampling, its last the
         decoder, joiner and the pruned loss's linears. config.samplewise_memory_budget sizes the
         sample-wise losses' groups; the subsampling convolutions are recomputed with the blocks."""
+        if self.config.encoder_kind == "whisper":
+            return self._whisper_plan()
         blocks = "encoder.blocks.*"
         attn = f"{blocks}.attn.attn"
         return ModelPlan(blocks=(blocks,), recompute=("encoder.subsampling",),
@@ -139,13 +157,22 @@ class Transducer(nn.Module):
                                      for name in "qkv"),
                          chunk_memory="samplewise_memory_budget")
 
+    def _whisper_plan(self) -> ModelPlan:
+        """The Whisper encoder's plan (`WhisperEncoder.plan`); a pipeline's first stage holds the
+        convolutions and positions, its last the final norm, decoder, joiner and the pruned loss's linears."""
+        return replace(self.encoder.plan("encoder"), chunk_memory="samplewise_memory_budget",
+                       pipeline=PipelineSplit(pre=("encoder.conv1", "encoder.conv2", "encoder.positions", "feature_mean",
+                                                   "feature_std"),
+                                              post=("encoder.norm", "decoder", "joiner", "simple_am", "simple_lm")))
+
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: drives the pruned losses' warm-up."""
         self.training_step = step
 
     @torch.no_grad()
     def set_feature_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        """Store the global per-bin mean and std (F,) of the training features."""
+        """Store the global per-bin mean and std (F,) of the training features (a Whisper encoder's
+        scaling is fixed and does not read them)."""
         if mean.shape != self.feature_mean.shape or std.shape != self.feature_std.shape or (std <= 0).any():
             raise ValueError(f"mean and std must be {tuple(self.feature_mean.shape)} with std > 0; "
                              f"got {tuple(mean.shape)} and {tuple(std.shape)}")
@@ -172,20 +199,23 @@ class Transducer(nn.Module):
         """Last pipeline stage: the transducer loss of the encoder output carry["hidden"] (B, T', E)."""
         if labels is None:
             raise ValueError("training a transducer needs labels in the batch")
-        return self._transducer_loss(carry["hidden"], carry["lengths"], labels)["loss"]
+        return self._transducer_loss(*self.encoder.leave(carry), labels)["loss"]
 
     def _normalised(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, F) raw log-mel -> normalised (and, in training, SpecAugmented) features in the
-        encoder's dtype, and the (B,) frame counts."""
+        """(B, T, F) raw log-mel -> normalised (with the stored statistics, or Whisper's scaling) and,
+        in training, SpecAugmented features in the encoder's dtype, and the (B,) frame counts."""
         if input_features.ndim != 3 or input_features.shape[-1] != self.feature_mean.numel():
             raise ValueError(f"input_features must be (B, T, {self.feature_mean.numel()}); got {tuple(input_features.shape)}")
         lengths = (attention_mask.sum(1) if attention_mask is not None
                    else torch.full(input_features.shape[:1], input_features.shape[1], device=input_features.device))
-        x = (input_features - self.feature_mean) / self.feature_std
+        if self.config.encoder_kind == "whisper":
+            x = whisper_scaled(input_features, lengths)
+        else:
+            x = (input_features - self.feature_mean) / self.feature_std
         if self.training and self.config.spec_augment is not None:
             x = self.config.spec_augment(x, lengths)
-        return x.to(self.encoder.subsampling.out.weight.dtype), lengths
+        return x.to(self.encoder.input_dtype), lengths
 
     def loss_scales(self) -> tuple[float, float]:
         """(simple, pruned) loss weights at the current training step (pruned losses)."""

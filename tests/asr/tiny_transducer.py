@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from asr.model import Transducer, TransducerConfig
+from asr.whisper_encoder import WhisperEncoderConfig
 
 BINS = 20
 
@@ -38,3 +39,11 @@ def token_utterances(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor,
     for row, (x, tokens) in enumerate(zip(features, labels)):
         input_features[row, : x.shape[0]], attention_mask[row, : x.shape[0]], padded[row, : tokens.numel()] = x, 1, tokens
     return input_features, attention_mask, padded
+
+
+def tiny_whisper(seed: int = 0, **fields) -> Transducer:
+    """A tiny transducer on a Whisper-style encoder (2 blocks of width 64, 64 positions = 128 frames)."""
+    torch.manual_seed(seed)
+    defaults = dict(vocab_size=8, spec_augment=None, decoder_dim=32, joiner_dim=32, encoder_kind="whisper",
+                    encoder=WhisperEncoderConfig(input_dim=BINS, width=64, layers=2, heads=4, max_frames=64))
+    return Transducer(TransducerConfig(**{**defaults, **fields}))

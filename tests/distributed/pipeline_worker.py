@@ -27,7 +27,7 @@ from torch.utils.data import default_collate  # noqa: E402
 from asr.data import collate_speech  # noqa: E402
 from helpers import lm_examples, tiny_gpt  # noqa: E402
 from protein.data import collate_folding  # noqa: E402
-from tiny_transducer import tiny  # noqa: E402
+from tiny_transducer import tiny, tiny_whisper  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from worker import (FeedForwardLM, digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
@@ -40,6 +40,7 @@ MODELS = {
     "bert": (tiny_bert, mlm_examples, default_collate),
     "vit": (tiny_vit, digit_examples, default_collate),
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
+    "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
     "fold": (lambda: tiny_fold(max_recycles=0), fold_examples, collate_folding),
 }
 """(build, examples, collate): GPT (also with dropout 0.1) and the test's own model with four blocks (pp=2 x 2 stages per

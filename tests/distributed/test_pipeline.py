@@ -6,7 +6,7 @@ GPT (four blocks, its word embedding tied to the head across the first and last 
 each schedule at pp=2, with a step's micro batches in two pipeline runs, in fp16 with loss
 scaling, and with dropout 0.1 (every stage continues the generator state its
 predecessor left, so the masks are the unpipelined run's); BERT (masked LM, its decoder tied to the word embedding), ViT, the Conformer
-transducer (padded utterances of different lengths in each micro batch) and the folding model's
+transducer and the transducer on a Whisper encoder (padded utterances of different lengths in each micro batch) and the folding model's
 Evoformer trunk under 1F1B at pp=2 (the trunk also under zero-bubble, whose weight pass meets
 parameter groups that share graph nodes); GPT under breadth-first and zero-bubble at pp=2 x dp=2 with ZeRO-3, and at
 pp=2 x tp=2 (with sequence parallelism too); a model written in the test opts in through its own
@@ -19,11 +19,11 @@ import torch
 from helpers import relative_error, torchrun
 
 ONE = ("gpt/1f1b/1/1/0", "gpt/1f1b/1/1/0:fp16", "gpt_dropout/1f1b/1/1/0", "custom/1f1b/1/1/0", "bert/1f1b/1/1/0", "vit/1f1b/1/1/0", "conformer/1f1b/1/1/0",
-       "fold/1f1b/1/1/0")
+       "whisper/1f1b/1/1/0", "fold/1f1b/1/1/0")
 TWO = ("gpt/gpipe/2/1/0", "gpt/1f1b/2/1/0", "gpt/interleaved_1f1b/2/2/0", "gpt/looped_bfs/2/2/0",
        "gpt/zero_bubble/2/1/0", "gpt/1f1b/2/1/0:m2", "gpt/zero_bubble/2/1/0:m2", "gpt/1f1b/2/1/0:fp16",
        "gpt_dropout/1f1b/2/1/0", "custom/1f1b/2/1/0", "bert/1f1b/2/1/0", "vit/1f1b/2/1/0", "conformer/1f1b/2/1/0",
-       "fold/1f1b/2/1/0", "fold/zero_bubble/2/1/0")
+       "whisper/1f1b/2/1/0", "fold/1f1b/2/1/0", "fold/zero_bubble/2/1/0")
 FOUR = ("gpt/looped_bfs/2/2/3", "gpt_dropout/zero_bubble/2/1/3", "gpt/zero_bubble/2/1/3", "gpt/1f1b/2/1/0/2/0", "gpt/interleaved_1f1b/2/2/0/2/1",
         "custom/zero_bubble/2/1/0/2")
 """model/schedule/pp/stages_per_rank/zero[/tp/sequence_parallel][:options] (tests/distributed/

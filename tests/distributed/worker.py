@@ -49,7 +49,7 @@ from protein.model import FoldConfig, FoldingModel  # noqa: E402
 from protein.structure_module import StructureConfig  # noqa: E402
 from vision.vit import ViT, ViTConfig  # noqa: E402
 from helpers import chunk_budget, lm_examples, tiny_gpt  # noqa: E402
-from tiny_transducer import tiny, token_utterances  # noqa: E402
+from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from trainers.optim import clean_fqn  # noqa: E402
@@ -358,13 +358,14 @@ TP_MODELS = {
     "bert": (tiny_bert, mlm_examples, None),
     "vit": (tiny_vit, digit_examples, None),
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
+    "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
     "fold": (tiny_fold, fold_examples, collate_folding),
     "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
 (row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
 (the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
-a ViT classifier, the Conformer transducer, the folding model (Evoformer with dynamic axial
+a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
 parallelism: 4 MSA rows and 16 residues split over the ranks), with dropout 0.25 too (its masks,
 shared along rows or columns, are the same on any number of ranks)."""
 
