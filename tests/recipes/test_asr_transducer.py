@@ -81,6 +81,32 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     assert len(lines) == 2 and [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs)
 
 
+@pytest.mark.timeout(600)
+def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tmp_path):
+    command = [ZOO, "train", "asr_transducer", "--encoder", "whisper-tiny.en", "--corpus.text", "modern", "--tokens", "bpe",
+               "--bpe_vocab_size", "128", "--lm_unit", "token", "--corpus.train_sentences", "24",
+               "--corpus.validation_sentences", "4", "--corpus.test_sentences", "2", "--corpus.domain_sentences", "3",
+               "--bucket_size", "4", "--train.max_steps", "2", "--train.global_batch_size", "2", "--train.eval_every", "2",
+               "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2",
+               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=580,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stderr[-4000:]
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["config"]["encoder_kind"] == "whisper" and config["config"]["encoder"]["width"] == 384
+    assert config["metrics"]["sizes"]["test_domain"] == 3 and config["metrics"]["test_domain"]["utterances"] == 2
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card
+    # Two steps at the warm-up's learning rate move the pretrained encoder only a little.
+    from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
+
+    pretrained = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en()).state_dict()
+    tuned = zoo.load(tmp_path / "model").encoder.state_dict()
+    for name in ("conv1.weight", "blocks.3.mlp.fc2.weight"):
+        change = ((tuned[name] - pretrained[name]).norm() / pretrained[name].norm()).item()
+        assert 0 < change < 0.01, name
+
+
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
     metrics = read_config("asr-transducer-tiny")["metrics"]  # what the recipe measured on 200 clips each
     assert all(metrics[split]["lm_wer"] <= SHIPPED_WER[split] for split in ("test_sentences", "test_voices", "test_accent"))

@@ -12,7 +12,7 @@ import pytest
 
 import zoo
 from nlp.bert import Bert
-from nlp.data import VADER_COUNTS, vader_snippets
+from zoo.corpora import VADER_COUNTS, vader_snippets
 from recipes.bert_sentiment import split_snippets
 
 ZOO = str(Path(sys.executable).parent / "zoo")
