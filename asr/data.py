@@ -401,7 +401,8 @@ class SpeechExamples(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         row = self.rows[index]
-        features, _ = log_mel(read_audio(row["audio"], self.features.sample_rate), self.features)
+        waveform = self.features.levelled(read_audio(row["audio"], self.features.sample_rate))
+        features, _ = log_mel(waveform, self.features)
         return {"input_features": features[0], "labels": torch.tensor(self.tokenizer.encode(row["text"]))}
 
 

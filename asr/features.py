@@ -14,6 +14,8 @@ from fractions import Fraction
 
 import torch
 
+from asr.loudness import scaled_to_level
+
 
 @dataclass(frozen=True)
 class FeatureConfig:
@@ -33,6 +35,11 @@ class FeatureConfig:
     """Highest filter edge, in Hz (None: sample_rate / 2)."""
     log_floor: float = 1e-10
     """Mel power is clamped to at least this before the (natural) log."""
+    level_dbfs: float | None = -21.0
+    """Each recording (each segment of a long one) is scaled so that its sounding frames are at this
+    level, in dB of full scale, before its features are taken (`asr.loudness`); None: as recorded.
+    -21 is espeak-ng's own level (12 held-out sentences: -18.3 to -22.0), which the shipped models
+    were trained at."""
 
     def __post_init__(self) -> None:
         for name in ("sample_rate", "n_fft", "hop_length", "n_mels"):
@@ -42,6 +49,10 @@ class FeatureConfig:
         if not 0 <= self.f_min < top <= self.sample_rate / 2:
             raise ValueError(f"FeatureConfig needs 0 <= f_min < f_max <= sample_rate/2 = {self.sample_rate / 2}; "
                              f"got f_min={self.f_min}, f_max={self.f_max}")
+
+    def levelled(self, waveform: torch.Tensor) -> torch.Tensor:
+        """waveform (N,) at sample_rate scaled to level_dbfs (unchanged when that is None)."""
+        return waveform if self.level_dbfs is None else scaled_to_level(waveform, self.sample_rate, self.level_dbfs)
 
     def frames(self, samples: torch.Tensor) -> torch.Tensor:
         """Frames of waveforms of `samples` samples (centred STFT): samples // hop_length + 1."""

@@ -19,6 +19,7 @@ from asr.decoding import greedy_search, modified_beam_search
 from asr.features import FeatureConfig, log_mel, resample
 from asr.language_model import LanguageModel
 from asr.model import Transducer
+from asr.segmentation import segment_bounds
 from asr.text import TranscriptTokenizer
 from asr.word_language_model import load_language_model
 from zoo.store import load, locate, read_config
@@ -29,6 +30,12 @@ LANGUAGE_MODEL_FILE = "language_model.safetensors"
 or a word n-gram model with its lexicon); its config.json then gives {"decoding": {"lm_weight": ...}}."""
 DEFAULT_BEAM = 4
 """Beam of the beam search for a model whose config.json names none ({"decoding": {"beam": ...}})."""
+MAX_SEGMENT_SECONDS = 20.0
+"""Recordings longer than this are cut at their quietest moments (`asr.segmentation`) and transcribed
+segment by segment: memory follows the segment, and a Whisper encoder takes at most 30 s."""
+MIN_SEGMENT_SECONDS = 0.1
+"""Shorter recordings hold no word: they transcribe to "" (the encoders need a few frames), as do
+silent ones (`asr.segmentation`)."""
 
 
 @dataclass
@@ -86,9 +93,10 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
                batch_size: int = 16, language_model: LanguageModel | None = None,
                lm_weight: float | None = None, ilm_weight: float | None = None,
-               sample_rate: int | None = None) -> list[str]:
+               sample_rate: int | None = None, max_segment_seconds: float = MAX_SEGMENT_SECONDS) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
-    `max_symbols_per_frame` tokens per encoder frame, `batch_size` at a time.
+    `max_symbols_per_frame` tokens per encoder frame, `batch_size` segments at a time; a waveform
+    longer than max_segment_seconds is cut into segments (`asr.segmentation`) whose transcripts are joined.
 
     model: a `Transducer` (then `tokenizer` is needed; `features` defaults to FeatureConfig()) or
     a zoo name/folder. waveforms: a list of WAV files (any rate of at least 8 kHz, resampled) or of
@@ -113,10 +121,17 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
     features = FeatureConfig() if features is None else features
     beam = DEFAULT_BEAM if beam is None else beam
     waveforms = prepare_waveforms(waveforms, features.sample_rate, sample_rate or features.sample_rate)
+    segments, owners = [], []
+    for index, waveform in enumerate(waveforms):
+        if waveform.numel() < MIN_SEGMENT_SECONDS * features.sample_rate:
+            continue
+        for start, end in segment_bounds(waveform, features.sample_rate, max_segment_seconds):
+            segments.append(features.levelled(waveform[start:end]))
+            owners.append(index)
     model.eval()
     texts = []
-    for start in range(0, len(waveforms), batch_size):
-        chunk = waveforms[start : start + batch_size]
+    for start in range(0, len(segments), batch_size):
+        chunk = segments[start : start + batch_size]
         lengths = torch.tensor([w.numel() for w in chunk])
         padded = torch.zeros(len(chunk), int(lengths.max()))
         for row, waveform in enumerate(chunk):
@@ -129,4 +144,8 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                                        lm_weight or 0.0, ilm_weight or 0.0) if method == "beam"
                   else greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame))
         texts += [tokenizer.decode(ids) for ids in tokens]
-    return texts
+    joined = [[] for _ in waveforms]
+    for owner, text in zip(owners, texts):
+        if text:
+            joined[owner].append(text)
+    return [" ".join(" ".join(parts).split()) for parts in joined]
