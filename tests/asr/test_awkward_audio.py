@@ -15,8 +15,9 @@ import torch
 from scipy.io import wavfile
 
 from asr import transcribe
-from asr.data import CorpusConfig, read_audio, speak, split_sentences, voices
+from asr.data import CorpusConfig, read_audio, split_sentences
 from asr.features import resample
+from asr.voices import speak, voices
 from asr.wer import error_counts
 
 ZOO = str(Path(sys.executable).parent / "zoo")

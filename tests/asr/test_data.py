@@ -11,12 +11,12 @@ import pytest
 import torch
 from scipy.io import wavfile
 
-from asr.data import (DOMAIN_SPLIT, HELD_OUT_ACCENT, HELD_OUT_VARIANTS, SPLITS, CorpusConfig, DurationBuckets,
-                      SpeechExamples, Voice, build_corpus, collate_speech, corpus_plan, load_manifest, read_audio,
-                      recorded_speech, speak, voices)
+from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
+                      corpus_plan, load_manifest, read_audio, recorded_speech)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
+from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS, Voice, speak, voices
 
 
 def test_sentences_are_normalised_and_within_the_vocabulary():
@@ -50,7 +50,7 @@ def test_held_out_voices_never_meet_training_voices():
     assert {v.variant for v in speakers} == set(HELD_OUT_VARIANTS) and len({v.accent for v in speakers}) == 6
     assert {v.variant for v in accent} == {v.variant for v in training}  # the training speakers, in the unseen accent
     assert all(140 <= v.speed <= 200 and 30 <= v.pitch <= 70 for v in training + speakers + accent)
-    with pytest.raises(ValueError, match="held_out must be one of \\('none', 'variants', 'accent'\\); got True"):
+    with pytest.raises(ValueError, match="held_out must be one of \\('none', 'variants', 'accent', 'synthesiser'\\); got True"):
         voices(True, 1, rng)
 
 
@@ -58,7 +58,7 @@ def test_held_out_voices_never_meet_training_voices():
 def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_speakers():
     config = CorpusConfig(text="modern", train_sentences=1200, validation_sentences=60, test_sentences=60,
                           domain_sentences=50, max_words=20)
-    assert config.splits == (*SPLITS, DOMAIN_SPLIT) and config.key != CorpusConfig(max_words=20).key
+    assert config.splits == (*SPLITS, DOMAIN_SPLIT, SYNTHESISER_SPLIT) and config.key != CorpusConfig(max_words=20).key
     plan, _ = corpus_plan(config)
     source_of = {}  # a sentence several sources share belongs to the held-out one, or else the first
     for source in sorted(SOURCES, key=lambda s: s != HELD_OUT_SOURCE):
@@ -70,6 +70,11 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     domain = [text for text, _ in plan[DOMAIN_SPLIT]]
     assert len(domain) == 50 and all(source_of[text] == HELD_OUT_SOURCE for text in domain)
     assert all(voice.variant in HELD_OUT_VARIANTS for _, voice in plan[DOMAIN_SPLIT])
+    assert [t for t, _ in plan[SYNTHESISER_SPLIT]] == domain and {v.synthesiser for _, v in plan[SYNTHESISER_SPLIT]} == {"piper"}
+    flite = sum(voice.synthesiser == "flite" for _, voice in plan["train"]) / len(plan["train"])
+    assert abs(flite - config.flite_share) < 0.04 and all(v.synthesiser != "piper" for _, v in plan["train"])
+    plain, _ = corpus_plan(CorpusConfig(**{**config.__dict__, "flite_share": 0.0}))
+    assert [t for t, _ in plain["train"]] == [t for t, _ in plan["train"]]  # flite takes voices, not sentences
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
     assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
     assert all(3 <= len(text.split()) <= 20 for split in plan.values() for text, _ in split)

@@ -17,9 +17,10 @@ import torch
 
 import zoo
 from asr import transcribe
-from asr.data import CorpusConfig, speak, split_sentences, voices
+from asr.data import CorpusConfig, split_sentences
 from asr.model import Transducer
 from asr.transcription import LANGUAGE_MODEL_FILE
+from asr.voices import speak, voices
 from asr.wer import error_counts
 from zoo.store import read_config
 from recipes.asr_transducer import ASRTransducerConfig
@@ -65,7 +66,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     trained = [json.loads(line)["voice"].split("+") for line in (corpus / "train.jsonl").read_text().splitlines()]
     assert {accent for accent, _ in trained} == {"en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan",
                                                   "en-029", "en-us-nyc"}  # the six training accents and the extra one
-    assert f"spoken by 7 accents x {len({variant for _, variant in trained})} variants" in card
+    assert f"spoken by 7 espeak-ng accents x {len({variant for _, variant in trained})} variants" in card
 
     manifest = corpus / "test_voices.jsonl"
     wavs = [json.loads(line)["audio"] for line in manifest.read_text().splitlines()[:2]]
@@ -88,15 +89,18 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                "--corpus.validation_sentences", "4", "--corpus.test_sentences", "2", "--corpus.domain_sentences", "3",
                "--bucket_size", "4", "--train.max_steps", "2", "--train.global_batch_size", "2", "--train.eval_every", "2",
                "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2",
+               "--augment.speeds", "0.9,1.0,1.1", "--augment.noise", "0.5", "--augment.reverb", "0.3",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
     config = json.loads((tmp_path / "model" / "config.json").read_text())
     assert config["config"]["encoder_kind"] == "whisper" and config["config"]["encoder"]["width"] == 384
-    assert config["metrics"]["sizes"]["test_domain"] == 3 and config["metrics"]["test_domain"]["utterances"] == 2
+    assert config["metrics"]["sizes"]["test_domain"] == config["metrics"]["sizes"]["test_synthesiser"] == 3
+    assert config["metrics"]["test_synthesiser"]["utterances"] == 2
+    assert "--augment.speeds 0.9,1.0,1.1" in (tmp_path / "model" / "README.md").read_text()
     card = (tmp_path / "model" / "README.md").read_text()
-    assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card
+    assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card and "test_synthesiser: piper" in card
     # Two steps at the warm-up's learning rate move the pretrained encoder only a little.
     from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 
