@@ -158,6 +158,15 @@ def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> t
     return sentences[config.test_sentences + config.validation_sentences : wanted], validation, test
 
 
+def training_text_sentences(config: CorpusConfig) -> list[str]:
+    """Every training-split sentence of modern text (`asr.training_text`, up to config.max_words words):
+    the text a tokenizer or language model may learn from beside the spoken training sentences,
+    which are drawn from it; no validation, test or held-out-domain sentence is among them."""
+    if config.text != "modern":
+        raise ValueError(f"training text sentences exist for text 'modern'; the corpus has text {config.text!r}")
+    return [sentence for _, sentence in _modern_splits(config)["train"]]
+
+
 def domain_sentences(config: CorpusConfig, rng: random.Random) -> list[str]:
     """config.domain_sentences sentences of the held-out text source, drawn by `rng`."""
     return _drawn(_modern_splits(config)["test_domain"], config.domain_sentences, "test_domain", rng)

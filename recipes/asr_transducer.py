@@ -33,7 +33,7 @@ import zoo
 from asr.accents import VOICE_FOLDER
 from asr.augmentation import WaveformAugment
 from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, load_manifest,
-                      read_audio, recorded_speech)
+                      read_audio, recorded_speech, training_text_sentences)
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
@@ -94,6 +94,13 @@ class ASRTransducerConfig:
     then), 1,600-step model, beam 16, weight 0.4: character 8-gram 18.0%, word 4-gram 16.1%."""
     lm_order: int = 4
     """Order of the n-gram language model (words or tokens); 0: none."""
+    lm_text: Literal["transcripts", "training_text"] = "transcripts"
+    """What the BPE pieces and the language model learn from: the training transcripts, or (corpus.text
+    modern) every training-split sentence of the six training sources (`asr.data.training_text_sentences`;
+    never a validation, test or held-out-domain sentence)."""
+    lm_weights: tuple[float, ...] = ()
+    """Language-model weights tried on the validation set with beam search; the one of the lowest word
+    error rate replaces lm_weight (empty: lm_weight as given)."""
     lm_weight: float = 0.4
     """Weight of the language model's log probabilities in the fusion (chosen on validation, word
     4-gram, beam 16, the 1,600-step model: 7.8 / 8.8% at 0.4 / 0.6)."""
@@ -121,6 +128,12 @@ class ASRTransducerConfig:
         if self.lm_order < 0 or self.lm_weight < 0 or self.ilm_weight < 0:
             raise ValueError(f"lm_order, lm_weight and ilm_weight must be >= 0; got {self.lm_order}, {self.lm_weight} "
                              f"and {self.ilm_weight}")
+        if self.lm_text not in ("transcripts", "training_text") or min(self.lm_weights, default=0) < 0:
+            raise ValueError(f"lm_text must be 'transcripts' or 'training_text' and lm_weights >= 0; got "
+                             f"{self.lm_text!r} and {self.lm_weights}")
+        if self.lm_text == "training_text" and self.corpus.text != "modern":
+            raise ValueError(f"lm_text 'training_text' needs corpus.text 'modern'; got {self.corpus.text!r}")
+        object.__setattr__(self, "lm_weights", tuple(self.lm_weights))
         if self.lm_unit not in ("word", "token"):
             raise ValueError(f"lm_unit must be 'word' or 'token'; got {self.lm_unit!r}")
         if self.encoder not in ("conformer", "whisper-tiny.en"):
@@ -165,6 +178,23 @@ def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: T
             "examples": [{"reference": r, "hypothesis": h} for r, h in list(zip(references, fused))[:3]]}
 
 
+def tuned_lm_weight(config: ASRTransducerConfig, model: Transducer, rows: list[dict[str, Any]],
+                    tokenizer: TranscriptTokenizer, features: FeatureConfig, language_model: LanguageModel | None
+                    ) -> tuple[float, dict[str, float]]:
+    """(the weight of config.lm_weights with the lowest beam-search WER on `rows`, {weight: WER});
+    config.lm_weight and {} when there is nothing to choose."""
+    if language_model is None or not config.lm_weights:
+        return config.lm_weight, {}
+    waveforms = [read_audio(row["audio"], features.sample_rate) for row in rows]
+    references = [row["text"] for row in rows]
+    tried = {str(weight): error_counts(references, transcribe(
+        model, waveforms, tokenizer, features, method="beam", beam=config.beam, language_model=language_model,
+        lm_weight=weight, ilm_weight=config.ilm_weight)).rate for weight in config.lm_weights}
+    best = min(config.lm_weights, key=lambda w: (tried[str(w)], w))
+    log.info("language-model weight %s chosen on %d validation utterances: WER %s", best, len(rows), tried)
+    return best, tried
+
+
 def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer,
                          transcripts: list[str]) -> LanguageModel | None:
     """The recipe's language model of the training `transcripts` (None when lm_order is 0)."""
@@ -180,8 +210,10 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     features = FeatureConfig()
     folder = build_corpus(config.corpus)
     manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in config.corpus.splits}
+    text = (list(manifests["train"]["text"]) if config.lm_text == "transcripts"
+            else training_text_sentences(config.corpus))
     tokenizer = (TranscriptTokenizer("char") if config.tokens == "char"
-                 else TranscriptTokenizer.train_bpe(manifests["train"]["text"], config.bpe_vocab_size))
+                 else TranscriptTokenizer.train_bpe(text, config.bpe_vocab_size))
     log.info("reading and checking %d training and %d validation clips", len(manifests["train"]["text"]),
              len(manifests["validation"]["text"]))
     train = SpeechExamples(manifests["train"], tokenizer, features, augment=config.augment)
@@ -207,10 +239,12 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     recorded = recorded_speech()
     sets = {split: list(manifests[split]) for split in config.corpus.splits if split != "train"}
     sets |= {name: [r for r in recorded if r["set"] == name] for name in RECORDED}
-    language_model = train_language_model(config, tokenizer, manifests["train"]["text"])
+    language_model = train_language_model(config, tokenizer, text)
+    lm_weight, tried = tuned_lm_weight(config, model, sets["validation"][:limit], tokenizer, features, language_model)
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
-                                                      language_model, config.lm_weight, config.ilm_weight)
+                                                      language_model, lm_weight, config.ilm_weight)
                                     for name, rows in sets.items()}
+    metrics["lm_weight"], metrics["lm_weight_validation_wer"] = lm_weight, tried
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
                     "utterances_seen": trainer.step * config.train.global_batch_size * config.bucket_size,
                     "train_seconds": round(train_seconds, 1), "train_hours": round(sum(train.seconds) / 3600, 2),
@@ -219,7 +253,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     command = command_line(RECIPE, config, trainer.env.world_size)
     card = _card(output.name, model, config, metrics, memory, trainer.env.world_size, command, manifests["train"]["voice"])
     fused = language_model is not None
-    decoding = {"beam": config.beam, "lm_weight": config.lm_weight if fused else 0.0,
+    decoding = {"beam": config.beam, "lm_weight": lm_weight if fused else 0.0,
                 "ilm_weight": config.ilm_weight if fused else 0.0, "lm_unit": config.lm_unit, "lm_order": config.lm_order}
     zoo.save(model, output, card=card, extra={"tokenizer": tokenizer.spec(), "features": dataclasses.asdict(features),
                                               "decoding": decoding, "metrics": metrics},
@@ -248,8 +282,8 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
   {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
 - Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
-  training transcripts (`language_model.safetensors`, weight {config.lm_weight}, less the internal language model at
-  weight {config.ilm_weight}; `--lm-weight 0` turns it off).
+  {'training transcripts' if config.lm_text == 'transcripts' else 'training text'} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
+  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off).
 - Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
   (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
   (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants).{_domain_words(config.corpus)} Real speech: Debian `pocketsphinx-testdata`
@@ -298,6 +332,13 @@ def _domain_words(corpus: CorpusConfig) -> str:
     return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
             "Amazon product reviews), and the same sentences spoken by a synthesiser never trained on "
             "(test_synthesiser: piper's neural voice joe).")
+
+
+def _tuning_words(metrics: dict[str, Any]) -> str:
+    tried = metrics["lm_weight_validation_wer"]
+    if not tried:
+        return ""
+    return " chosen on validation (WER " + ", ".join(f"{rate:.4f} at {weight}" for weight, rate in tried.items()) + ")"
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

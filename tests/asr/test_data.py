@@ -12,7 +12,7 @@ import torch
 from scipy.io import wavfile
 
 from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
-                      corpus_plan, load_manifest, read_audio, recorded_speech)
+                      corpus_plan, load_manifest, read_audio, recorded_speech, training_text_sentences)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
@@ -77,6 +77,11 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert [t for t, _ in plain["train"]] == [t for t, _ in plan["train"]]  # flite takes voices, not sentences
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
     assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
+    learnt = set(training_text_sentences(config))  # what a tokenizer and language model may learn from
+    assert seen <= learnt | {t for t, _ in plan["validation"]} and not learnt & ({t for t, _ in plan["validation"]} | set(domain))
+    assert not learnt & {t for t, _ in plan["test_sentences"]} and len(learnt) > 50_000
+    with pytest.raises(ValueError, match="training text sentences exist for text 'modern'"):
+        training_text_sentences(CorpusConfig())
     assert all(3 <= len(text.split()) <= 20 for split in plan.values() for text, _ in split)
     with pytest.raises(ValueError, match=r"text in \('shakespeare', 'modern'\)"):
         CorpusConfig(text="news")

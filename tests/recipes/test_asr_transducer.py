@@ -90,6 +90,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                "--bucket_size", "4", "--train.max_steps", "2", "--train.global_batch_size", "2", "--train.eval_every", "2",
                "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2",
                "--augment.speeds", "0.9,1.0,1.1", "--augment.noise", "0.5", "--augment.reverb", "0.3",
+               "--lm_text", "training_text", "--lm_weights", "0.0,0.3",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -99,6 +100,10 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert config["metrics"]["sizes"]["test_domain"] == config["metrics"]["sizes"]["test_synthesiser"] == 3
     assert config["metrics"]["test_synthesiser"]["utterances"] == 2
     assert "--augment.speeds 0.9,1.0,1.1" in (tmp_path / "model" / "README.md").read_text()
+    card = (tmp_path / "model" / "README.md").read_text()
+    tried = config["metrics"]["lm_weight_validation_wer"]
+    assert set(tried) == {"0.0", "0.3"} and config["decoding"]["lm_weight"] == min((r, float(w)) for w, r in tried.items())[1]
+    assert "of the training text (`language_model.safetensors`, weight" in " ".join(card.split())
     card = (tmp_path / "model" / "README.md").read_text()
     assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card and "test_synthesiser: piper" in card
     # Two steps at the warm-up's learning rate move the pretrained encoder only a little.
