@@ -1,11 +1,19 @@
-"""`zoo transcribe`: transcribe WAV files with a zoo speech recogniser."""
+"""`zoo transcribe`: transcribe WAV files with a zoo speech recogniser, whole or as a stream."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from asr.transcription import transcribe
+import torch
+
+from asr.data import read_audio
+from asr.streaming import StreamingTranscriber
+from asr.transcription import recogniser, transcribe
 from zoo.commands import Command
+
+STDIN = "-"
+"""The FILE that reads raw 16-bit little-endian mono PCM at the model's rate from standard input (streaming)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,13 +25,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weight of the model's language model in beam search (default: the model's; 0: off)")
     parser.add_argument("--ilm-weight", type=float, default=None,
                         help="weight of the internal language model subtracted in the fusion (default: the model's)")
+    parser.add_argument("--streaming", action="store_true",
+                        help="decode as the audio arrives, printing words as they are complete (greedy; needs a "
+                             f"chunk-wise model); FILE {STDIN} reads raw 16-bit mono PCM at the model's rate from stdin")
+    parser.add_argument("--chunk-ms", type=int, default=320, help="streaming: audio per decoding step, in ms")
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.streaming:
+        for path in args.files:
+            stream(args.name, path, args.chunk_ms)
+        return
+    if STDIN in args.files:
+        raise ValueError(f"FILE {STDIN} (standard input) needs --streaming")
     texts = transcribe(args.name, args.files, method=args.method, beam=args.beam, lm_weight=args.lm_weight,
                        ilm_weight=args.ilm_weight)
     for path, text in zip(args.files, texts):
         print(f"{path}: {text}")
+
+
+def stream(name: str, path: str, chunk_ms: int) -> None:
+    """Feed `path` (or stdin) to a StreamingTranscriber chunk_ms at a time; print "PATH:" and then each
+    word as it is complete, on one line."""
+    found = recogniser(name)
+    transcriber = StreamingTranscriber(found.model, found.tokenizer, found.features, chunk_ms)
+    samples = chunk_ms * found.features.sample_rate // 1000
+    print(f"{path}:", end="", flush=True)
+    for piece in _pieces(path, samples, found.features.sample_rate):
+        for word in transcriber.accept(piece):
+            print(f" {word.text}", end="", flush=True)
+    for word in transcriber.finish():
+        print(f" {word.text}", end="", flush=True)
+    print()
+
+
+def _pieces(path: str, samples: int, sample_rate: int):
+    """(samples,) float pieces of stdin's raw PCM as it arrives, or of a WAV file (read as `read_audio` does)."""
+    if path != STDIN:
+        waveform = read_audio(path, sample_rate)
+        yield from waveform.split(samples)
+        return
+    while block := sys.stdin.buffer.read(2 * samples):
+        usable = len(block) // 2 * 2
+        yield torch.frombuffer(bytearray(block[:usable]), dtype=torch.int16).float() / 32768
 
 
 TRANSCRIBE = Command("transcribe", "transcribe WAV files with a speech recogniser", add_arguments, run)

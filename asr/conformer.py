@@ -6,6 +6,12 @@
 
 Padded frames (past each utterance's length) are never attended to and are zeroed before the
 depthwise convolution, so an utterance encodes the same alone or padded in a batch.
+
+Chunk-wise mode (chunk_frames > 0), for streaming: the subsampled frames fall into chunks of
+chunk_frames; a frame attends to the frames of its own chunk and of left_chunks chunks before it
+(-1: all before it), and the depthwise convolution is causal (it reads kernel - 1 frames back, none
+ahead). A frame's encoding then depends on no input after its chunk but the subsampling's look-ahead
+(the 3x3 convolutions read up to 6 input frames, 60 ms, past a subsampled frame's own four).
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ class ConformerConfig:
     frame_stack: int = 1
     """Consecutive subsampled frames merged into one by the subsampling's output linear: 2 gives the
     blocks an 8x frame rate (80 ms), half the frames to process (a trailing odd frame is dropped)."""
+    chunk_frames: int = 0
+    """Chunk-wise mode: subsampled frames per attention chunk (8 = 320 ms at 40 ms a frame); 0: full
+    context (see the module docstring)."""
+    left_chunks: int = 4
+    """Chunk-wise mode: chunks before its own that a frame attends to (-1: all)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subsampling_channels", tuple(self.subsampling_channels))  # a list from config.json
@@ -56,6 +67,9 @@ class ConformerConfig:
             raise ValueError(f"ConformerConfig.subsampling_channels must be two counts >= 1; got {self.subsampling_channels}")
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise ValueError(f"ConformerConfig.width must split into {self.heads} heads of even size; got {self.width}")
+        if self.chunk_frames < 0 or self.left_chunks < -1:
+            raise ValueError(f"ConformerConfig needs chunk_frames >= 0 and left_chunks >= -1; got {self.chunk_frames} "
+                             f"and {self.left_chunks}")
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
             raise ValueError(f"ConformerConfig.conv_kernel must be odd; got {self.conv_kernel}")
         if self.input_dim < 7:
@@ -110,14 +124,18 @@ class FeedForward(nn.Module):
 
 
 class RotaryAttention(nn.Module):
-    """LayerNorm -> multi-head self-attention with rotary positions and a key padding mask."""
+    """LayerNorm -> multi-head self-attention with rotary positions and a key padding mask, or a
+    (B, T, T) mask of which frames each frame attends to (chunk-wise mode)."""
 
     def __init__(self, config: ConformerConfig) -> None:
         super().__init__()
         self.norm = Norm(config.width)
         self.attn = SelfAttention(config.width, config.heads, dropout=config.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if attention_mask is not None:
+            return self.attn(self.norm(x), rotary=rotary, attn_mask=attention_mask)
         return self.attn(self.norm(x), mask, rotary=rotary)
 
 
@@ -128,14 +146,15 @@ class ConvModule(nn.Module):
         super().__init__()
         self.norm = Norm(config.width)
         self.pointwise_in = nn.Linear(config.width, 2 * config.width)
-        self.depthwise = nn.Conv1d(config.width, config.width, config.conv_kernel, padding=config.conv_kernel // 2,
-                                   groups=config.width)
+        # (left, right) zero padding of the depthwise convolution: centred, or causal in chunk-wise mode
+        self.padding = (config.conv_kernel - 1, 0) if config.chunk_frames else (config.conv_kernel // 2,) * 2
+        self.depthwise = nn.Conv1d(config.width, config.width, config.conv_kernel, groups=config.width)
         self.depthwise_norm = Norm(config.width)
         self.pointwise_out = nn.Linear(config.width, config.width)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = F.glu(self.pointwise_in(self.norm(x)), dim=-1).masked_fill(~mask[..., None], 0.0)
-        x = self.depthwise(x.transpose(1, 2)).transpose(1, 2)
+        x = self.depthwise(F.pad(x.transpose(1, 2), self.padding)).transpose(1, 2)
         return self.pointwise_out(F.silu(self.depthwise_norm(x)))
 
 
@@ -149,10 +168,11 @@ class ConformerBlock(nn.Module):
                                                     FeedForward(config))
         self.norm = Norm(config.width)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         p, training = self.dropout, self.training
         x = dropout_add(0.5 * self.ff1(x), x, p=p, training=training)
-        x = dropout_add(self.attn(x, mask, rotary), x, p=p, training=training)
+        x = dropout_add(self.attn(x, mask, rotary, attention_mask), x, p=p, training=training)
         x = dropout_add(self.conv(x, mask), x, p=p, training=training)
         x = dropout_add(0.5 * self.ff2(x), x, p=p, training=training)
         return self.norm(x)
@@ -181,7 +201,8 @@ class ConformerEncoder(nn.Module):
     def enter(self, features: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
         """Subsample features (B, T, F) of `lengths` (B,) frames into what every block reads:
         {"hidden": (B, T', W), "lengths": (B,) of T', "mask": (B, T') True at frames,
-        "rotary_cos", "rotary_sin": (T', head_dim / 2) rotary tables}."""
+        "rotary_cos", "rotary_sin": (T', head_dim / 2) rotary tables}, and in chunk-wise mode
+        "attention_mask": (B, T', T') True where a frame attends to a frame (`chunk_attention_mask`)."""
         if features.ndim != 3 or features.shape[-1] != self.config.input_dim:
             raise ValueError(f"features must be (B, T, {self.config.input_dim}); got {tuple(features.shape)}")
         shortest = 4 * self.config.frame_stack + 3
@@ -192,14 +213,30 @@ class ConformerEncoder(nn.Module):
         lengths = subsampled_lengths(lengths.to(x.device), self.config.frame_stack)
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         cos, sin = rotary_tables(x.shape[1], self.config.width // self.config.heads, self.config.rotary_base, x.device)
-        return {"hidden": x, "lengths": lengths, "mask": mask, "rotary_cos": cos, "rotary_sin": sin}
+        carry = {"hidden": x, "lengths": lengths, "mask": mask, "rotary_cos": cos, "rotary_sin": sin}
+        if self.config.chunk_frames:
+            carry["attention_mask"] = chunk_attention_mask(mask, self.config.chunk_frames, self.config.left_chunks)
+        return carry
 
     @staticmethod
     def run_block(block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One Conformer block on the carry of `enter`."""
-        return {**carry, "hidden": block(carry["hidden"], carry["mask"], (carry["rotary_cos"], carry["rotary_sin"]))}
+        return {**carry, "hidden": block(carry["hidden"], carry["mask"], (carry["rotary_cos"], carry["rotary_sin"]),
+                                         carry.get("attention_mask"))}
 
     @staticmethod
     def leave(carry: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(encoded (B, T', W), lengths (B,)) of the last block's carry (each block ends with its own norm)."""
         return carry["hidden"], carry["lengths"]
+
+
+def chunk_attention_mask(mask: torch.Tensor, chunk_frames: int, left_chunks: int) -> torch.Tensor:
+    """(B, T, T) bool: frame i attends to frame j when j is a frame (mask (B, T)) in i's chunk of
+    chunk_frames or in the left_chunks chunks before it (-1: any before it); a padded frame with no
+    such frame attends to itself, so that no row is empty."""
+    chunk = torch.arange(mask.shape[1], device=mask.device) // chunk_frames
+    allowed = chunk[None, :] <= chunk[:, None]
+    if left_chunks >= 0:
+        allowed &= chunk[None, :] >= chunk[:, None] - left_chunks
+    itself = torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device)
+    return (allowed[None] & mask[:, None, :]) | itself[None]

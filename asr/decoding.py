@@ -3,10 +3,13 @@ merged by log-add; with one symbol per frame, icefall's `modified_beam_search`; 
 frame let character models keep up with fast speech).
 
 Both take a `Transducer` and its encoder output (B, T, E) with lengths (B,), and return one token
-id list per utterance (blank never included).
+id list per utterance (blank never included). `greedy_continue` goes on from a `GreedyState` over
+frames that arrive later (`asr.streaming`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -19,31 +22,62 @@ def _decoder_proj(model: Transducer, contexts: torch.Tensor) -> torch.Tensor:
     return model.joiner.decoder_proj(model.decoder(contexts)[:, -1])
 
 
+@dataclass
+class GreedyState:
+    """Where a batch of greedy searches stands, so that it can go on over later frames (streaming)."""
+
+    contexts: torch.Tensor
+    """(B, context_size) each hypothesis's last tokens (blanks before the first)."""
+    decoder_proj: torch.Tensor
+    """(B, J) the joiner's decoder projection of those contexts."""
+    hypotheses: list[list[int]]
+    """Tokens emitted so far, per utterance."""
+    frames: list[list[int]]
+    """The encoder frame (counted from the first one searched) each of those tokens was emitted at."""
+    frames_done: int = 0
+    """Encoder frames searched so far."""
+
+    @classmethod
+    def start(cls, model: Transducer, batch: int, device: torch.device | str = "cpu") -> GreedyState:
+        blank = model.config.blank_id
+        contexts = torch.full((batch, model.config.context_size), blank, dtype=torch.long, device=device)
+        return cls(contexts, _decoder_proj(model, contexts), [[] for _ in range(batch)], [[] for _ in range(batch)])
+
+
+@torch.no_grad()
+def greedy_continue(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor, state: GreedyState,
+                    max_symbols_per_frame: int = 3) -> GreedyState:
+    """Greedy search over encoder_out (B, T, E) (lengths (B,)) going on from `state`, which it updates:
+    at each frame, emit the argmax token until it is blank or `max_symbols_per_frame` were emitted there."""
+    if max_symbols_per_frame < 1:
+        raise ValueError(f"max_symbols_per_frame must be >= 1; got {max_symbols_per_frame}")
+    blank = model.config.blank_id
+    encoder_proj = model.joiner.encoder_proj(encoder_out)
+    for t in range(encoder_out.shape[1]):
+        active = t < lengths
+        for _ in range(max_symbols_per_frame):
+            tokens = model.joiner.combine(encoder_proj[:, t], state.decoder_proj).argmax(-1)
+            emitted = active & (tokens != blank)
+            if not emitted.any():
+                break
+            for row in emitted.nonzero().squeeze(1).tolist():
+                state.hypotheses[row].append(int(tokens[row]))
+                state.frames[row].append(state.frames_done + t)
+            state.contexts = torch.where(emitted[:, None], torch.cat([state.contexts[:, 1:], tokens[:, None]], 1),
+                                         state.contexts)
+            state.decoder_proj = torch.where(emitted[:, None], _decoder_proj(model, state.contexts), state.decoder_proj)
+            active = emitted
+    state.frames_done += encoder_out.shape[1]
+    return state
+
+
 @torch.no_grad()
 def greedy_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
                   max_symbols_per_frame: int = 3) -> list[list[int]]:
     """Batched greedy decoding: at each frame, emit the argmax token until it is blank or
     `max_symbols_per_frame` tokens were emitted there."""
-    if max_symbols_per_frame < 1:
-        raise ValueError(f"max_symbols_per_frame must be >= 1; got {max_symbols_per_frame}")
-    batch, blank = encoder_out.shape[0], model.config.blank_id
-    contexts = torch.full((batch, model.config.context_size), blank, dtype=torch.long, device=encoder_out.device)
-    decoder_proj = _decoder_proj(model, contexts)
-    encoder_proj = model.joiner.encoder_proj(encoder_out)
-    hypotheses: list[list[int]] = [[] for _ in range(batch)]
-    for t in range(encoder_out.shape[1]):
-        active = t < lengths
-        for _ in range(max_symbols_per_frame):
-            tokens = model.joiner.combine(encoder_proj[:, t], decoder_proj).argmax(-1)
-            emitted = active & (tokens != blank)
-            if not emitted.any():
-                break
-            for row in emitted.nonzero().squeeze(1).tolist():
-                hypotheses[row].append(int(tokens[row]))
-            contexts = torch.where(emitted[:, None], torch.cat([contexts[:, 1:], tokens[:, None]], 1), contexts)
-            decoder_proj = torch.where(emitted[:, None], _decoder_proj(model, contexts), decoder_proj)
-            active = emitted
-    return hypotheses
+    state = GreedyState.start(model, encoder_out.shape[0], encoder_out.device)
+    return greedy_continue(model, encoder_out, lengths, state, max_symbols_per_frame).hypotheses
 
 
 Hypotheses = dict[tuple[int, ...], torch.Tensor]

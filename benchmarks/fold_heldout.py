@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -106,7 +107,10 @@ def main() -> None:
         card.write_text(text)
 
 
-def markdown(rows, totals, by_source, cost, removed, training, args) -> str:
+def markdown(rows: list[dict[str, Any]], totals: dict[str, float], by_source: dict[str, dict[str, float]],
+             cost: dict[str, float], removed: int, training: int, args: argparse.Namespace) -> str:
+    """The card and BENCHMARKS section: the command, the means, pLDDT's correlation, the fold cost, the
+    means by source and the per-chain table of `rows`."""
     means = " | ".join(f"{totals[f'{p}_lddt']:.3f} / {totals[f'{p}_tm']:.3f} / {totals[f'{p}_gdt_ts']:.3f}"
                        for p in PREDICTORS)
     lines = [CARD_SECTION, "",

@@ -66,6 +66,32 @@ def test_chunked_dropout_path_has_exact_gradients(kv_heads):
     assert torch.autograd.gradcheck(run, tensors)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_attention_mask_matches_float64_and_its_dropout_path_has_exact_gradients(batched):
+    """attn_mask (Sq, Skv) or (B, Sq, Skv), with a key padding mask: against masked float64 scores,
+    and gradcheck of the chunked dropout path, which takes the mask as a per-row bias."""
+    q, k, v = qkv(2, seed=7)
+    chunk = torch.arange(13) // 4
+    rows = (chunk[None, :] <= chunk[:, None]) & (chunk[None, :] >= chunk[:, None] - 1)  # chunk-wise, 1 chunk back
+    attn_mask = torch.stack([rows, rows.tril()]) if batched else rows
+    out = attention(q, k, v, key_padding_mask=padding(), attn_mask=attn_mask)
+    groups = 2
+    ke, ve = k.double().repeat_interleave(groups, 1), v.double().repeat_interleave(groups, 1)
+    scores = q.double() @ ke.transpose(-1, -2) / 4.0
+    allowed = padding()[:, None, None, :] & (attn_mask[:, None] if batched else attn_mask)
+    expected = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve
+    assert relative_error(out, expected) < 1e-5
+    small = [t.detach().double()[..., :6, :4].contiguous().requires_grad_() for t in (q, k, v)]
+
+    def run(*args):
+        torch.manual_seed(3)
+        return attention(*args, key_padding_mask=padding()[:, :6], attn_mask=attn_mask[..., :6, :6], dropout_p=0.3)
+
+    assert torch.autograd.gradcheck(run, small)
+    with pytest.raises(ValueError, match="attn_mask must be bool"):
+        attention(q, k, v, attn_mask=rows[:5])
+
+
 def test_attention_dropout_statistics_and_reproducibility():
     q, k, v = qkv(4, 1, length=64)
     ones = torch.ones_like(v)

@@ -100,7 +100,8 @@ class _ChunkedAttention(torch.autograd.Function):
         return grad_q, fold(grad_k), fold(grad_v), None, None, None, None, None
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
+           attn_mask: torch.Tensor | None) -> None:
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape != v.shape:
@@ -117,33 +118,40 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: 
                              f"got {tuple(key_padding_mask.shape)}")
         if key_padding_mask.dtype != torch.bool:
             raise TypeError(f"key_padding_mask must be bool (True = attend); got {key_padding_mask.dtype}")
+    if attn_mask is not None and (attn_mask.shape[-2:] != (q.shape[2], k.shape[2]) or attn_mask.ndim not in (2, 3)
+                                  or attn_mask.shape[:-2] not in ((), (q.shape[0],)) or attn_mask.dtype != torch.bool):
+        raise ValueError(f"attn_mask must be bool (Sq, Skv) or (B, Sq, Skv) with B, Sq, Skv = "
+                         f"{(q.shape[0], q.shape[2], k.shape[2])}; got {attn_mask.dtype} {tuple(attn_mask.shape)}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               key_padding_mask: torch.Tensor | None = None, dropout_p: float = 0.0, scale: float | None = None,
-              training: bool = True) -> torch.Tensor:
+              training: bool = True, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + masks) v with dropout on the probabilities.
 
     q: (B, Hq, S, D); k, v: (B, Hkv, Skv, D) with Hq a multiple of Hkv (MQA: Hkv = 1, GQA: 1 < Hkv <
     Hq; query head h uses key/value head h // (Hq / Hkv)); key_padding_mask: (B, Skv) bool, True
-    where a key may be attended; causal masks key j > query i + Skv - S (the queries are the last S
+    where a key may be attended; attn_mask: (Sq, Skv) or (B, Sq, Skv) bool, True where query i may
+    attend key j (the same for every head, e.g. chunk-wise attention); causal masks key j > query i + Skv - S (the queries are the last S
     of the Skv positions, as in incremental decoding; for S = Skv this is SDPA's is_causal).
     scale defaults to 1 / sqrt(D). Returns (B, Hq, S, D). A query that sees no key gets zeros on the
     chunked path."""
-    _check(q, k, v, key_padding_mask)
+    _check(q, k, v, key_padding_mask, attn_mask)
     if causal and k.shape[2] < q.shape[2]:
         raise ValueError(f"causal attention needs at least as many keys as queries; got {k.shape[2]} keys, {q.shape[2]} queries")
     check_probability("dropout_p", dropout_p)
     p = dropout_p if training else 0.0
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]  # (B | 1, 1, Sq | 1, Skv)
+    if attn_mask is not None:
+        rows = attn_mask[:, None] if attn_mask.ndim == 3 else attn_mask[None, None]
+        mask = rows if mask is None else mask & rows
     if p and not q.is_cuda:
         bias = None
-        if key_padding_mask is not None:
-            bias = torch.zeros(key_padding_mask.shape, dtype=torch.float32, device=q.device)
-            bias = bias.masked_fill_(~key_padding_mask, float("-inf"))[:, None, None, :]
+        if mask is not None:
+            bias = torch.zeros(mask.shape, dtype=torch.float32, device=q.device).masked_fill_(~mask, float("-inf"))
         chunk = rows_per_chunk(4 * q.shape[0] * q.shape[1] * k.shape[2])  # float32 scores of one query row
         return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
-    mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
     if causal and (mask is not None or q.shape[2] != k.shape[2]):  # else SDPA's is_causal serves
         lower = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
         mask = lower if mask is None else mask & lower
@@ -195,31 +203,34 @@ class SelfAttention(nn.Module):
 
     def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
              cache: LayerKVCache | None = None,
-             rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+             attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Projection and attention without the output projection: (B, S, W) -> (B, S, Hq * D).
         With `cache`, x holds the positions after the cached ones, whose keys and values join the
         cache; key_padding_mask then covers all (B, cached + S) positions. rotary: (cos, sin) tables
-        (S, D/2) rotating queries and keys (`zoo.nn.rotary`)."""
+        (S, D/2) rotating queries and keys (`zoo.nn.rotary`). attn_mask: (S, Skv) or (B, S, Skv) bool,
+        True where a query may attend a key (`attention`)."""
         q, k, v = self.project(x)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if cache is not None:
             k, v = cache.append(k, v)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
-                      training=self.training)
+                      training=self.training, attn_mask=attn_mask)
         return y.transpose(1, 2).flatten(2)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W).
 
         With `recompute` (and no cache), the projections and attention run again in backward
         instead of keeping q, k, v: only x (which the preceding norm keeps anyway) is saved."""
         if self.recompute and torch.is_grad_enabled() and cache is None:
-            y = checkpoint(self.core, x, key_padding_mask, None, rotary, use_reentrant=False)
+            y = checkpoint(self.core, x, key_padding_mask, None, rotary, attn_mask, use_reentrant=False)
         else:
-            y = self.core(x, key_padding_mask, cache, rotary)
+            y = self.core(x, key_padding_mask, cache, rotary, attn_mask)
         return self.out(y)
 
     def extra_repr(self) -> str:
