@@ -163,9 +163,10 @@ def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tens
 def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: TranscriptTokenizer,
                      features: FeatureConfig, beam: int, language_model: LanguageModel | None,
                      lm_weight: float, ilm_weight: float) -> dict[str, Any]:
-    """{"greedy_wer", "beam_wer", "lm_wer", "lm_cer", "utterances", "examples"} of `rows` {"audio",
-    "text"}: greedy search, beam search, and beam search with the language model (the model's
-    transcripts; without a language model lm_* repeat the plain beam search's)."""
+    """{"greedy_wer", "beam_wer", "lm_wer", "lm_cer", "utterances", "examples", "per_utterance"} of
+    `rows` {"audio", "text"}: greedy search, beam search, and beam search with the language model (the
+    model's transcripts; without a language model lm_* repeat the plain beam search's); examples: the
+    first 3 (reference, hypothesis) pairs; per_utterance: every one's, with its own WER."""
     waveforms = [read_audio(row["audio"], features.sample_rate) for row in rows]
     references = [row["text"] for row in rows]
     greedy = transcribe(model, waveforms, tokenizer, features, method="greedy")
@@ -175,7 +176,9 @@ def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: T
     return {"greedy_wer": error_counts(references, greedy).rate, "beam_wer": error_counts(references, searched).rate,
             "lm_wer": error_counts(references, fused).rate, "lm_cer": error_counts(references, fused, "char").rate,
             "utterances": len(rows),
-            "examples": [{"reference": r, "hypothesis": h} for r, h in list(zip(references, fused))[:3]]}
+            "examples": [{"reference": r, "hypothesis": h} for r, h in list(zip(references, fused))[:3]],
+            "per_utterance": [{"reference": r, "hypothesis": h, "wer": error_counts([r], [h]).rate}
+                              for r, h in zip(references, fused)]}
 
 
 def tuned_lm_weight(config: ASRTransducerConfig, model: Transducer, rows: list[dict[str, Any]],
@@ -293,6 +296,10 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 |---|---|---|---|---|---|
 {rows}
 
+The real recordings one by one (beam search with the language model):
+
+{_recorded_rows(metrics)}
+
 ## Memory per rank (measured in training step 2)
 
 {memory}
@@ -332,6 +339,13 @@ def _domain_words(corpus: CorpusConfig) -> str:
     return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
             "Amazon product reviews), and the same sentences spoken by a synthesiser never trained on "
             "(test_synthesiser: piper's neural voice joe).")
+
+
+def _recorded_rows(metrics: dict[str, Any]) -> str:
+    lines = ["| set | reference | hypothesis | WER |", "|---|---|---|---|"]
+    lines += [f"| {name} | {u['reference']} | {u['hypothesis']} | {u['wer']:.3f} |"
+              for name in RECORDED for u in metrics[name]["per_utterance"]]
+    return "\n".join(lines)
 
 
 def _tuning_words(metrics: dict[str, Any]) -> str:

@@ -104,6 +104,8 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     tried = config["metrics"]["lm_weight_validation_wer"]
     assert set(tried) == {"0.0", "0.3"} and config["decoding"]["lm_weight"] == min((r, float(w)) for w, r in tried.items())[1]
     assert "of the training text (`language_model.safetensors`, weight" in " ".join(card.split())
+    recorded = config["metrics"]["librivox"]["per_utterance"]
+    assert len(recorded) == 2 and all(f"| librivox | {u['reference']} | {u['hypothesis']} |" in card for u in recorded)
     card = (tmp_path / "model" / "README.md").read_text()
     assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card and "test_synthesiser: piper" in card
     # Two steps at the warm-up's learning rate move the pretrained encoder only a little.
