@@ -105,13 +105,14 @@ class StreamingTranscriber:
 
     def _decode(self, final: bool) -> None:
         """Encode the window and decode the frames of newly completed chunks (every frame when final)."""
-        heard = self.audio.numel()
-        if heard <= self.features.n_fft // 2:
+        heard, hop, half_window = self.audio.numel(), self.features.hop_length, self.features.n_fft // 2
+        if heard <= half_window:
             return
-        # Feature frames whose windows lie wholly in the audio heard (centred: frame i reads i*hop +- n_fft/2).
-        complete = heard // self.features.hop_length + 1 if final else (heard - self.features.n_fft // 2) // self.features.hop_length + 1
+        # Feature frames whose windows lie wholly in the audio heard (centred: frame i reads i*hop +- n_fft/2);
+        # at the end, every frame, the last ones reflect-padded as offline.
+        complete = (heard if final else heard - half_window) // hop + 1
         first = max(0, complete - self.window_features) // self.chunk_features * self.chunk_features
-        waveform = self.audio[first * self.features.hop_length :]
+        waveform = self.audio[first * hop :]
         feats, _ = log_mel(self.features.levelled(waveform), self.features)
         feats = feats[:, : complete - first]
         frames = int(subsampled_lengths(feats.shape[1], self.model.config.encoder.frame_stack))
