@@ -62,7 +62,7 @@ class ASRTransducerConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     """What speech to synthesise."""
     tokens: Literal["char", "bpe"] = "char"
-    """Output tokens: characters, or a BPE trained on the training transcripts."""
+    """Output tokens: characters, or a BPE trained on the training transcripts (or text, lm_text)."""
     bpe_vocab_size: int = 256
     """Pieces of the BPE (tokens="bpe")."""
     model: TransducerConfig = field(default_factory=lambda: TransducerConfig.sized(
