@@ -1,0 +1,88 @@
+"""Real-time factor of `zoo transcribe`: seconds of computing per second of audio, for a 10 s
+recording of held-out sentences (espeak-ng, training voices, 0.3 s pauses), greedy and beam
+search, with the models' own decoding settings; and a 10-minute recording (the 10 s one 60 times),
+cut into segments (`asr.segmentation`), with the peak RSS of a fresh process.
+
+    python benchmarks/asr_transcribe_speed.py [MODEL ...] [--threads 2] [--repeats 3]
+
+MODEL: zoo names or folders of speech recognisers (default: asr-transducer-tiny). Each model runs
+in a fresh process (`--one` is that process's entry), so that the peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def recording(seconds: float, folder: Path) -> torch.Tensor:
+    """(N,) 16 kHz held-out sentences spoken one after another with 0.3 s pauses, cut to `seconds`."""
+    from asr.data import CorpusConfig, read_audio, split_sentences
+    from asr.voices import speak, voices
+
+    sentences = split_sentences(CorpusConfig())[2]
+    pieces, total = [], 0
+    for index, (text, voice) in enumerate(zip(sentences, voices("none", len(sentences), random.Random(0)))):
+        path = folder / f"{index}.wav"
+        speak(text, voice, path)
+        pieces += [read_audio(path, 16000), torch.zeros(4800)]
+        total += pieces[-2].numel() + 4800
+        if total >= seconds * 16000:
+            break
+    return torch.cat(pieces)[: int(seconds * 16000)]
+
+
+def one(model: str, threads: int, repeats: int) -> dict:
+    """Timings of one model in this process: {"greedy_rtf", "beam_rtf", "long_rtf", "peak_rss_mib"}."""
+    from asr.transcription import recogniser, transcribe
+
+    torch.set_num_threads(threads)
+    found = recogniser(model)
+    with tempfile.TemporaryDirectory() as folder:
+        ten = recording(10.0, Path(folder))
+    results = {}
+    for method in ("greedy", "beam"):
+        transcribe(found.model, [ten], found.tokenizer, found.features, method=method, beam=found.beam,
+                   language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            transcribe(found.model, [ten], found.tokenizer, found.features, method=method, beam=found.beam,
+                       language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
+        results[f"{method}_rtf"] = (time.perf_counter() - started) / repeats / 10.0
+    started = time.perf_counter()
+    transcribe(found.model, [ten.repeat(60)], found.tokenizer, found.features, method="greedy")
+    results["long_rtf"] = (time.perf_counter() - started) / 600.0
+    results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="*", default=["asr-transducer-tiny"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.models[0], args.threads, args.repeats)))
+        return
+    print(f"threads {args.threads}, {args.repeats} repeats of a 10 s recording; 10 minutes once\n")
+    print("| model | RTF greedy (10 s) | RTF beam (10 s) | RTF greedy (10 min, segmented) | peak RSS MiB |\n|---|---|---|---|---|")
+    for model in args.models:
+        done = subprocess.run([sys.executable, __file__, model, "--one", "--threads", str(args.threads), "--repeats",
+                               str(args.repeats)], capture_output=True, text=True, check=True)
+        r = json.loads(done.stdout.splitlines()[-1])
+        print(f"| {model} | {r['greedy_rtf']:.4f} | {r['beam_rtf']:.4f} | {r['long_rtf']:.4f} | {r['peak_rss_mib']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
