@@ -15,8 +15,10 @@ shift-invariant; so when the window is longer than the encoder's receptive field
 (left_chunks x chunk_frames + conv_kernel - 1) frames back) the frames are those of the whole
 recording encoded at once. Greedy search goes on over the new frames (`asr.decoding.greedy_continue`).
 
-The level (`FeatureConfig.level_dbfs`) is that of the audio heard so far: an automatic gain that
-settles as the speaker goes on, where offline transcription levels the whole recording at once.
+The stream keeps only the audio a later window can read (at most `window_seconds`, a chunk and a
+step), so a stream of any length holds bounded memory. The level (`FeatureConfig.level_dbfs`) is that
+of the window: an automatic gain that follows the speaker, where offline transcription levels the
+whole recording at once.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class StreamingTranscriber:
         self.window_features = math.ceil(window_seconds * features.sample_rate / features.hop_length)
         self.max_symbols = max_symbols_per_frame
         self.audio = torch.zeros(0)
+        """The audio a later window may still read: samples from `dropped` on."""
+        self.dropped = 0
+        """Samples heard before `audio` begins (a window starts on a chunk boundary and never moves back)."""
         self.fed = 0
         """Samples offered since the last step."""
         self.state = GreedyState.start(model, 1)
@@ -86,6 +91,11 @@ class StreamingTranscriber:
     def text(self) -> str:
         """The transcript so far."""
         return self.tokenizer.decode(self.state.hypotheses[0])
+
+    @property
+    def heard_samples(self) -> int:
+        """Samples heard since the stream began."""
+        return self.dropped + self.audio.numel()
 
     def accept(self, samples: torch.Tensor) -> list[EmittedWord]:
         """Hear samples (N,) (float, at features.sample_rate); returns the words they completed."""
@@ -105,14 +115,17 @@ class StreamingTranscriber:
 
     def _decode(self, final: bool) -> None:
         """Encode the window and decode the frames of newly completed chunks (every frame when final)."""
-        heard, hop, half_window = self.audio.numel(), self.features.hop_length, self.features.n_fft // 2
+        heard, hop, half_window = self.heard_samples, self.features.hop_length, self.features.n_fft // 2
         if heard <= half_window:
             return
         # Feature frames whose windows lie wholly in the audio heard (centred: frame i reads i*hop +- n_fft/2);
         # at the end, every frame, the last ones reflect-padded as offline.
         complete = (heard if final else heard - half_window) // hop + 1
         first = max(0, complete - self.window_features) // self.chunk_features * self.chunk_features
-        waveform = self.audio[first * hop :]
+        # Later windows start at `first` or after it: the audio before it is never read again.
+        self.audio = self.audio[first * hop - self.dropped :]
+        self.dropped = first * hop
+        waveform = self.audio
         feats, _ = log_mel(self.features.levelled(waveform), self.features)
         feats = feats[:, : complete - first]
         frames = int(subsampled_lengths(feats.shape[1], self.model.config.encoder.frame_stack))
@@ -134,7 +147,7 @@ class StreamingTranscriber:
         words = self.text.split()
         complete = len(words) if final else max(0, len(words) - 1)
         new = []
-        heard = self.audio.numel() / self.features.sample_rate
+        heard = self.heard_samples / self.features.sample_rate
         for index in range(self.words_out, complete):
             last = self._last_token(words[index])
             new.append(EmittedWord(words[index], heard, self.decoded_at[last],

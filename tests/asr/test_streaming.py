@@ -53,6 +53,9 @@ def test_streaming_decodes_what_the_whole_recording_decodes(chunk_ms, piece_ms, 
     transcriber, words = stream(model, waveform, chunk_ms, piece_ms, window_seconds)
     assert len(expected) > 20  # the untrained model emits: the comparison is not between two empty lists
     assert transcriber.state.hypotheses[0] == expected
+    # Only the window is kept: at most window_seconds, a chunk of window alignment and a step of new audio.
+    assert transcriber.heard_samples == waveform.numel()
+    assert transcriber.audio.numel() <= (window_seconds + (2 * chunk_ms + piece_ms) / 1000) * 16000
     assert [w.text for w in words] == transcriber.text.split()
     times = [w.emitted_at for w in words]
     assert times == sorted(times)
