@@ -21,8 +21,10 @@ def test_each_synthesiser_speaks_at_16_khz_and_its_speed_sets_the_length(voice, 
     assert rate == 16000 and samples.ndim == 1 and samples.dtype.name == "int16"
     assert 2.0 < seconds < 6.0 and seconds == pytest.approx(len(samples) / 16000)
     assert abs(samples).max() > 3000  # sound, not silence
-    fast = Voice(voice.accent, voice.variant, 220, voice.pitch, voice.synthesiser)
-    assert speak(SENTENCE, fast, tmp_path / "fast.wav") < 0.9 * seconds
+    # 140 against 220 words per minute: piper draws its durations at random (a few percent apart run to run)
+    # and pads with silence that does not scale, so its 170-against-220 ratio, about 0.87, is too close to call.
+    slow, fast = (Voice(voice.accent, voice.variant, speed, voice.pitch, voice.synthesiser) for speed in (140, 220))
+    assert speak(SENTENCE, fast, tmp_path / "fast.wav") < 0.9 * speak(SENTENCE, slow, tmp_path / "slow.wav")
 
 
 def test_training_flite_and_held_out_piper_voices():
