@@ -27,15 +27,20 @@ def write_atomically(path: Path, data: str | bytes) -> None:
 
 
 def _download(command: list[str], folder: Path, pattern: str, what: str, retry: list[str] | None = None) -> Path:
+    """The file matching `pattern` in `folder`, made by running `command` once (in a private temporary
+    folder, then moved in whole: processes downloading the same file at once never see half of one)."""
     found = sorted(folder.glob(pattern))
     if found:
         return found[-1]
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-    if done.returncode and retry is not None:
-        # The package index may be missing (a fresh machine): refresh it once and try again.
-        subprocess.run(retry, capture_output=True, text=True)
-        done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix=".download.", dir=folder) as private:
+        done = subprocess.run(command, cwd=private, capture_output=True, text=True)
+        if done.returncode and retry is not None:
+            # The package index may be missing (a fresh machine): refresh it once and try again.
+            subprocess.run(retry, capture_output=True, text=True)
+            done = subprocess.run(command, cwd=private, capture_output=True, text=True)
+        for made in Path(private).glob(pattern):
+            os.replace(made, folder / made.name)
     found = sorted(folder.glob(pattern))
     if done.returncode or not found:
         raise RuntimeError(f"could not download {what} with `{' '.join(command)}` (exit {done.returncode}); "
