@@ -46,8 +46,11 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/zoo train gpt_shakespeare --nproc 2 --output runs/demo/gpt-shakespeare-char
 
+# Single-process tests two at a time, one per core; then the tests marked `ranks` alone (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not ranks" tests; shared=$$?; \
+	$(PY) -m pytest -q -m ranks tests; alone=$$?; \
+	test $$shared -eq 0 && test $$alone -eq 0
 
 # The training chains of the shipped fold-tiny (not needed by demo or test): Debian's ProMod3 structure
 # database exported whole up to 384 residues (protein/export_promod3.py, Debian's Python), then every

@@ -91,6 +91,7 @@ def test_a_budget_below_every_layout_names_what_would_fit():
         plan(functools.partial(GPT, TINY), tiny_batch(), 2, 100 << 10, CPU, space=SPACE)
 
 
+@pytest.mark.ranks  # measures this machine: its cores and a 4-rank gloo link
 def test_budgets_and_devices_are_checked():
     assert parse_bytes("6GiB") == 6 << 30 and parse_bytes("512 mib") == 512 << 20 and parse_bytes("80GB") == 80 * 10**9
     for bad in ("six", "6 parsecs", "-1GiB", 0, True):

@@ -64,6 +64,7 @@ def test_bad_override_is_reported_without_a_traceback():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tokenizer,zero,vocab,parallel", [
     ("char", "3", 84, ()), ("gpt2", "1", 50257, ()),
@@ -99,6 +100,7 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
         assert "--strategy.tp 2 --strategy.sequence_parallel true" in (out / CARD_FILE).read_text()
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path):
     """`--offload chunks --offload-dir DIR --memory 2GiB --device-memory 256MiB` (ZeRO-3 over
@@ -124,6 +126,7 @@ def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path)
     assert "--strategy.device_memory_budget 268435456" in card
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_train_a_pipeline_on_four_ranks_writes_a_loadable_model(tmp_path):
     out = tmp_path / "gpt"
@@ -174,6 +177,7 @@ def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
     return {"not_image": not_image, "truncated": truncated, "missing": missing}
 
 
+@pytest.mark.ranks
 def test_plan_prints_layouts_that_fit_with_their_train_flags():
     result = zoo_cli("plan", "gpt-shakespeare-char", "--nproc", "2", "--memory", "48MiB", "--micro-batch-size", "4",
                      "--max-traces", "4", timeout=300)
@@ -186,6 +190,7 @@ def test_plan_prints_layouts_that_fit_with_their_train_flags():
         assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("arch, fields", [("transducer", ()), ("fold", ("--evoformer.blocks", "2"))])
 def test_plan_traces_the_example_batch_of_each_architecture(arch, fields):
     result = zoo_cli("plan", arch, "--nproc", "2", "--memory", "4GiB", "--max-traces", "2", "--top", "2", *fields,
