@@ -4,14 +4,12 @@ utterance encodes the same alone and padded, and a transducer on it trains and r
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 import zoo
-from asr.features import FeatureConfig, log_mel
-from asr.whisper_encoder import (WhisperEncoder, encoded_lengths, packaged_whisper_tiny_en, sinusoids,
-                                 whisper_scaled)
+from asr.whisper_encoder import WhisperEncoder, encoded_lengths, packaged_whisper_tiny_en, sinusoids
+from asr.whisper_parity import encoder_error, feature_scaling_error
 from helpers import relative_error
 from tiny_transducer import tiny_whisper, token_utterances
 
@@ -23,16 +21,7 @@ def tiny_en() -> WhisperEncoder:
 
 @pytest.mark.parametrize("frames", [600, 3000])
 def test_the_imported_encoder_matches_ctranslate2s_forward_pass(tiny_en, frames):
-    import ctranslate2  # a dev requirement
-
-    reference = ctranslate2.models.Whisper(str(packaged_whisper_tiny_en().parent), device="cpu", compute_type="float32")
-    features = torch.randn(2, frames, 80, generator=torch.Generator().manual_seed(frames)) * 0.5
-    expected = np.asarray(reference.encode(ctranslate2.StorageView.from_array(features.transpose(1, 2).contiguous().numpy()),
-                                           to_cpu=True))
-    with torch.no_grad():
-        encoded, lengths = tiny_en(features, torch.tensor([frames, frames]))
-    assert encoded.shape == (2, frames // 2, 384) and lengths.tolist() == [frames // 2] * 2
-    assert relative_error(encoded, torch.from_numpy(expected)) < 1e-5
+    assert encoder_error(tiny_en, frames) < 1e-5
 
 
 def test_the_import_reads_tiny_ens_shape_and_whispers_positions(tiny_en):
@@ -45,16 +34,7 @@ def test_the_import_reads_tiny_ens_shape_and_whispers_positions(tiny_en):
 
 
 def test_whisper_scaling_of_our_log_mel_is_the_whisper_feature_extractors():
-    from transformers import WhisperFeatureExtractor
-
-    waveform = np.random.default_rng(0).normal(0, 0.1, 16000 * 3).astype(np.float32)
-    waveform[16000:20000] *= 30  # a loud stretch sets the maximum, and the floor 8 decades below it
-    expected = WhisperFeatureExtractor(feature_size=80)(waveform, sampling_rate=16000, return_tensors="np",
-                                                        padding="longest")["input_features"][0].T  # (T, 80)
-    features, frames = log_mel(torch.from_numpy(waveform).double()[None], FeatureConfig())
-    # Whisper drops the centred STFT's last frame.
-    scaled = whisper_scaled(features[:, :-1].double(), frames - 1)[0]
-    assert relative_error(scaled, torch.from_numpy(expected)) < 1e-6
+    assert feature_scaling_error() < 1e-6
 
 
 def test_an_utterance_encodes_the_same_alone_and_padded_in_a_batch():
