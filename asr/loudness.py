@@ -2,6 +2,7 @@
 
     frame_levels(waveform (N,), hop) -> (N // hop,) dB of full scale (a full-scale sine is -3 dB)
     silent_frames(levels) -> (frames,) bool
+    sounding_level(waveform (N,), sample_rate) -> dB of full scale of its sounding frames (None if silent)
     scaled_to_level(waveform (N,), sample_rate, level_dbfs) -> (N,) with its sounding frames at level_dbfs
 
 A recogniser trained on clips at one level (espeak-ng speaks at about -21 dB of full scale) hears a
@@ -42,17 +43,25 @@ def silent_frames(levels: torch.Tensor) -> torch.Tensor:
     return levels < max(float(torch.quantile(levels, LOUD_QUANTILE)) - SILENCE_DB, FLOOR_DBFS)
 
 
-def scaled_to_level(waveform: torch.Tensor, sample_rate: int, level_dbfs: float) -> torch.Tensor:
-    """waveform (N,) scaled so that the mean square of its sounding (not silent) frames is level_dbfs;
-    a silent waveform is returned as it is. Samples may pass full scale: features take any float."""
+def sounding_level(waveform: torch.Tensor, sample_rate: int) -> float | None:
+    """Level in dB of full scale of the mean square of waveform (N,)'s sounding (not silent) frames;
+    None when every frame is silent."""
     hop = max(1, int(FRAME_SECONDS * sample_rate))
     levels = frame_levels(waveform, hop)
     sounding = ~silent_frames(levels)
     if not bool(sounding.any()):
-        return waveform
+        return None
     if waveform.numel() < hop:
         samples = waveform.double()
     else:
         samples = waveform[: levels.numel() * hop].double().reshape(-1, hop)[sounding]
-    level = 10 * torch.log10(samples.square().mean().clamp_min(1e-20))
+    return float(10 * torch.log10(samples.square().mean().clamp_min(1e-20)))
+
+
+def scaled_to_level(waveform: torch.Tensor, sample_rate: int, level_dbfs: float) -> torch.Tensor:
+    """waveform (N,) scaled so that the mean square of its sounding (not silent) frames is level_dbfs;
+    a silent waveform is returned as it is. Samples may pass full scale: features take any float."""
+    level = sounding_level(waveform, sample_rate)
+    if level is None:
+        return waveform
     return (waveform.double() * 10 ** ((level_dbfs - level) / 20)).to(waveform.dtype)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from asr.data import CorpusConfig, read_audio, split_sentences
+from asr.loudness import sounding_level
 from asr.transcription import recogniser, transcribe
 from asr.voices import speak, voices
 from asr.wer import error_counts
@@ -44,6 +45,8 @@ def main() -> None:
         return error_counts(references, heard).rate
 
     print(f"{args.model}, {args.method} search, {len(texts)} held-out sentences ({sum(len(t.split()) for t in texts)} words)\n")
+    levels = [sounding_level(w, 16000) for w in waves]
+    print(f"espeak-ng's level, sounding frames of the {len(waves)} clips: {min(levels):.1f} to {max(levels):.1f} dBFS\n")
     print("| gain | WER, levelled | WER, as recorded |\n|---|---|---|")
     for gain in GAINS:
         scaled = [(gain * w).clamp(-1, 1) for w in waves]
