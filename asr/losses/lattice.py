@@ -135,6 +135,16 @@ def _regular_weights(weights, logit_lengths, target_lengths):
 def _regular_torch(weights, logit_lengths, target_lengths):
     frames = weights[0].shape[1]
     inner_blank, exit_weight, skewed_label = _regular_weights(weights, logit_lengths, target_lengths)
+    alpha, beta = regular_alpha_beta(inner_blank, exit_weight, skewed_label)
+    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
+
+
+@torch.library.custom_op("memzoo_asr::regular_alpha_beta", mutates_args=())
+def regular_alpha_beta(inner_blank: torch.Tensor, exit_weight: torch.Tensor,
+                       skewed_label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Skewed alpha and beta, each (B, T+U, U+1), of the regular topology from its skewed (B, T+U, U+1)
+    weights: one diagonal after another. One operator, so that a traced step (fake tensors, the
+    memory estimate's dispatch modes) sees one call instead of ~20 small ops per diagonal."""
     batch, diagonals, _ = inner_blank.shape
     no_label = inner_blank.new_full((batch, 1), NEG_INF)
     alpha = torch.full_like(inner_blank, NEG_INF)
@@ -149,7 +159,12 @@ def _regular_torch(weights, logit_lengths, target_lengths):
         stay = beta[:, n + 1] + inner_blank[:, n]
         up = torch.cat([beta[:, n + 1, 1:], no_label], dim=1) + skewed_label[:, n]
         beta[:, n] = log_add(exit_weight[:, n], log_add(stay, up))
-    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
+    return alpha, beta
+
+
+@regular_alpha_beta.register_fake
+def _regular_alpha_beta_shapes(inner_blank, exit_weight, skewed_label):
+    return torch.empty_like(inner_blank), torch.empty_like(inner_blank)
 
 
 def _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames):
@@ -174,6 +189,15 @@ def _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, fram
 
 def _modified_torch(weights, logit_lengths, target_lengths):
     blank, label = weights
+    alpha, beta = modified_alpha_beta(blank, label, logit_lengths, target_lengths)
+    return _modified_posterior(alpha, beta, blank, label)
+
+
+@torch.library.custom_op("memzoo_asr::modified_alpha_beta", mutates_args=())
+def modified_alpha_beta(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.Tensor,
+                        target_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alpha and beta, each (B, T+1, U+1) over node rows t = 0..T, of the modified topology from its
+    (B, T, U+1) weights: one frame after another, as one operator (see `regular_alpha_beta`)."""
     batch, frames, width = blank.shape
     rows = torch.arange(batch, device=blank.device)
     no_label = blank.new_full((batch, 1), NEG_INF)
@@ -188,7 +212,13 @@ def _modified_torch(weights, logit_lengths, target_lengths):
         up = torch.cat([beta[:, t + 1, 1:], no_label], dim=1)
         step = log_add(beta[:, t + 1] + blank[:, t], up + label[:, t])
         beta[:, t] = torch.where((logit_lengths == t)[:, None], beta[:, t], step)
-    return _modified_posterior(alpha, beta, blank, label)
+    return alpha, beta
+
+
+@modified_alpha_beta.register_fake
+def _modified_alpha_beta_shapes(blank, label, logit_lengths, target_lengths):
+    batch, frames, width = blank.shape
+    return blank.new_empty(batch, frames + 1, width), blank.new_empty(batch, frames + 1, width)
 
 
 def _modified_posterior(alpha, beta, blank, label):
