@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._guards import detect_fake_mode
 
 from zoo.nn.backend import Backend, resolve_backend
 
@@ -47,7 +48,14 @@ _MIX = ((30, _signed(0xBF58476D1CE4E5B9)), (27, _signed(0x94D049BB133111EB)), (3
 
 def random_words(count: int, seed: int, device: torch.device, first: int = 0) -> torch.Tensor:
     """(count,) int64 of uniformly random bits: SplitMix64 of element offsets first + 1 ..
-    first + count under `seed`."""
+    first + count under `seed`.
+
+    Under fake tensors (the memory estimator's trace) the bits are never read: only the hash's two
+    buffers are made, so the trace holds the same bytes in 2 operations instead of 14."""
+    if detect_fake_mode() is not None:
+        words = torch.empty(count, dtype=torch.int64, device=device)
+        torch.empty_like(words)  # the shift's scratch buffer, freed when the hash ends
+        return words
     z = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device).mul_(_GOLDEN_GAMMA).add_(seed)
     shifted = torch.empty_like(z)
     for shift, multiplier in _MIX:  # z ^= z >>> shift (logical: arithmetic shift, sign bits masked off)
