@@ -11,12 +11,7 @@ import torch
 
 from asr.features import FeatureConfig, log_mel
 from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en, whisper_scaled
-
-
-def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected|| in float64."""
-    actual, expected = actual.double(), expected.double()
-    return ((actual - expected).norm() / expected.norm().clamp(min=1e-30)).item()
+from zoo.parity import relative_error
 
 
 def encoder_error(encoder: WhisperEncoder, frames: int) -> float:
@@ -32,7 +27,7 @@ def encoder_error(encoder: WhisperEncoder, frames: int) -> float:
         encoded, lengths = encoder.eval()(features, torch.tensor([frames, frames]))
     if encoded.shape != expected.shape or lengths.tolist() != [frames // 2] * 2:
         raise ValueError(f"encoded {tuple(encoded.shape)} with lengths {lengths.tolist()}; CTranslate2 gave {expected.shape}")
-    return _relative_error(encoded, torch.from_numpy(expected))
+    return relative_error(encoded, torch.from_numpy(expected))
 
 
 def feature_scaling_error(seed: int = 0) -> float:
@@ -47,4 +42,4 @@ def feature_scaling_error(seed: int = 0) -> float:
     features, frames = log_mel(torch.from_numpy(waveform).double()[None], FeatureConfig())
     # Whisper drops the centred STFT's last frame.
     scaled = whisper_scaled(features[:, :-1].double(), frames - 1)[0]
-    return _relative_error(scaled, torch.from_numpy(expected))
+    return relative_error(scaled, torch.from_numpy(expected))

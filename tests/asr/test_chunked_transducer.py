@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from asr.data import collate_speech
-from helpers import chunk_budget, relative_error
+from helpers import chunk_budget
 from tiny_transducer import tiny, token_utterances
 from trainers import Strategy, TrainConfig, Trainer
+from zoo.parity import relative_error
 
 
 def config(**overrides) -> TrainConfig:

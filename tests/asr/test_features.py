@@ -9,7 +9,7 @@ from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank, spectrogram, window_function
 
 from asr.features import FeatureConfig, SpecAugment, log_mel, mel_filters, resample, warp_frequencies
-from helpers import relative_error
+from zoo.parity import relative_error
 
 
 def tone(seconds: float, rate: int, hz: float = 440.0, seed: int = 0) -> torch.Tensor:

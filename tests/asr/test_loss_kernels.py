@@ -8,8 +8,8 @@ import torch
 
 from asr.losses import prune_decoder, prune_ranges, pruned_rnnt_loss, rnnt_loss, simple_rnnt_loss
 from asr.losses.log_softmax_gradient import row_logsumexp
-from helpers import relative_error
 from test_rnnt_loss import batch, reference_losses
+from zoo.parity import relative_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -10,8 +10,8 @@ from torch import nn
 
 from asr.losses import Pruning, prune_ranges, pruned_rnnt_loss, rnnt_loss, samplewise_rnnt_loss, simple_rnnt_loss
 from asr.losses.pruned import prune_decoder, pruned_transducer_losses
-from helpers import relative_error
 from joiners import TanhJoiner
+from zoo.parity import relative_error
 
 TOLERANCE = 5e-5
 S_RANGE = 5

@@ -6,9 +6,9 @@ import torch
 
 from asr.losses import prune_decoder, prune_ranges, pruned_rnnt_loss, pruned_transducer_losses, rnnt_loss
 from asr.losses import simple_rnnt_loss
-from helpers import relative_error
 from joiners import TanhJoiner, transducer_batch
 from reference import brute_force_nll
+from zoo.parity import relative_error
 
 
 def additive(seed, frames, symbols, batch, vocab=6):

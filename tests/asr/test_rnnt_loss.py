@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from asr.losses import lattice_loss, rnnt_loss
-from helpers import relative_error
 from reference import brute_force_nll
+from zoo.parity import relative_error
 
 LENGTHS = [  # (T, U, logit_lengths, target_lengths): variable lengths, U = 0 and T = 1 inside one batch
     (5, 3, [5, 1, 3, 4], [3, 2, 0, 1]),

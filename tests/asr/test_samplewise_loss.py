@@ -5,8 +5,8 @@ import torch
 
 from asr.losses import Pruning, pruned_transducer_losses, rnnt_loss, samplewise_rnnt_loss
 from asr.losses.samplewise import plan_groups
-from helpers import relative_error
 from joiners import TanhJoiner, transducer_batch
+from zoo.parity import relative_error
 
 LOGIT_LENGTHS, TARGET_LENGTHS = [7, 5, 3, 7, 2, 6], [4, 2, 4, 0, 1, 3]
 

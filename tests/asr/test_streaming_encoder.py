@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from asr.conformer import chunk_attention_mask
-from helpers import relative_error
 from tiny_transducer import BINS, tiny
+from zoo.parity import relative_error
 
 CHUNK = 4  # subsampled frames: 160 ms at 40 ms a frame
 

@@ -10,8 +10,8 @@ import zoo
 from asr.conformer import subsampled_lengths
 from asr.decoding import greedy_search, modified_beam_search
 from asr.model import TransducerConfig
-from helpers import relative_error
 from tiny_transducer import BINS, tiny, token_utterances
+from zoo.parity import relative_error
 
 @pytest.mark.parametrize("frame_stack", [1, 2])
 def test_an_utterance_encodes_the_same_alone_and_padded_in_a_batch(frame_stack):

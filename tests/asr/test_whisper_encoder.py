@@ -10,8 +10,8 @@ import torch
 import zoo
 from asr.whisper_encoder import WhisperEncoder, encoded_lengths, packaged_whisper_tiny_en, sinusoids
 from asr.whisper_parity import encoder_error, feature_scaling_error
-from helpers import relative_error
 from tiny_transducer import tiny_whisper, token_utterances
+from zoo.parity import relative_error
 
 
 @pytest.fixture(scope="module")

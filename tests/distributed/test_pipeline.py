@@ -16,7 +16,8 @@ plan. Checkpoints reshard between pipelined and unpipelined layouts and resume e
 import pytest
 import torch
 
-from helpers import relative_error, torchrun
+from helpers import torchrun
+from zoo.parity import relative_error
 
 ONE = ("gpt/1f1b/1/1/0", "gpt/1f1b/1/1/0:fp16", "gpt_dropout/1f1b/1/1/0", "custom/1f1b/1/1/0", "bert/1f1b/1/1/0", "vit/1f1b/1/1/0", "conformer/1f1b/1/1/0",
        "whisper/1f1b/1/1/0", "fold/1f1b/1/1/0")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import relative_error, torchrun
+from helpers import torchrun
+from zoo.parity import relative_error
 
 
 @pytest.mark.timeout(600)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import relative_error, torchrun
+from helpers import torchrun
+from zoo.parity import relative_error
 
 COMBOS = [f"{zero}:{offload}" for zero in (0, 1, 2, 3) for offload in ("none", "optimizer", "params")]
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import transformers
 
-from helpers import relative_error
 from nlp.bert import Bert, BertConfig
 from nlp.hf import bert_state_from_hf
+from zoo.parity import relative_error
 
 TINY = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from helpers import relative_error, tiny_gpt
+from helpers import tiny_gpt
 from nlp.sampling import Sampling, next_token
+from zoo.parity import relative_error
 
 
 def reference_logits(model, ids: torch.Tensor) -> torch.Tensor:

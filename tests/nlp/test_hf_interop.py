@@ -11,10 +11,10 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import zoo
-from helpers import relative_error
 from nlp.bert import Bert
 from nlp.gpt import GPT
 from zoo.hf import export_hf as to_hf
+from zoo.parity import relative_error
 
 GPT2_NAMES = {"embeddings.word.weight": "transformer.wte.weight", "embeddings.position.weight": "transformer.wpe.weight",
               "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias"}

@@ -7,10 +7,10 @@ import torch
 import transformers
 
 import zoo
-from helpers import relative_error
 from nlp.bert import Bert
 from nlp.tokenizers import tokenizer_from_spec
 from zoo.store import read_config
+from zoo.parity import relative_error
 
 SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The new movie is awesome"]
 

@@ -9,6 +9,7 @@ import torch
 from protein.evoformer import (EvoformerBlock, EvoformerConfig, MSAColumnAttention, MSARowAttention,
                                OuterProductMean, TriangleAttention, TriangleMultiplication)
 from trainers.saved_activations import SavedActivations
+from zoo.parity import relative_error
 
 CONFIG = EvoformerConfig(msa_dim=8, pair_dim=6, msa_heads=2, pair_heads=2, head_dim=4, outer_product_dim=3,
                          triangle_dim=5, msa_dropout=0.0, pair_dropout=0.0)
@@ -123,10 +124,6 @@ CASES = {
 
 def arguments(kind, msa, pair, msa_mask, pair_mask):
     return {"msa_pair": (msa, pair, msa_mask), "msa": (msa, msa_mask), "pair": (pair, pair_mask)}[kind]
-
-
-def relative_error(x, y):
-    return ((x.double() - y.double()).norm() / y.double().norm()).item()
 
 
 @pytest.mark.parametrize("name", list(CASES))

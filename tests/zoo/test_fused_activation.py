@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import relative_error
 from trainers.saved_activations import SavedActivations
 from zoo.nn.activation import bias_act_dropout
 from zoo.nn.mlp import FusedMLP, fused_mlp
+from zoo.parity import relative_error
 
 REFERENCE = {
     "gelu": lambda z: 0.5 * z * (1 + torch.erf(z / math.sqrt(2))),

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from helpers import relative_error
 from trainers.saved_activations import SavedActivations
 from zoo.nn.attention import SelfAttention, attention
+from zoo.parity import relative_error
 
 
 def reference(q, k, v, causal, key_padding_mask):

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from helpers import relative_error
 from trainers.saved_activations import SavedActivations
 from zoo.nn.dropout import dropout, keep_mask
 from zoo.nn.norm import Norm, dropout_add, dropout_add_norm, layer_norm, rms_norm
+from zoo.parity import relative_error
 
 WIDTH = 48
 

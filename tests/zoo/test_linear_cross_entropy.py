@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import relative_error
 from zoo.nn import linear_cross_entropy
+from zoo.parity import relative_error
 
 
 def inputs(tokens=37, hidden=16, vocab=50, dtype=torch.float32, bias=True, seed=0):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from helpers import relative_error
 from zoo.nn.rotary import apply_rotary, rotary_tables
+from zoo.parity import relative_error
 
 
 def test_rotation_matches_llama_and_depends_only_on_the_offset():

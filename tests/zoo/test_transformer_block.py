@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers import relative_error
 from trainers.saved_activations import SavedActivations
 from zoo.nn.block import TransformerBlock, TransformerBlockConfig, block_plan
 from zoo.nn.embedding import Embeddings
+from zoo.parity import relative_error
 
 ACT = {"gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"), "silu": F.silu, "relu": F.relu}
 

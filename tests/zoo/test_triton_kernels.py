@@ -5,7 +5,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import relative_error
 from trainers.saved_activations import SavedActivations
 from test_fused_activation import REFERENCE
 from zoo.nn.activation import bias_act_dropout
@@ -13,6 +12,7 @@ from zoo.nn.cross_entropy import linear_cross_entropy
 from zoo.nn.dropout import dropout
 from zoo.nn.mlp import fused_mlp
 from zoo.nn.norm import dropout_add, dropout_add_norm
+from zoo.parity import relative_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
