@@ -1,10 +1,11 @@
 """Without a GPU, Triton kernels run in Triton's CPU interpreter. The switch must be set before
 anything imports triton (torch may import it early), so it is set here, first.
 
-Tests that start several busy processes at once (torchrun ranks, or the planner timing this
-machine's cores and gloo links) are marked `ranks`: `make test` runs the others two at a time (one
-per core; each runs on one thread) and these alone, since sharing the cores with another test
-would slow their collectives several times over and skew what the planner measures."""
+Tests that start several training ranks at once (torchrun, or the planner timing a 4-rank gloo
+link) are marked `ranks`: `make test` runs the others two at a time (one per core; each runs on
+one thread) and these alone, since sharing the cores with another test would slow their
+collectives several times over. Every test under tests/distributed is marked here; elsewhere the
+test says so itself."""
 
 import os
 from pathlib import Path
@@ -26,11 +27,7 @@ def _default_chunk_bytes():
     chunk_memory.set_chunk_bytes(None)
 
 
-RANKS_FOLDERS = ("distributed", "recipes")
-"""Test folders whose every test launches ranks (recipes train on two)."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if Path(item.path).parent.name in RANKS_FOLDERS:
+        if Path(item.path).parent.name == "distributed":
             item.add_marker(pytest.mark.ranks)

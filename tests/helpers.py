@@ -1,4 +1,4 @@
-"""Shared test fixtures: a tiny GPT and its data, and a torchrun launcher."""
+"""Shared test fixtures: a tiny GPT and its data, a torchrun launcher, and the `zoo` command line in process."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from nlp.gpt import GPT, GPTConfig
@@ -88,12 +89,6 @@ def device_budget(room: int | None) -> int | None:
     return room + torch.cuda.memory_allocated() + CUDA_ALLOCATOR_SLACK
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """||actual - expected|| / ||expected|| in float64."""
-    actual, expected = actual.double(), expected.double()
-    return ((actual - expected).norm() / expected.norm().clamp(min=1e-30)).item()
-
-
 def torchrun(nproc: int, *args: str, timeout: float = 300, script: str = "worker.py") -> subprocess.CompletedProcess:
     """Run tests/distributed/`script` under torchrun on gloo with OMP_NUM_THREADS=1; raise with
     its output when it fails."""
@@ -104,3 +99,14 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, script: str = "worker
     if result.returncode != 0:
         raise AssertionError(f"torchrun {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
     return result
+
+
+def refused_in_process(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    """(exit code, stderr) of `zoo ARGS` that stops before doing any work, run by the command line's
+    own `main` in this process: the same code path as the console script, without a Python
+    start-up per case."""
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(list(args))
+    return stopped.value.code, capsys.readouterr().err

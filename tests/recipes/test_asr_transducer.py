@@ -32,6 +32,7 @@ one); measured 0.060, 0.072 and 0.238 by the recipe (200 clips each), 0.020 on t
 unseen speakers (0.157 without the language model)."""
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
     command = [ZOO, "train", "asr_transducer", "--nproc", "2", "--strategy.zero", "2", "--model.loss", "samplewise_pruned",

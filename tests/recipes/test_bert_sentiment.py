@@ -30,6 +30,7 @@ def test_split_holds_out_one_whole_source():
     assert [s["text"] for s in again["validation"]] == [s["text"] for s in splits["validation"]]
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero3_fine_tune_writes_a_loadable_classifier(tmp_path):
     command = [ZOO, "train", "bert_sentiment", "--nproc", "2", "--strategy.zero", "3", "--train.max_steps", "3",

@@ -1,6 +1,6 @@
 """The fold_tiny recipe on two ranks with ZeRO-2 and block recompute through `zoo train` (a few
-steps on small crops), then `zoo fold` with the model it writes; and the shipped `fold-tiny` on
-test chains it never saw."""
+steps on small crops), then `zoo fold` with the model it writes; `zoo fold`'s FASTA, mmCIF and bad
+input with the shipped `fold-tiny`, and that model on test chains it never saw."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import protein
+from helpers import refused_in_process
 import zoo
 from protein.baselines import extended_chain
 from protein.data import load_chains
@@ -27,6 +28,7 @@ SHIPPED_LDDT_RATIO = 1.5
 as a multiple of the extended chain's (measured 1.70)."""
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path):
     command = [ZOO, "train", "fold_tiny", "--nproc", "2", "--strategy.zero", "2", "--strategy.recompute", "blocks",
@@ -57,26 +59,25 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     assert done.stdout.startswith(f"{tmp_path / 'out.pdb'}: 22 residues")
     chain = read_chain(tmp_path / "out.pdb")
     assert chain.sequence == "MKTAYIAKQRQISFVKSHFSRQ" and chain.atom_mask[:, :3].all() and not chain.atom_mask[:, 3:].any()
-    refused = subprocess.run([ZOO, "fold", str(tmp_path / "model"), "MK*", "-o", str(tmp_path / "bad.pdb")],
-                             capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "sequence has '*' at position 2" in refused.stderr
 
+
+def test_zoo_fold_reads_fasta_writes_mmcif_and_refuses_bad_input(tmp_path, capsys):
     fasta = tmp_path / "two.fasta"
     fasta.write_text(">first protein one\nMKTAYIAKQR\nQISFVK\n>second\nGSHMLEDPV\n")
     folder = tmp_path / "folds"
-    done = subprocess.run([ZOO, "fold", str(tmp_path / "model"), str(fasta), "-o", str(folder), "--format", "cif"],
+    done = subprocess.run([ZOO, "fold", "fold-tiny", str(fasta), "-o", str(folder), "--format", "cif"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [read_chain(folder / f"{name}.cif").sequence for name in ("first", "second")] == ["MKTAYIAKQRQISFVK",
                                                                                             "GSHMLEDPV"]
-    for arguments, message in (([str(fasta), "-o", str(tmp_path / "one.pdb")], "--output must be a folder for 2 records"),
+    for arguments, message in ((["MK*", "-o", str(tmp_path / "bad.pdb")], "sequence has '*' at position 2"),
+                               ([str(fasta), "-o", str(tmp_path / "one.pdb")], "--output must be a folder for 2 records"),
                                (["M" * 1501, "-o", str(tmp_path / "long.pdb")], "sequence has 1501 residues; at most 1500"),
                                (["", "-o", str(tmp_path / "empty.pdb")], "sequence must be a non-empty string"),
                                (["MKT", "-o", str(tmp_path / "out.xyz")], "--output must end in one of"),
                                ([str(tmp_path / "none.fasta"), "-o", str(folder)], "none.fasta' does not exist")):
-        refused = subprocess.run([ZOO, "fold", str(tmp_path / "model"), *arguments], capture_output=True, text=True,
-                                 timeout=120)
-        assert refused.returncode == 2 and message in refused.stderr, (arguments[0][:20], refused.stderr[-500:])
+        code, stderr = refused_in_process(capsys, "fold", "fold-tiny", *arguments)
+        assert code == 2 and message in stderr, (arguments[0][:20], stderr[-500:])
 
 
 def test_shipped_fold_tiny_beats_the_extended_chain_and_its_plddt_means_something():

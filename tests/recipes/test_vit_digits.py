@@ -23,6 +23,7 @@ from zoo.store import read_config
 ZOO = str(Path(sys.executable).parent / "zoo")
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero2_fine_tune_writes_a_loadable_classifier(tmp_path):
     command = [ZOO, "train", "vit_digits", "--nproc", "2", "--strategy.zero", "2", "--layers", "2",

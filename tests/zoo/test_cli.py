@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import refused_in_process
 from zoo.model_folder import CARD_FILE
 
 ZOO = str(Path(sys.executable).parent / "zoo")  # the console script installed beside this python
@@ -51,10 +52,10 @@ def test_train_help_lists_every_option_with_type_default_and_docstring():
 
 @pytest.mark.parametrize("flag, suggestion", [("--train.max_step", "--train.max_steps"), ("--max_steps", "--train.max_steps"),
                                               ("--strategy.zeroo", "--strategy.zero")])
-def test_a_misspelled_option_is_refused_with_the_closest_names(flag, suggestion):
-    result = zoo_cli("train", "gpt_shakespeare", flag, "3")
-    assert result.returncode == 2
-    assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in result.stderr
+def test_a_misspelled_option_is_refused_with_the_closest_names(capsys, flag, suggestion):
+    code, stderr = refused_in_process(capsys, "train", "gpt_shakespeare", flag, "3")
+    assert code == 2
+    assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in stderr
 
 
 def test_bad_override_is_reported_without_a_traceback():
@@ -177,7 +178,6 @@ def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
     return {"not_image": not_image, "truncated": truncated, "missing": missing}
 
 
-@pytest.mark.ranks
 def test_plan_prints_layouts_that_fit_with_their_train_flags():
     result = zoo_cli("plan", "gpt-shakespeare-char", "--nproc", "2", "--memory", "48MiB", "--micro-batch-size", "4",
                      "--max-traces", "4", timeout=300)
@@ -190,7 +190,6 @@ def test_plan_prints_layouts_that_fit_with_their_train_flags():
         assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
 
 
-@pytest.mark.ranks
 @pytest.mark.parametrize("arch, fields", [("transducer", ()), ("fold", ("--evoformer.blocks", "2"))])
 def test_plan_traces_the_example_batch_of_each_architecture(arch, fields):
     result = zoo_cli("plan", arch, "--nproc", "2", "--memory", "4GiB", "--max-traces", "2", "--top", "2", *fields,
@@ -225,7 +224,7 @@ def test_plan_of_an_architecture_without_an_example_batch_says_so():
         cmd_plan(args, {})
 
 
-def test_bad_inputs_end_in_one_clear_line(tmp_path):
+def test_bad_inputs_end_in_one_clear_line(tmp_path, capsys):
     bad = write_bad_inputs(tmp_path)
     cases = [
         (("classify", "vit-digits", str(bad["not_image"])), "is not a readable image"),
@@ -257,11 +256,12 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path):
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
          "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
     ]
-    for args, message in cases:
-        result = zoo_cli(*args)
-        assert result.returncode == 2, (args, result.stderr)
-        assert result.stderr.startswith("zoo: error: ") and message in result.stderr, (args, result.stderr)
-        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    first = zoo_cli(*cases[0][0])  # through the console script; the others through its main, in this process
+    results = [(first.returncode, first.stderr)] + [refused_in_process(capsys, *args) for args, _ in cases[1:]]
+    for (args, message), (code, stderr) in zip(cases, results, strict=True):
+        assert code == 2, (args, stderr)
+        assert stderr.startswith("zoo: error: ") and message in stderr, (args, stderr)
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
 
 
 def test_more_ranks_than_cores_warns_and_a_batch_that_does_not_split_stops_before_launching():
