@@ -75,6 +75,12 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar on rank 0."""
 
+    measure_memory: bool = True
+    """Measure one step of each rank with the live-tensor tracker (`Trainer.memory_report()`, the
+    recipes' memory tables). On CPU the tracker roughly doubles that step's time; a run that never
+    reads the report (a parity check of a few steps) may turn it off. A memory budget measures its
+    held steps whatever this says."""
+
     def __post_init__(self) -> None:
         for name in ("checkpoint_dir", "output_dir"):  # paths are kept as str: the config is saved as JSON
             if isinstance(getattr(self, name), os.PathLike):
@@ -94,7 +100,8 @@ class TrainConfig:
 _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
           "warmup_steps": int, "weight_decay": float, "betas": "pair", "eps": float, "grad_clip": float, "seed": int,
           "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
-          "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool}
+          "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
+          "measure_memory": bool}
 _KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",
                "path": "a str or None"}
 _POSITIVE = (lambda v: v > 0, "> 0")

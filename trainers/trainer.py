@@ -305,8 +305,9 @@ class Trainer:
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
         the activation peak, measured from live tensors during one training step (the second
-        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then, and
-        under offload="chunks" (whose steps record their disk traffic instead)."""
+        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then,
+        under offload="chunks" (whose steps record their disk traffic instead) and without
+        `TrainConfig.measure_memory`."""
         return self._memory or []
 
     def save(self) -> Path:
@@ -482,7 +483,8 @@ class Trainer:
             follow_step(self.step)
         probe = None
         last = self.step == config.max_steps - 1
-        measure = self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last) and self.chunks is None
+        measure = (config.measure_memory and self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last)
+                   and self.chunks is None)
         hold = self.budget_plan is not None and self._budget_steps_held < BUDGET_STEPS_HELD
         if measure or hold:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]

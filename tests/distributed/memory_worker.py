@@ -43,7 +43,7 @@ def measure(out: str, *cases: str) -> None:
         world_size = int(os.environ["WORLD_SIZE"])
         name, strategy = case_strategy(case, world_size)
         build, examples, collate = MODELS[name]
-        trainer = Trainer(build(), config(global_batch_size=4 * world_size, max_steps=2), strategy)
+        trainer = Trainer(build(), config(global_batch_size=4 * world_size, max_steps=2, measure_memory=True), strategy)
         trainer.fit([examples(1)[0]] * 16, collate_fn=collate)
         reports[case] = trainer.memory_report()
     if dist.get_rank() == 0:

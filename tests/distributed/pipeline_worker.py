@@ -52,9 +52,11 @@ recycling (which a pipeline does not run)."""
 def config(**overrides) -> TrainConfig:
     """SGD-like conditions for parity: AdamW at lr 1e-3 with eps 1e-6 does not amplify
     summation-order noise (an element whose gradient is zero up to rounding takes a step of at
-    most lr x its gradient / 1e-6, not of lr)."""
+    most lr x its gradient / 1e-6, not of lr). No memory measurement unless asked (it doubles a
+    step's time)."""
     base = dict(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, warmup_steps=1, log_every=1,
-                progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, eval_batches=2, eps=1e-6)
+                progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, eval_batches=2, eps=1e-6,
+                measure_memory=False)
     return TrainConfig(**{**base, **overrides})
 
 

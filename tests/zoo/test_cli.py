@@ -76,7 +76,7 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
     result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", *parallel, "--tokenizer", tokenizer, "--strategy.zero", zero,
                      "--train.max_steps", "4", "--train.eval_batches", "2", "--train.progress", "false",
                      "--train.output_dir", str(tmp_path / "run"), "--model.n_layer", "1", "--model.n_embd", "32",
-                     "--sample_tokens", "20", "--output", str(out), timeout=280)
+                     "--model.block_size", "32", "--sample_tokens", "20", "--output", str(out), timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation perplexity" in result.stdout and "| ZeRO paper |" in result.stdout
     assert "| rank | parameters MiB | gradients MiB | optimizer MiB | other MiB | activation_peak MiB | peak MiB |" in result.stdout
