@@ -35,6 +35,7 @@ from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.data import first_micro_batch
+from trainers.distributed import from_main_rank, map_over_ranks
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
@@ -83,15 +84,15 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
                   ) -> dict[str, Any]:
     """Scores (protein.evaluation.summary) of sequence-only folds against the trivial baselines on
     whole chains of the validation and test splits and on the held-out real chains (the held-out
-    chains >= 30% identical to a training chain removed first, and counted)."""
+    chains >= 30% identical to a training chain removed first, and counted). Collective: the chains
+    are shared out over the ranks, longest first, and every rank gets every score."""
     baselines = baseline_predictors(train_chains)
     limit = config.evaluation_chains or None
-    metrics: dict[str, Any] = {}
-    for split in ("validation", "test"):
-        chains = load_chains(split, path)[:limit]
-        metrics[split] = summary([evaluate_chain(model, c.name, c.sequence, c.coordinates[:, 1],
-                                                 torch.ones(len(c.sequence), dtype=torch.bool), baselines)
-                                  for c in chains])
+    chains: dict[str, list[tuple[str, str, torch.Tensor, torch.Tensor]]] = {
+        split: [(c.name, c.sequence, c.coordinates[:, 1], torch.ones(len(c.sequence), dtype=torch.bool))
+                for c in load_chains(split, path)[:limit]]
+        for split in ("validation", "test")}
+    removed = 0
     if config.heldout_chains >= 0:
         heldout = heldout_chains()
         kept, _ = remove_similar([c.sequence for c in heldout], [c.sequence for c in train_chains])
@@ -99,9 +100,15 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
         if config.heldout_chains:
             picked = [picked[round(k)] for k in torch.linspace(0, len(picked) - 1, min(config.heldout_chains,
                                                                                         len(picked))).tolist()]
-        metrics["heldout"] = summary([evaluate_chain(model, c.name, c.sequence, c.coordinates[:, 1], c.ca_mask,
-                                                     baselines) for c in picked])
-        metrics["heldout"]["removed_as_similar"] = len(heldout) - len(kept)
+        chains["heldout"] = [(c.name, c.sequence, c.coordinates[:, 1], c.ca_mask) for c in picked]
+        removed = len(heldout) - len(kept)
+    jobs = sorted(((split, index) for split, listed in chains.items() for index in range(len(listed))),
+                  key=lambda job: -len(chains[job[0]][job[1]][1]))  # folding costs ~L^3: the longest first
+    scored = dict(zip(jobs, map_over_ranks(lambda job: evaluate_chain(model, *chains[job[0]][job[1]], baselines), jobs),
+                      strict=True))
+    metrics = {split: summary([scored[split, index] for index in range(len(listed))]) for split, listed in chains.items()}
+    if "heldout" in metrics:
+        metrics["heldout"]["removed_as_similar"] = removed
     return {split: {key: round(value, 4) for key, value in scores.items()} for split, scores in metrics.items()}
 
 
@@ -119,15 +126,14 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     history = trainer.fit(examples,
                           FoldingExamples(validation_chains, config.crop, random=False), collate_fn=collate_folding)
     train_seconds = time.perf_counter() - started
-    state = trainer.full_state_dict()
+    model = FoldingModel(model.config)
+    model.load_state_dict(from_main_rank(trainer.full_state_dict()))
+    model.eval()
+    metrics = scored_splits(model, train_chains, path, config)  # every rank folds a share of the chains
     if not trainer.env.is_main:
         return {}
 
     memory = trainer_memory_report(trainer)
-    model = FoldingModel(model.config)
-    model.load_state_dict(state)
-    model.eval()
-    metrics = scored_splits(model, train_chains, path, config)
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
                     "train_seconds": round(train_seconds, 1), "train_chains": len(train_chains)})
     output = Path(config.output) if config.output else user_zoo_dir() / "fold-tiny"

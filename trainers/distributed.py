@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,30 @@ def setup_distributed(tp: int = 1, pp: int = 1) -> DistEnv:
         raise ValueError(f"{degrees} must divide the number of ranks; got {world_size} ranks")
     mesh = init_device_mesh(device.type, (pp, world_size // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
     return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)
+
+
+def from_main_rank(value: Any) -> Any:
+    """Rank 0's `value` (any picklable object) on every rank; collective. `value` itself outside a
+    process group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def map_over_ranks(function: Callable[[Item], Result], items: Sequence[Item]) -> list[Result]:
+    """[function(item) for item in items] with the items shared out over the ranks (item i on rank
+    i mod world size) and every result gathered on every rank, in order; collective, and every rank
+    must pass the same items. List them costliest first for an even share. A plain map outside a
+    process group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [function(item) for item in items]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [function(item) for item in items[rank::world]]
+    shares: list[list[Result]] = [[] for _ in range(world)]
+    dist.all_gather_object(shares, mine)
+    return [shares[i % world][i // world] for i in range(len(items))]
 
 
 def shutdown_distributed() -> None:

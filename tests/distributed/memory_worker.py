@@ -7,6 +7,8 @@
                                     through the pipeline), each two copies of the model's first
                                     example (what the estimate is given); every rank's memory
                                     report (of the second step) per case, to OUT
+
+`estimate_case` is the estimator's side of a case, run by the test itself (no ranks).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch.distributed as dist
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 from pipeline_worker import MODELS, config  # noqa: E402
-from trainers import Strategy, Trainer  # noqa: E402
+from trainers import MemoryEstimate, Strategy, Trainer, estimate_memory  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
 from zoo.plan import model_plan  # noqa: E402
 
@@ -35,6 +37,14 @@ def case_strategy(case: str, world_size: int = 2) -> tuple[str, Strategy]:
     blocks = len(model_plan(built).block_names(built))
     split = tuple(blocks // world_size + (i < blocks % world_size) for i in range(world_size))
     return model, Strategy(zero=int(zero), recompute=recompute, pp=world_size, pp_schedule=schedule[0], pp_split=split)
+
+
+def estimate_case(case: str) -> MemoryEstimate:
+    """The estimate of a CASE on 2 ranks, traced on fake tensors from the batch `measure` trains on."""
+    name, strategy = case_strategy(case)
+    build, examples, collate = MODELS[name]
+    first = examples(1)[0]
+    return estimate_memory(build(), collate([first, first]), strategy, 2, config(global_batch_size=8, max_steps=2))
 
 
 def measure(out: str, *cases: str) -> None:

@@ -15,7 +15,7 @@ from zoo.parity import relative_error
 def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, model):
     """GPT (1.6M parameters, 26 MB of states against 8 MiB of room; dropout, clipping, a tied
     vocabulary embedding) and the Conformer transducer with the sample-wise pruned loss (3.4 MiB of
-    states, 4 MiB of room): 5 steps on 2 ranks chunked and ZeRO-3 over chunks (and with saved
+    states, 4 MiB of room): 3 steps on 2 ranks chunked and ZeRO-3 over chunks (and with saved
     activations swapped to disk; each with a device tier too small for the states, host memory
     standing for the device, copying chunks up and down every step; and with every block swapping or
     recomputing its activations) match the same 2 ranks in memory to 1e-6, which match one process to 1e-5 (the batch's sum splits in another order); under ZeRO-3 each rank's

@@ -8,7 +8,7 @@ tensors gathered on rank 0) to a file the test compares.
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
     worker.py dropout OUT                          train with dropout 0.5 (ZeRO-2): params + losses
-    worker.py chunks OUT DIR MODEL MODE ...        GPT or the Conformer transducer 5 steps in memory, in chunks
+    worker.py chunks OUT DIR MODEL MODE ...        GPT or the Conformer transducer 3 steps in memory, in chunks
                                                    on disk, ZeRO-3 over chunks (+ activations swapped): params,
                                                    losses, disk bytes
     worker.py chunks_checkpoint DIR OUT            ZeRO-3 over chunks and FSDP ZeRO-3 checkpoints, each resumed
@@ -104,7 +104,7 @@ memory, and the device budget of a device tier (bytes; too small for a rank's st
 
 
 def chunks(out: str, directory: str, model: str, *modes: str) -> None:
-    """`model` 5 steps in memory ("memory"), with its states in chunks with room for a few of them
+    """`model` 3 steps in memory ("memory"), with its states in chunks with room for a few of them
     beside what the process held before ("chunks"; after "memory", whose run grew the process to its
     size in training), or the same with ZeRO-3 over the chunks ("zero3"), and with saved activations
     of 16 KiB and more swapped to disk ("zero3-swap"), and "chunks" or "zero3" with a device tier
@@ -124,7 +124,7 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
                              device_memory_budget=device_room if mode.endswith("device") else None,
                              activation_memory=1 if mode.endswith("plan") else None)
                     if mode != "memory" else None)
-        trainer = Trainer(build(), config(max_steps=5, lr=lr), strategy)
+        trainer = Trainer(build(), config(max_steps=3, lr=lr), strategy)
         history = trainer.fit(examples(), collate_fn=collate)
         on_disk = sum(f.stat().st_size for f in Path(f"{directory}/{mode}").rglob("*.bin")) if strategy else 0
         disk = [0] * dist.get_world_size()

@@ -22,6 +22,7 @@ from asr.model import Transducer
 from asr.transcription import LANGUAGE_MODEL_FILE
 from asr.voices import speak, voices
 from asr.wer import error_counts
+from helpers import zoo_in_process
 from zoo.store import read_config
 from recipes.asr_transducer import ASRTransducerConfig
 
@@ -34,7 +35,7 @@ unseen speakers (0.157 without the language model)."""
 
 @pytest.mark.ranks
 @pytest.mark.timeout(600)
-def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
+def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, capsys):
     command = [ZOO, "train", "asr_transducer", "--nproc", "2", "--strategy.zero", "2", "--model.loss", "samplewise_pruned",
                "--model.encoder.layers", "2", "--corpus.train_sentences", "48", "--corpus.validation_sentences", "4",
                "--corpus.test_sentences", "4", "--bucket_size", "4", "--train.max_steps", "3",
@@ -71,13 +72,12 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path):
 
     manifest = corpus / "test_voices.jsonl"
     wavs = [json.loads(line)["audio"] for line in manifest.read_text().splitlines()[:2]]
-    done = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs, "--method", "greedy"],
-                          capture_output=True, text=True, timeout=120)
+    done = zoo_in_process(capsys, "transcribe", str(tmp_path / "model"), *wavs, "--method", "greedy")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith(f"{wav}: ") for line, wav in zip(lines, wavs))
     assert [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs, method="greedy")
-    fused = subprocess.run([ZOO, "transcribe", str(tmp_path / "model"), *wavs], capture_output=True, text=True, timeout=120)
+    fused = zoo_in_process(capsys, "transcribe", str(tmp_path / "model"), *wavs)
     assert fused.returncode == 0, fused.stderr
     lines = fused.stdout.splitlines()  # beam search with the model's language model, from the CLI and from Python
     assert len(lines) == 2 and [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs)

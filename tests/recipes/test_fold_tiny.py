@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import protein
-from helpers import refused_in_process
+from helpers import zoo_in_process
 import zoo
 from protein.baselines import extended_chain
 from protein.data import load_chains
@@ -76,8 +76,8 @@ def test_zoo_fold_reads_fasta_writes_mmcif_and_refuses_bad_input(tmp_path, capsy
                                (["", "-o", str(tmp_path / "empty.pdb")], "sequence must be a non-empty string"),
                                (["MKT", "-o", str(tmp_path / "out.xyz")], "--output must end in one of"),
                                ([str(tmp_path / "none.fasta"), "-o", str(folder)], "none.fasta' does not exist")):
-        code, stderr = refused_in_process(capsys, "fold", "fold-tiny", *arguments)
-        assert code == 2 and message in stderr, (arguments[0][:20], stderr[-500:])
+        refused = zoo_in_process(capsys, "fold", "fold-tiny", *arguments)
+        assert refused.returncode == 2 and message in refused.stderr, (arguments[0][:20], refused.stderr[-500:])
 
 
 def test_shipped_fold_tiny_beats_the_extended_chain_and_its_plddt_means_something():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import refused_in_process
+from helpers import zoo_in_process
 from zoo.model_folder import CARD_FILE
 
 ZOO = str(Path(sys.executable).parent / "zoo")  # the console script installed beside this python
@@ -53,9 +53,9 @@ def test_train_help_lists_every_option_with_type_default_and_docstring():
 @pytest.mark.parametrize("flag, suggestion", [("--train.max_step", "--train.max_steps"), ("--max_steps", "--train.max_steps"),
                                               ("--strategy.zeroo", "--strategy.zero")])
 def test_a_misspelled_option_is_refused_with_the_closest_names(capsys, flag, suggestion):
-    code, stderr = refused_in_process(capsys, "train", "gpt_shakespeare", flag, "3")
-    assert code == 2
-    assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in stderr
+    result = zoo_in_process(capsys, "train", "gpt_shakespeare", flag, "3")
+    assert result.returncode == 2
+    assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in result.stderr
 
 
 def test_bad_override_is_reported_without_a_traceback():
@@ -256,12 +256,12 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path, capsys):
         (("train", "gpt_shakespeare", "--nproc", "1", "--train.micro_batch_size", "12"),
          "--nproc 1: TrainConfig.global_batch_size must be divisible by micro_batch_size x data-parallel ranks (12 x 1 = 12); got 32"),
     ]
-    first = zoo_cli(*cases[0][0])  # through the console script; the others through its main, in this process
-    results = [(first.returncode, first.stderr)] + [refused_in_process(capsys, *args) for args, _ in cases[1:]]
-    for (args, message), (code, stderr) in zip(cases, results, strict=True):
-        assert code == 2, (args, stderr)
-        assert stderr.startswith("zoo: error: ") and message in stderr, (args, stderr)
-        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    # The first through the console script, the others through its main in this process.
+    results = [zoo_cli(*cases[0][0])] + [zoo_in_process(capsys, *args) for args, _ in cases[1:]]
+    for (args, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith("zoo: error: ") and message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_more_ranks_than_cores_warns_and_a_batch_that_does_not_split_stops_before_launching():
