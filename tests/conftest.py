@@ -2,10 +2,11 @@
 anything imports triton (torch may import it early), so it is set here, first.
 
 Tests that start several training ranks at once (torchrun, or the planner timing a 4-rank gloo
-link) are marked `ranks`: `make test` runs the others two at a time (one per core; each runs on
-one thread) and these alone, since sharing the cores with another test would slow their
-collectives several times over. Every test under tests/distributed is marked here; elsewhere the
-test says so itself."""
+link) are marked `ranks`: every test under tests/distributed here, elsewhere the test itself.
+`make test` runs them one after another in one pytest session (two at once would share the cores
+between four ranks and slow their collectives several times over), and every other test in a
+second session beside it, on one thread: the ranks keep about 1.3 cores busy on average (one rank
+waits on the other, or on a planner's single trace), and the second session fills the rest."""
 
 import os
 from pathlib import Path
