@@ -19,7 +19,7 @@ from zoo.parity import relative_error
 
 
 def gpt_case():
-    return shakespeare_gpt()
+    return shakespeare_gpt(n_layer=8)
 
 
 def conformer_case():
@@ -29,7 +29,7 @@ def conformer_case():
 
     tokenizer = TranscriptTokenizer("char")
     data = list(SpeechExamples(recorded_speech(), tokenizer))[:6]  # every step holds the same 6 recordings
-    config = TransducerConfig.sized("tiny", vocab_size=tokenizer.vocab_size, encoder_layers=10, encoder_width=64,
+    config = TransducerConfig.sized("tiny", vocab_size=tokenizer.vocab_size, encoder_layers=5, encoder_width=64,
                                     decoder_dim=64, joiner_dim=64, loss="samplewise", spec_augment=None)
     return (lambda: Transducer(config)), data, collate_speech, len(data)
 
