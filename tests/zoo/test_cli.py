@@ -40,8 +40,8 @@ def test_generate_continues_the_prompt_reproducibly():
     assert first.stdout.startswith("ROMEO.") and len(first.stdout.strip()) == len("ROMEO.") + 60
 
 
-def test_train_help_lists_every_option_with_type_default_and_docstring():
-    result = zoo_cli("train", "gpt_shakespeare", "--help")
+def test_train_help_lists_every_option_with_type_default_and_docstring(capsys):
+    result = zoo_in_process(capsys, "train", "gpt_shakespeare", "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: zoo train gpt_shakespeare" in result.stdout
     assert "--strategy.zero {0 | 1 | 2 | 3}  (default: 3)" in result.stdout
@@ -58,8 +58,8 @@ def test_a_misspelled_option_is_refused_with_the_closest_names(capsys, flag, sug
     assert f"zoo: error: unknown option {flag}; did you mean {suggestion}" in result.stderr
 
 
-def test_bad_override_is_reported_without_a_traceback():
-    result = zoo_cli("train", "gpt_shakespeare", "--strategy.zero", "4")
+def test_bad_override_is_reported_without_a_traceback(capsys):
+    result = zoo_in_process(capsys, "train", "gpt_shakespeare", "--strategy.zero", "4")
     assert result.returncode == 2
     assert "zoo: error: --strategy.zero must be one of [0, 1, 2, 3]; got '4'" in result.stderr
     assert "Traceback" not in result.stderr
