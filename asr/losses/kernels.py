@@ -118,7 +118,7 @@ def _lattice_block(width: int) -> int:
 
 
 def regular_alpha_beta(inner_blank: torch.Tensor, exit_weight: torch.Tensor, label: torch.Tensor):
-    """Skewed (B, T+U, U+1) alpha and beta of the regular topology (see lattice._regular_torch)."""
+    """Skewed (B, T+U, U+1) alpha and beta of the regular topology (see lattice.regular_alpha_beta)."""
     inner_blank, exit_weight, label = inner_blank.contiguous(), exit_weight.contiguous(), label.contiguous()
     batch, diagonals, width = inner_blank.shape
     alpha = torch.full_like(inner_blank, float("-inf"))
@@ -134,7 +134,7 @@ def regular_alpha_beta(inner_blank: torch.Tensor, exit_weight: torch.Tensor, lab
 
 def modified_alpha_beta(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.Tensor,
                         target_lengths: torch.Tensor):
-    """(B, T+1, U+1) alpha and beta of the modified topology (see lattice._modified_torch)."""
+    """(B, T+1, U+1) alpha and beta of the modified topology (see lattice.modified_alpha_beta)."""
     blank, label = blank.contiguous(), label.contiguous()
     batch, frames, width = blank.shape
     alpha = blank.new_full((batch, frames + 1, width), float("-inf"))

@@ -86,17 +86,25 @@ def occupancies(blank: torch.Tensor, label: torch.Tensor, logit_lengths: torch.T
     blank_mask, label_mask = lattice_mask(blank.shape, logit_lengths, target_lengths)
     blank = blank.to(dtype, copy=True).masked_fill_(~blank_mask, NEG_INF)
     label = label.to(dtype, copy=True).masked_fill_(~label_mask, NEG_INF)
-    if topology == "regular":
-        run = _regular_triton if resolve_backend(backend, blank) == "triton" else _regular_torch
-    else:
-        run = _modified_triton if resolve_backend(backend, blank) == "triton" else _modified_torch
+    run = _regular if topology == "regular" else _modified
+    alpha_beta = _alpha_beta_routine(topology, resolve_backend(backend, blank))
     weights = [blank, label]  # handed over, so that the regular topology can free them once skewed
     del blank, label, blank_mask, label_mask
-    log_likelihood, blank_occupancy, label_occupancy = run(weights, logit_lengths, target_lengths)
+    log_likelihood, blank_occupancy, label_occupancy = run(weights, logit_lengths, target_lengths, alpha_beta)
     lost = ~torch.isfinite(log_likelihood)
     blank_occupancy = blank_occupancy.masked_fill(lost[:, None, None], 0.0)
     label_occupancy = label_occupancy.masked_fill(lost[:, None, None], 0.0)
     return Occupancies(log_likelihood, blank_occupancy, label_occupancy)
+
+
+def _alpha_beta_routine(topology: Topology, backend: str):
+    """The topology's alpha/beta recursion: this module's custom op (PyTorch) or the Triton kernel of
+    the same name and signature (`asr.losses.kernels`)."""
+    if backend == "triton":
+        from asr.losses import kernels
+
+        return kernels.regular_alpha_beta if topology == "regular" else kernels.modified_alpha_beta
+    return regular_alpha_beta if topology == "regular" else modified_alpha_beta
 
 
 # ---- regular topology: anti-diagonals n = t + u, stored "skewed" as (B, T+U, U+1) ----
@@ -132,10 +140,12 @@ def _regular_weights(weights, logit_lengths, target_lengths):
     return inner_blank, exit_weight, skewed_label
 
 
-def _regular_torch(weights, logit_lengths, target_lengths):
+def _regular(weights, logit_lengths, target_lengths, alpha_beta):
+    """log p and occupancies of the regular topology, with `alpha_beta` this module's
+    `regular_alpha_beta` or the Triton kernel of the same name (`asr.losses.kernels`)."""
     frames = weights[0].shape[1]
     inner_blank, exit_weight, skewed_label = _regular_weights(weights, logit_lengths, target_lengths)
-    alpha, beta = regular_alpha_beta(inner_blank, exit_weight, skewed_label)
+    alpha, beta = alpha_beta(inner_blank, exit_weight, skewed_label)
     return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
 
 
@@ -187,9 +197,10 @@ def _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, fram
 
 # ---- modified topology: frames, node rows t = 0..T ----
 
-def _modified_torch(weights, logit_lengths, target_lengths):
+def _modified(weights, logit_lengths, target_lengths, alpha_beta):
+    """log p and occupancies of the modified topology (`alpha_beta` as in `_regular`)."""
     blank, label = weights
-    alpha, beta = modified_alpha_beta(blank, label, logit_lengths, target_lengths)
+    alpha, beta = alpha_beta(blank, label, logit_lengths, target_lengths)
     return _modified_posterior(alpha, beta, blank, label)
 
 
@@ -231,19 +242,3 @@ def _modified_posterior(alpha, beta, blank, label):
     label_occupancy.add_(alpha[:, :-1]).add_(label).sub_(safe_total).exp_()
     return log_likelihood, blank_occupancy, label_occupancy
 
-
-def _regular_triton(weights, logit_lengths, target_lengths):
-    from asr.losses.kernels import regular_alpha_beta
-
-    frames = weights[0].shape[1]
-    inner_blank, exit_weight, skewed_label = _regular_weights(weights, logit_lengths, target_lengths)
-    alpha, beta = regular_alpha_beta(inner_blank, exit_weight, skewed_label)
-    return _regular_posterior(alpha, beta, inner_blank, exit_weight, skewed_label, frames)
-
-
-def _modified_triton(weights, logit_lengths, target_lengths):
-    from asr.losses.kernels import modified_alpha_beta
-
-    blank, label = weights
-    alpha, beta = modified_alpha_beta(blank, label, logit_lengths, target_lengths)
-    return _modified_posterior(alpha, beta, blank, label)
