@@ -84,8 +84,9 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
                   ) -> dict[str, Any]:
     """Scores (protein.evaluation.summary) of sequence-only folds against the trivial baselines on
     whole chains of the validation and test splits and on the held-out real chains (the held-out
-    chains >= 30% identical to a training chain removed first, and counted). Collective: the chains
-    are shared out over the ranks, longest first, and every rank gets every score."""
+    chains >= 30% identical to a training chain removed first, and counted). Collective: the
+    identity search and the chains' folds are shared out over the ranks (the folds longest first),
+    and every rank gets every score."""
     baselines = baseline_predictors(train_chains)
     limit = config.evaluation_chains or None
     chains: dict[str, list[tuple[str, str, torch.Tensor, torch.Tensor]]] = {
@@ -95,13 +96,14 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
     removed = 0
     if config.heldout_chains >= 0:
         heldout = heldout_chains()
-        kept, _ = remove_similar([c.sequence for c in heldout], [c.sequence for c in train_chains])
-        picked = [heldout[i] for i in kept]
+        references = [c.sequence for c in train_chains]
+        dissimilar = map_over_ranks(lambda c: bool(remove_similar([c.sequence], references)[0]), heldout)
+        picked = [chain for chain, keep in zip(heldout, dissimilar, strict=True) if keep]
+        removed = len(heldout) - len(picked)
         if config.heldout_chains:
             picked = [picked[round(k)] for k in torch.linspace(0, len(picked) - 1, min(config.heldout_chains,
                                                                                         len(picked))).tolist()]
         chains["heldout"] = [(c.name, c.sequence, c.coordinates[:, 1], c.ca_mask) for c in picked]
-        removed = len(heldout) - len(kept)
     jobs = sorted(((split, index) for split, listed in chains.items() for index in range(len(listed))),
                   key=lambda job: -len(chains[job[0]][job[1]][1]))  # folding costs ~L^3: the longest first
     scored = dict(zip(jobs, map_over_ranks(lambda job: evaluate_chain(model, *chains[job[0]][job[1]], baselines), jobs),
