@@ -8,7 +8,7 @@
                                     example (what the estimate is given); every rank's memory
                                     report (of the second step) per case, to OUT
 
-`estimate_case` is the estimator's side of a case, run by the test itself (no ranks).
+`estimate_case` is the estimator's side of a case, run by the test in processes of its own (no ranks).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import torch.distributed as dist
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 from pipeline_worker import MODELS, config  # noqa: E402
-from trainers import MemoryEstimate, Strategy, Trainer, estimate_memory  # noqa: E402
+from trainers import MemoryEstimate, Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
+from trainers.estimate import layout_job, trace_jobs  # noqa: E402
 from zoo.plan import model_plan  # noqa: E402
 
 
@@ -39,12 +40,20 @@ def case_strategy(case: str, world_size: int = 2) -> tuple[str, Strategy]:
     return model, Strategy(zero=int(zero), recompute=recompute, pp=world_size, pp_schedule=schedule[0], pp_split=split)
 
 
-def estimate_case(case: str) -> MemoryEstimate:
-    """The estimate of a CASE on 2 ranks, traced on fake tensors from the batch `measure` trains on."""
+def case_inputs(case: str) -> tuple[torch.nn.Module, dict, Strategy, TrainConfig]:
+    """What the estimator is given for a CASE: the model, the batch `measure` trains on, the
+    strategy and the step's batch sizes (on 2 ranks)."""
     name, strategy = case_strategy(case)
     build, examples, collate = MODELS[name]
     first = examples(1)[0]
-    return estimate_memory(build(), collate([first, first]), strategy, 2, config(global_batch_size=8, max_steps=2))
+    return build(), collate([first, first]), strategy, config(global_batch_size=8, max_steps=2)
+
+
+def estimate_case(case: str) -> MemoryEstimate:
+    """The estimate of a CASE on 2 ranks traced in this process (`estimate_memory` would start a
+    fresh one): call it from a process without a process group."""
+    model, batch, strategy, step = case_inputs(case)
+    return trace_jobs(model, batch, [layout_job(strategy, 2, step, 2)])[0]
 
 
 def measure(out: str, *cases: str) -> None:

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import torchrun  # noqa: E402
-from memory_worker import case_strategy, estimate_case  # noqa: E402
+from memory_worker import case_inputs, case_strategy, estimate_case  # noqa: E402
 from pipeline_worker import MODELS  # noqa: E402
 from trainers import MemoryEstimate, Strategy, estimate_memory  # noqa: E402
 
@@ -35,7 +35,8 @@ def measured(tmp_path_factory) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def estimated() -> dict[str, MemoryEstimate]:
-    """Every case's estimate, two at a time (one per core: each trace runs on one thread)."""
+    """Every case's estimate, two at a time in processes of their own (one per core: each trace
+    runs on one thread)."""
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         return dict(zip(CASES, pool.map(estimate_case, CASES), strict=True))
 
@@ -57,6 +58,14 @@ def test_estimate_is_within_10_percent_of_the_measured_step(case, measured, esti
         for key in ("peak", "parameters", "gradients", "optimizer"):
             assert getattr(traced, key) == pytest.approx(real[key], rel=0.10), (traced.rank, key)
         assert traced.activation_peak > 0 and traced.parameters + traced.gradients + traced.optimizer < traced.peak
+
+
+def test_estimate_memory_traces_in_a_fresh_process_what_the_case_traced(estimated):
+    case = "custom/3/blocks"
+    model, batch, strategy, step = case_inputs(case)
+    fresh = estimate_memory(model, batch, strategy, 2, step)
+    assert [rank.by_device for rank in fresh.ranks] == [rank.by_device for rank in estimated[case].ranks]
+    assert fresh.peak == estimated[case].peak > 0 and fresh.work == estimated[case].work
 
 
 def test_bad_input_names_the_argument():
