@@ -188,7 +188,10 @@ class _Search:
                 return self._plan(layout, "all", chunk, peak, blocks)
             floor, estimate = self._trace(layout, "inputs", chunk, profile=True)
             if floor > budget:
-                chunk = max(MIN_CHUNK_BYTES, budget // 64)
+                smaller = max(MIN_CHUNK_BYTES, budget // 64)
+                if smaller == chunk:  # both at the smallest chunk: the same trace again
+                    continue
+                chunk = smaller
                 floor, estimate = self._trace(layout, "inputs", chunk, profile=True)
                 if floor > budget:
                     continue
