@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,16 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, script: str = "worker
     if result.returncode != 0:
         raise AssertionError(f"torchrun {' '.join(args)} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}")
     return result
+
+
+def run_commands(commands: dict[str, Callable[..., None]], argv: list[str]) -> None:
+    """A worker's COMMAND ARGUMENT... from `argv`, several separated by "+" and run one after
+    another (one launch, one process group: a launch's start-up, about 8 s of 2 ranks' CPU, once)."""
+    while argv:
+        end = argv.index("+") if "+" in argv else len(argv)
+        command, *arguments = argv[:end]
+        commands[command](*arguments)
+        argv = argv[end + 1 :]
 
 
 def zoo_in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:

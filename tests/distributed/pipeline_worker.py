@@ -8,7 +8,8 @@ tensors gathered on rank 0) to a file the test compares.
                                             the tied copies after initialisation, one step's loss
     pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
     pipeline_worker.py resume DIR LAYOUT OUT resume DIR's step-2 checkpoint, run steps 3-4: losses + params
-where LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] (see `strategy`).
+One launch runs several commands separated by "+", one after another.
+LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] (see `strategy`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolv
 from torch.utils.data import default_collate  # noqa: E402
 
 from asr.data import collate_speech  # noqa: E402
-from helpers import lm_examples, tiny_gpt  # noqa: E402
+from helpers import lm_examples, run_commands, tiny_gpt  # noqa: E402
 from protein.data import collate_folding  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
@@ -135,7 +136,6 @@ def resume(directory: str, layout: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    command, *arguments = sys.argv[1:]
-    {"parity": parity, "meta": meta, "save": save, "resume": resume}[command](*arguments)
+    run_commands({"parity": parity, "meta": meta, "save": save, "resume": resume}, sys.argv[1:])
     shutdown_distributed()
     exit_process(0)

@@ -40,13 +40,27 @@ structure module's zero-initialised backbone update), which AdamW turns into ste
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def launched(tmp_path_factory):
+    """Every scenario of this module in four launches: the parity layouts on 1, 4 and 2 ranks; a
+    one-process checkpoint resumed at pp2 x dp2 ZeRO-3, a pp2 x dp2 one resumed at dp2 ZeRO-1 and in
+    one process; GPT built on the meta device at pp=2."""
     folder = tmp_path_factory.mktemp("pp")
-    results = {}
-    for nproc, layouts in ((1, ONE), (2, TWO), (4, FOUR)):
-        torchrun(nproc, "parity", str(folder / f"{nproc}.pt"), *layouts, timeout=300, script="pipeline_worker.py")
-        results.update(torch.load(folder / f"{nproc}.pt"))
-    return results
+    pipelined, plain = folder / "pp_save", folder / "one_save"
+    pipelined.mkdir()
+    plain.mkdir()
+    run = lambda nproc, *args: torchrun(nproc, *args, timeout=400, script="pipeline_worker.py")  # noqa: E731
+    run(1, "parity", str(folder / "1.pt"), *ONE, "+", "save", str(plain), "1f1b/1/1/0")
+    run(4, "parity", str(folder / "4.pt"), *FOUR, "+", "save", str(pipelined), "looped_bfs/2/2/3",
+        "+", "resume", str(plain), "zero_bubble/2/1/3", str(plain / "pp2.pt"))
+    run(2, "parity", str(folder / "2.pt"), *TWO, "+", "resume", str(pipelined), "1f1b/1/1/1", str(pipelined / "dp2.pt"),
+        "+", "meta", str(folder / "meta.pt"))
+    run(1, "resume", str(pipelined), "1f1b/1/1/0", str(pipelined / "one.pt"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(launched):
+    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(launched / f"{nproc}.pt").items()}
 
 
 @pytest.mark.parametrize("layout", TWO + FOUR)
@@ -68,14 +82,8 @@ def test_pipeline_matches_one_process(runs, layout):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(tmp_path_factory):
-    pipelined, plain = tmp_path_factory.mktemp("pp_save"), tmp_path_factory.mktemp("one_save")
-    run = lambda nproc, *args: torchrun(nproc, *args, timeout=300, script="pipeline_worker.py")  # noqa: E731
-    run(4, "save", str(pipelined), "looped_bfs/2/2/3")
-    run(1, "resume", str(pipelined), "1f1b/1/1/0", str(pipelined / "one.pt"))
-    run(2, "resume", str(pipelined), "1f1b/1/1/1", str(pipelined / "dp2.pt"))
-    run(1, "save", str(plain), "1f1b/1/1/0")
-    run(4, "resume", str(plain), "zero_bubble/2/1/3", str(plain / "pp2.pt"))
+def checkpoint_runs(launched):
+    pipelined, plain = launched / "pp_save", launched / "one_save"
     load = lambda folder, name: torch.load(folder / name)  # noqa: E731
     return {"pp2 x dp2 -> one process": (load(pipelined, "run.pt"), load(pipelined, "one.pt")),
             "pp2 x dp2 -> dp2 ZeRO-1": (load(pipelined, "run.pt"), load(pipelined, "dp2.pt")),
@@ -93,9 +101,8 @@ def test_checkpoints_reshard_across_pipeline_layouts_and_resume_exactly(checkpoi
         assert relative_error(resumed["params"][name], value) < 1e-5, name
 
 
-def test_a_model_built_on_the_meta_device_allocates_only_its_stages(tmp_path):
-    torchrun(2, "meta", str(tmp_path / "meta.pt"), timeout=300, script="pipeline_worker.py")
-    first, last = torch.load(tmp_path / "meta.pt")
+def test_a_model_built_on_the_meta_device_allocates_only_its_stages(launched):
+    first, last = torch.load(launched / "meta.pt")
     # Split by FLOPs counted on meta tensors: the first stage's blocks, then the last's.
     assert first["blocks"] == last["blocks"] and first["blocks"][0] + first["blocks"][1] == [0, 1, 2, 3]
     own = lambda held, stage: {n.split(".")[1] for n in held if n.startswith("blocks.")} == {  # noqa: E731

@@ -29,13 +29,24 @@ AMPLIFIED = (*ZERO_GRADIENT, "backbone_update.bias")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def launched(tmp_path_factory):
+    """Every scenario of this module, one launch per world size (4 first: its checkpoint is
+    resumed on 2 ranks and in one process): the parity layouts; the dp=2 x tp=2 checkpoint and its
+    resumes; the saved activations of a block; the regions' draws and bad inputs on 2 ranks."""
     folder = tmp_path_factory.mktemp("tp")
-    results = {}
-    for nproc, layouts in ((1, ONE), (2, TWO), (4, FOUR)):
-        torchrun(nproc, "tensor_parallel", str(folder / f"{nproc}.pt"), *layouts, timeout=300)
-        results.update(torch.load(folder / f"{nproc}.pt"))
-    return results
+    resume = {2: ["+", "tp_resume", str(folder), "2", "0", str(folder / "resumed_tp2.pt")],
+              1: ["+", "tp_resume", str(folder), "1", "0", str(folder / "resumed_one.pt")],
+              4: ["+", "tp_save", str(folder)]}
+    for nproc, layouts in ((4, FOUR), (2, TWO), (1, ONE)):
+        checks = ["+", "tp_checks", str(folder / "checks.pt")] if nproc == 2 else []
+        torchrun(nproc, "tensor_parallel", str(folder / f"{nproc}.pt"), *layouts, *resume[nproc], *checks,
+                 "+", "tp_activations", str(folder / f"activations{nproc}.pt"), timeout=300)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(launched):
+    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(launched / f"{nproc}.pt").items()}
 
 
 def worst_parameter_error(params: dict, reference: dict) -> tuple[float, str]:
@@ -62,13 +73,8 @@ def test_tensor_parallel_matches_one_process(runs, layout):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tp_checkpoint")
-    torchrun(4, "tp_save", str(folder), timeout=300)
-    torchrun(2, "tp_resume", str(folder), "2", "0", str(folder / "resumed_tp2.pt"), timeout=300)
-    torchrun(1, "tp_resume", str(folder), "1", "0", str(folder / "resumed_one.pt"), timeout=300)
-    saved = torch.load(folder / "run.pt")
-    return saved, torch.load(folder / "resumed_tp2.pt"), torch.load(folder / "resumed_one.pt")
+def checkpoint_runs(launched):
+    return tuple(torch.load(launched / name) for name in ("run.pt", "resumed_tp2.pt", "resumed_one.pt"))
 
 
 def test_checkpoint_of_dp2_tp2_zero3_loads_in_one_process_exactly(checkpoint_runs):
@@ -91,9 +97,8 @@ def test_checkpoint_of_dp2_tp2_resumes_at_tp2_and_continues_the_loss_curve(check
     assert error < 1e-5, name
 
 
-def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_models_materialise(tmp_path):
-    torchrun(2, "tp_checks", str(tmp_path / "checks.pt"))
-    result = torch.load(tmp_path / "checks.pt")
+def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_models_materialise(launched):
+    result = torch.load(launched / "checks.pt")
     first, second = result["draws"]
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["inside"], second["inside"])
@@ -109,15 +114,12 @@ def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_mo
     assert max(result["vocab_parallel"].values()) < 1e-5, result["vocab_parallel"]
 
 
-def test_saved_activations_per_rank_follow_the_block_formula(tmp_path):
+def test_saved_activations_per_rank_follow_the_block_formula(launched):
     """GPT's pre-LN block keeps, per token in fp32: both norm outputs and their rstd (2W + 2), whole
     on every rank under tp alone; q, k, v, the attention output, its log-sum-exp and fc1's output
     (4W + F + a), split over tp; with sequence parallelism all of it split (the regions' gathered
     inputs are given back between forward and backward). Width 32, F = 128, 4 heads, 32 tokens."""
-    saved = {}
-    for nproc in (1, 2, 4):
-        torchrun(nproc, "tp_activations", str(tmp_path / f"{nproc}.pt"))
-        saved[nproc] = torch.load(tmp_path / f"{nproc}.pt")
+    saved = {nproc: torch.load(launched / f"activations{nproc}.pt") for nproc in (1, 2, 4)}
     tokens, whole, split = 32, 2 * 32 + 2, 4 * 32 + 128 + 4
     assert saved[1][False] == 4 * tokens * (whole + split)
     for tp in (2, 4):

@@ -1,5 +1,6 @@
 """Multi-process scenarios, run by the tests under torchrun. Each writes its results (full
-tensors gathered on rank 0) to a file the test compares.
+tensors gathered on rank 0) to a file the test compares. One launch runs several commands
+separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after another.
 
     worker.py strategies OUT [zero:offload ...]   train each strategy 3 steps; params + grads
     worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
@@ -48,7 +49,7 @@ from protein.evoformer import EvoformerConfig  # noqa: E402
 from protein.model import FoldConfig, FoldingModel  # noqa: E402
 from protein.structure_module import StructureConfig  # noqa: E402
 from vision.vit import ViT, ViTConfig  # noqa: E402
-from helpers import chunk_budget, lm_examples, tiny_gpt  # noqa: E402
+from helpers import chunk_budget, lm_examples, run_commands, tiny_gpt  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
@@ -525,10 +526,13 @@ def vocab_parallel_loss() -> dict[str, float]:
             "bias": error(shards[1].grad.to_local(), reference[2].grad[rows])}
 
 
+COMMANDS = {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
+            "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
+            "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
+            "tp_activations": tp_activations, "chunks": chunks}
+
+
 if __name__ == "__main__":
-    command, *arguments = sys.argv[1:]
-    {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
-     "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout, "tensor_parallel": tensor_parallel, "tp_save": tp_save,
-     "tp_resume": tp_resume, "tp_checks": tp_checks, "tp_activations": tp_activations, "chunks": chunks}[command](*arguments)
+    run_commands(COMMANDS, sys.argv[1:])
     shutdown_distributed()
     exit_process(0)
