@@ -9,10 +9,17 @@ from helpers import torchrun
 from trainers import Strategy, zero_model_states
 
 
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[int, dict]:
+    """The memory reports of 2 ranks at ZeRO 3 and at ZeRO 1, from one launch."""
+    folder = tmp_path_factory.mktemp("memory")
+    torchrun(2, "memory", str(folder / "z3.pt"), "3", "+", "memory", str(folder / "z1.pt"), "1")
+    return {zero: torch.load(folder / f"z{zero}.pt") for zero in (3, 1)}
+
+
 @pytest.mark.timeout(300)
-def test_zero3_model_states_are_16_bytes_per_parameter_over_ranks(tmp_path):
-    torchrun(2, "memory", str(tmp_path / "z3.pt"), "3")
-    result = torch.load(tmp_path / "z3.pt")
+def test_zero3_model_states_are_16_bytes_per_parameter_over_ranks(measured):
+    result = measured[3]
     expected = 16 * result["numel"] / 2
     assert zero_model_states(result["numel"], Strategy(zero=3), 2)["total"] == expected
     for report in result["reports"]:
@@ -22,9 +29,8 @@ def test_zero3_model_states_are_16_bytes_per_parameter_over_ranks(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_zero1_shards_only_optimizer_state(tmp_path):
-    torchrun(2, "memory", str(tmp_path / "z1.pt"), "1")
-    result = torch.load(tmp_path / "z1.pt")
+def test_zero1_shards_only_optimizer_state(measured):
+    result = measured[1]
     numel = result["numel"]
     reports = result["reports"]
     for report in reports:

@@ -13,12 +13,23 @@ from zoo.parity import relative_error
 ZEROS = ("0", "1", "2", "3")
 
 
+LOSSES = ("pruned", "samplewise_pruned")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """Per loss: the one-process run, and the 2-rank runs by ZeRO stage (one launch per world size)."""
+    folder = tmp_path_factory.mktemp("transducer")
+    for nproc, zeros in ((1, ("0",)), (2, ZEROS)):
+        commands = [part for loss in LOSSES for part in ("+", "transducer", str(folder / f"{loss}{nproc}.pt"), loss, *zeros)]
+        torchrun(nproc, *commands[1:], timeout=500)
+    return {loss: (torch.load(folder / f"{loss}1.pt")["0"], torch.load(folder / f"{loss}2.pt")) for loss in LOSSES}
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("loss", ["pruned", "samplewise_pruned"])
-def test_two_ranks_at_every_stage_match_one_process(tmp_path, loss):
-    torchrun(1, "transducer", str(tmp_path / "one.pt"), loss, "0")
-    torchrun(2, "transducer", str(tmp_path / "two.pt"), loss, *ZEROS, timeout=400)
-    single, two = torch.load(tmp_path / "one.pt")["0"], torch.load(tmp_path / "two.pt")
+@pytest.mark.parametrize("loss", LOSSES)
+def test_two_ranks_at_every_stage_match_one_process(runs, loss):
+    single, two = runs[loss]
     for zero in ZEROS:
         assert two[zero]["params"].keys() == single["params"].keys()
         for name, expected in single["params"].items():
