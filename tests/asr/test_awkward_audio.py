@@ -19,6 +19,7 @@ from asr.data import CorpusConfig, read_audio, split_sentences
 from asr.features import resample
 from asr.voices import speak, voices
 from asr.wer import error_counts
+from helpers import zoo_in_process
 
 ZOO = str(Path(sys.executable).parent / "zoo")
 MODEL = "asr-transducer-tiny"
@@ -85,11 +86,11 @@ def test_clipped_8_khz_and_stereo_audio_transcribe(sentences, tmp_path):
     assert rates[0] <= 0.5 and rates[2] <= 0.2 and rates[1] <= 1.0 and heard[1]  # 8 kHz: half the band the model knows
 
 
-def test_empty_and_non_wav_files_get_an_error_naming_them(tmp_path):
+def test_empty_and_non_wav_files_get_an_error_naming_them(tmp_path, capsys):
     empty = write_wav(tmp_path / "empty.wav", 16000, torch.zeros(0))
     text = tmp_path / "notes.wav"
     text.write_text("not audio at all\n")
     with pytest.raises(ValueError, match=f"empty audio '{empty}'"):
         transcribe(MODEL, [empty])
-    done = subprocess.run([ZOO, "transcribe", MODEL, str(text)], capture_output=True, text=True, timeout=120)
+    done = zoo_in_process(capsys, "transcribe", MODEL, str(text))
     assert done.returncode != 0 and f"unreadable audio '{text}'" in done.stderr and "Traceback" not in done.stderr

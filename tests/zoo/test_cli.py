@@ -24,17 +24,17 @@ def zoo_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
-def test_list_and_info_show_the_shipped_model():
+def test_list_and_info_show_the_shipped_model(capsys):
     listing = zoo_cli("list")
     assert listing.returncode == 0, listing.stderr
     assert "gpt-shakespeare-char" in listing.stdout and "recipe gpt_shakespeare" in listing.stdout
-    info = zoo_cli("info", "gpt-shakespeare-char")
+    info = zoo_in_process(capsys, "info", "gpt-shakespeare-char")
     assert "zoo train gpt_shakespeare" in info.stdout and "perplexity" in info.stdout
 
 
-def test_generate_continues_the_prompt_reproducibly():
+def test_generate_continues_the_prompt_reproducibly(capsys):
     first = zoo_cli("generate", "gpt-shakespeare-char", "ROMEO.", "--tokens", "60", "--seed", "3")
-    second = zoo_cli("generate", "gpt-shakespeare-char", "ROMEO.", "--tokens", "60", "--seed", "3")
+    second = zoo_in_process(capsys, "generate", "gpt-shakespeare-char", "ROMEO.", "--tokens", "60", "--seed", "3")
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     assert first.stdout.startswith("ROMEO.") and len(first.stdout.strip()) == len("ROMEO.") + 60
