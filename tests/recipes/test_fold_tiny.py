@@ -30,7 +30,7 @@ as a multiple of the extended chain's (measured 1.70)."""
 
 @pytest.mark.ranks
 @pytest.mark.timeout(600)
-def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path):
+def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path, capsys):
     command = [ZOO, "train", "fold_tiny", "--nproc", "2", "--strategy.zero", "2", "--strategy.recompute", "blocks",
                "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
                "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
@@ -53,8 +53,7 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
 
-    done = subprocess.run([ZOO, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb")],
-                          capture_output=True, text=True, timeout=120)
+    done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{tmp_path / 'out.pdb'}: 22 residues")
     chain = read_chain(tmp_path / "out.pdb")

@@ -71,7 +71,7 @@ def test_bad_override_is_reported_without_a_traceback(capsys):
     ("char", "3", 84, ()), ("gpt2", "1", 50257, ()),
     ("char", "3", 84, ("--tp", "2", "--sequence-parallel")),  # 84 characters: 42 vocabulary rows a rank
 ])
-def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, vocab, parallel):
+def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, capsys, tokenizer, zero, vocab, parallel):
     out = tmp_path / "gpt"
     result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", *parallel, "--tokenizer", tokenizer, "--strategy.zero", zero,
                      "--train.max_steps", "4", "--train.eval_batches", "2", "--train.progress", "false",
@@ -95,7 +95,7 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
         assert abs(metrics["validation_bits_per_character"] - metrics["validation_loss"] / 0.6931471805599453) < 1e-9
     else:
         assert 0.1 * metrics["validation_loss"] < metrics["validation_bits_per_character"] < metrics["validation_loss"]
-    generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
+    generated = zoo_in_process(capsys, "generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
     if parallel:  # the card's command reproduces the layout
         assert "--strategy.tp 2 --strategy.sequence_parallel true" in (out / CARD_FILE).read_text()
@@ -103,7 +103,7 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, tokenizer, zero, v
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
-def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path):
+def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path, capsys):
     """`--offload chunks --offload-dir DIR --memory 2GiB --device-memory 256MiB` (ZeRO-3 over
     chunks, the recipe's stage; off a GPU the device tier a pool of host memory): each rank's chunk
     files under DIR, the model saved whole and generating, the card's command
@@ -120,7 +120,7 @@ def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path)
     assert "With offload='chunks' the model states live in chunks" in result.stdout
     assert sorted(p.name for p in (tmp_path / "chunks").iterdir()) == ["rank00000", "rank00001"]
     assert 1.0 < json.loads((out / "config.json").read_text())["metrics"]["validation_perplexity"] < 2 * 84
-    generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
+    generated = zoo_in_process(capsys, "generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
     card = (out / CARD_FILE).read_text()
     assert "--strategy.offload chunks" in card and "--strategy.swap_activations 4096" in card
@@ -129,7 +129,7 @@ def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path)
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
-def test_train_a_pipeline_on_four_ranks_writes_a_loadable_model(tmp_path):
+def test_train_a_pipeline_on_four_ranks_writes_a_loadable_model(tmp_path, capsys):
     out = tmp_path / "gpt"
     result = zoo_cli("train", "gpt_shakespeare", "--nproc", "4", "--pp", "2", "--pp-schedule", "looped_bfs",
                      "--microbatches", "4", "--train.max_steps", "3", "--train.eval_batches", "2",
@@ -141,7 +141,7 @@ def test_train_a_pipeline_on_four_ranks_writes_a_loadable_model(tmp_path):
     assert "--train.micro_batch_size 4" in card and "--strategy.pp 2 --strategy.pp_schedule looped_bfs" in card
     assert "rank 0 trainers INFO: step 3/3 loss" in result.stderr
     assert 1.0 < json.loads((out / "config.json").read_text())["metrics"]["validation_perplexity"] < 2 * 84
-    generated = zoo_cli("generate", str(out), "KING.", "--tokens", "10")
+    generated = zoo_in_process(capsys, "generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")
 
 
