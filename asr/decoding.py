@@ -121,6 +121,9 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                          f"got vocab_size {language_model.vocab_size} (blank id {blank})")
     fused = language_model is not None and lm_weight != 0
     device = encoder_out.device
+    projected: dict[tuple[int, ...], torch.Tensor] = {}
+    """Context (the last context_size tokens) -> its (J,) decoder projection: a hypothesis that only
+    adds blanks keeps its context, so the decoder runs once per new context, not once per frame."""
     results = []
     for row in range(encoder_out.shape[0]):
         encoder_proj = model.joiner.encoder_proj(encoder_out[row, : int(lengths[row])])
@@ -129,8 +132,11 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
             expanding, moved_on = hypotheses, {}
             for round_ in range(max_symbols_per_frame):
                 keys = list(expanding)
-                contexts = torch.tensor([([blank] * context + list(k))[-context:] for k in keys], device=device)
-                decoder_proj = _decoder_proj(model, contexts)
+                contexts = [tuple(([blank] * context + list(k))[-context:]) for k in keys]
+                new = [c for c in dict.fromkeys(contexts) if c not in projected]
+                if new:
+                    projected.update(zip(new, _decoder_proj(model, torch.tensor(new, device=device))))
+                decoder_proj = torch.stack([projected[c] for c in contexts])
                 log_probs = model.joiner.combine(frame, decoder_proj).float().log_softmax(-1)
                 if fused:
                     log_probs = log_probs + lm_weight * _token_log_probs(language_model, keys, blank).to(device)
