@@ -46,12 +46,12 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/zoo train gpt_shakespeare --nproc 2 --output runs/demo/gpt-shakespeare-char
 
-# Two sessions at once: the tests marked `ranks` one after another (their report follows the other
-# session's), and every other test, on one thread (tests/conftest.py).
+# Two sessions at once: the tests marked `ranks` or `sequential` one after another (their report
+# follows the other session's), and every other test, on one thread (tests/conftest.py).
 test: setup
-	ranks_log=$$(mktemp); $(PY) -m pytest -q -m ranks tests > $$ranks_log 2>&1 & ranks=$$!; \
-	$(PY) -m pytest -q -m "not ranks" tests; others=$$?; \
-	wait $$ranks; alone=$$?; echo "--- the tests marked ranks:"; cat $$ranks_log; rm -f $$ranks_log; \
+	ranks_log=$$(mktemp); $(PY) -m pytest -q -m "ranks or sequential" tests > $$ranks_log 2>&1 & ranks=$$!; \
+	$(PY) -m pytest -q -m "not ranks and not sequential" tests; others=$$?; \
+	wait $$ranks; alone=$$?; echo "--- the tests marked ranks or sequential:"; cat $$ranks_log; rm -f $$ranks_log; \
 	test $$others -eq 0 && test $$alone -eq 0
 
 # The training chains of the shipped fold-tiny (not needed by demo or test): Debian's ProMod3 structure

@@ -6,7 +6,11 @@ link) are marked `ranks`: every test under tests/distributed here, elsewhere the
 `make test` runs them one after another in one pytest session (two at once would share the cores
 between four ranks and slow their collectives several times over), and every other test in a
 second session beside it, on one thread: the ranks keep about 1.3 cores busy on average (one rank
-waits on the other, or on a planner's single trace), and the second session fills the rest."""
+waits on the other, or on a planner's single trace), and the second session fills the rest.
+
+Tests marked `sequential` join the first session to even out the two (measured at 8fc0834: 925 s
+of ranks against 1134 s of the rest): single-process tests that spend most of their time in the
+one estimating process their memory-budget search starts."""
 
 import os
 from pathlib import Path

@@ -56,7 +56,8 @@ def train(case, budget, tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [gpt_case, conformer_case, fold_case], ids=["gpt", "conformer", "fold"])
+@pytest.mark.parametrize("case", [pytest.param(gpt_case, marks=pytest.mark.sequential), conformer_case, fold_case],
+                         ids=["gpt", "conformer", "fold"])
 def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplog):
     built = case()
     free, free_history = train(built, None, tmp_path)
@@ -72,6 +73,7 @@ def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplo
     assert "memory budget" in caplog.text and "estimated peak" in caplog.text
 
 
+@pytest.mark.sequential
 def test_a_budget_below_the_floor_names_the_smallest_peak_and_a_world_that_fits(tmp_path):
     examples = lm_examples(8)
     config = TrainConfig(global_batch_size=4, micro_batch_size=4, max_steps=1, progress=False,
