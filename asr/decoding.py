@@ -121,9 +121,9 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
                          f"got vocab_size {language_model.vocab_size} (blank id {blank})")
     fused = language_model is not None and lm_weight != 0
     device = encoder_out.device
+    # Context (the last context_size tokens) -> its (J,) decoder projection: a hypothesis that only
+    # adds blanks keeps its context, so the decoder runs once per new context, not once per frame.
     projected: dict[tuple[int, ...], torch.Tensor] = {}
-    """Context (the last context_size tokens) -> its (J,) decoder projection: a hypothesis that only
-    adds blanks keeps its context, so the decoder runs once per new context, not once per frame."""
     results = []
     for row in range(encoder_out.shape[0]):
         encoder_proj = model.joiner.encoder_proj(encoder_out[row, : int(lengths[row])])

@@ -34,12 +34,12 @@ def launched(tmp_path_factory):
     resumed on 2 ranks and in one process): the parity layouts; the dp=2 x tp=2 checkpoint and its
     resumes; the saved activations of a block; the regions' draws and bad inputs on 2 ranks."""
     folder = tmp_path_factory.mktemp("tp")
-    resume = {2: ["+", "tp_resume", str(folder), "2", "0", str(folder / "resumed_tp2.pt")],
-              1: ["+", "tp_resume", str(folder), "1", "0", str(folder / "resumed_one.pt")],
-              4: ["+", "tp_save", str(folder)]}
+    checkpoint = {4: ["+", "tp_save", str(folder)],
+                  2: ["+", "tp_resume", str(folder), "2", "0", str(folder / "resumed_tp2.pt")],
+                  1: ["+", "tp_resume", str(folder), "1", "0", str(folder / "resumed_one.pt")]}
     for nproc, layouts in ((4, FOUR), (2, TWO), (1, ONE)):
         checks = ["+", "tp_checks", str(folder / "checks.pt")] if nproc == 2 else []
-        torchrun(nproc, "tensor_parallel", str(folder / f"{nproc}.pt"), *layouts, *resume[nproc], *checks,
+        torchrun(nproc, "tensor_parallel", str(folder / f"{nproc}.pt"), *layouts, *checkpoint[nproc], *checks,
                  "+", "tp_activations", str(folder / f"activations{nproc}.pt"), timeout=300)
     return folder
 

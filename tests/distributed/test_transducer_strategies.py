@@ -11,8 +11,6 @@ from helpers import torchrun
 from zoo.parity import relative_error
 
 ZEROS = ("0", "1", "2", "3")
-
-
 LOSSES = ("pruned", "samplewise_pruned")
 
 
