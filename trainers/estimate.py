@@ -244,7 +244,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     from trainers.budget import set_chunk_bytes
     from trainers.distributed import setup_distributed
     from trainers.fake_pipeline import TracedLink, carry_specs
-    from trainers.fake_trace import HostFakeMode, fake_copy, fake_process_group
+    from trainers.fake_trace import HostFakeMode, fake_copy, fake_process_group, move_fake_states
     from trainers.optim import TrainOptimizer
     from trainers.parallelize import parallelize
     from trainers.pipeline_schedules import check_schedule
@@ -272,6 +272,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 model = fake_copy(model_or_builder, mode)
             else:
                 model = model_or_builder()
+            move_fake_states(model, env.device)
             model_class = type(model).__name__
             set_chunk_bytes(model, job.chunk_bytes)
             policy = None

@@ -93,6 +93,27 @@ def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def move_fake_states(model: nn.Module, device: torch.device) -> None:
+    """Replace `model`'s parameters and buffers that are not on `device` (meta ones aside) by fake
+    twins on it, in every module that holds them (a tied parameter stays one). What FSDP2 would
+    do when it wraps the model on a GPU; its own move sets `param.data`, after which a fake
+    parameter still reports its old device and FSDP refuses it."""
+    moved: dict[int, torch.Tensor] = {}
+
+    def twin(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in moved:
+            on_device = tensor.detach().to(device)
+            moved[id(tensor)] = (nn.Parameter(on_device, requires_grad=tensor.requires_grad)
+                                 if isinstance(tensor, nn.Parameter) else on_device)
+        return moved[id(tensor)]
+
+    for module in model.modules():
+        for states in (module._parameters, module._buffers):
+            for name, tensor in states.items():
+                if tensor is not None and not tensor.is_meta and tensor.device != device:
+                    states[name] = twin(tensor)
+
+
 def _mesh_init_on_real_tensors(init):  # type: ignore[no-untyped-def]
     @functools.wraps(init)
     def wrapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]

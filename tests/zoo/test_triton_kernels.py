@@ -1,12 +1,16 @@
 """The Triton kernels of zoo.nn against float64 references: on a GPU when present, otherwise in the
 Triton interpreter on CPU at small shapes (tests/conftest.py sets TRITON_INTERPRET=1)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainers.saved_activations import SavedActivations
 from test_fused_activation import REFERENCE
+from zoo.nn import backend
 from zoo.nn.activation import bias_act_dropout
 from zoo.nn.cross_entropy import linear_cross_entropy
 from zoo.nn.dropout import dropout
@@ -107,6 +111,16 @@ def test_triton_backend_needs_a_gpu_or_the_interpreter(monkeypatch):
             dropout(torch.ones(3), 0.5, backend="triton")
     with pytest.raises(ValueError, match="backend must be one of"):
         dropout(torch.ones(3), 0.5, backend="cuda")
+
+
+def test_auto_backend_takes_the_pytorch_path_under_the_estimators_fake_tensors(monkeypatch):
+    monkeypatch.setenv("MEMZOO_KERNELS", "auto")
+    monkeypatch.setattr(backend, "triton_available", lambda: True)
+    # Where torch has no CUDA, an object that says it is on a GPU stands in for a CUDA tensor.
+    on_gpu = torch.ones(3, device="cuda") if DEVICE == "cuda" else SimpleNamespace(is_cuda=True)
+    assert backend.resolve_backend(None, on_gpu) == "triton"
+    with FakeTensorMode():
+        assert backend.resolve_backend(None, on_gpu) == "torch"  # a Triton kernel cannot read fake tensors
 
 
 @pytest.mark.parametrize("reduction,label_smoothing", [("mean", 0.0), ("sum", 0.1)])

@@ -1,6 +1,8 @@
 """Which implementation a fused op runs: its Triton kernel or its PyTorch path.
 
-"auto" picks Triton when every tensor is on a CUDA device and Triton imports, PyTorch otherwise.
+"auto" picks Triton when every tensor is on a CUDA device and Triton imports, PyTorch otherwise;
+and PyTorch under the memory estimator's fake tensors, which a Triton kernel cannot read (the
+PyTorch paths save what the kernels save, so the trace counts the same bytes).
 "triton" forces the kernel (on CPU tensors it runs only under `TRITON_INTERPRET=1`, which is how
 the kernels are tested without a GPU); "torch" forces the PyTorch path. The environment variable
 `MEMZOO_KERNELS` ("auto" | "torch" | "triton") sets the default for every op.
@@ -14,6 +16,8 @@ import os
 from typing import Literal
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 Backend = Literal["auto", "torch", "triton"]
 BACKENDS = ("auto", "torch", "triton")
@@ -30,6 +34,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def tracing_fake_tensors() -> bool:
+    """Whether a `FakeTensorMode` is on the dispatch stack (the memory estimator's trace). Not
+    torch.compile's tracing, which runs on fake tensors too but compiles its graph's kernels."""
+    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
+
+
 def resolve_backend(backend: Backend | None, *tensors: torch.Tensor) -> Literal["torch", "triton"]:
     """The implementation to run for `tensors`; raises ValueError when "triton" cannot run."""
     choice = backend or os.environ.get("MEMZOO_KERNELS", "auto")
@@ -39,7 +49,7 @@ def resolve_backend(backend: Backend | None, *tensors: torch.Tensor) -> Literal[
     if choice == "torch":
         return "torch"
     if choice == "auto":
-        return "triton" if on_gpu and triton_available() else "torch"
+        return "triton" if on_gpu and triton_available() and not tracing_fake_tensors() else "torch"
     if not triton_available():
         raise ValueError("backend='triton' needs the triton package (pip install memzoo[gpu])")
     if not on_gpu and not interpreting():

@@ -17,10 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from zoo.nn.backend import Backend, resolve_backend
+from zoo.nn.backend import Backend, resolve_backend, tracing_fake_tensors
 
 SEED_BOUND = 2**31 - 1
 """Seeds lie in [0, SEED_BOUND): the range `tl.rand` accepts."""
@@ -47,19 +45,13 @@ _MIX = ((30, _signed(0xBF58476D1CE4E5B9)), (27, _signed(0x94D049BB133111EB)), (3
 """SplitMix64 (Steele et al., 2014): state step, then (shift, multiplier) of each finalizer round."""
 
 
-def _tracing_fake_tensors() -> bool:
-    """Whether a `FakeTensorMode` is on the dispatch stack (the memory estimator's trace). Not
-    torch.compile's tracing, which runs on fake tensors too but compiles the hash into its graph."""
-    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
-
-
 def random_words(count: int, seed: int, device: torch.device, first: int = 0) -> torch.Tensor:
     """(count,) int64 of uniformly random bits: SplitMix64 of element offsets first + 1 ..
     first + count under `seed`.
 
     Under fake tensors (the memory estimator's trace) the bits are never read: only the hash's two
     buffers are made, so the trace holds the same bytes in 2 operations instead of 14."""
-    if _tracing_fake_tensors():
+    if tracing_fake_tensors():
         words = torch.empty(count, dtype=torch.int64, device=device)
         torch.empty_like(words)  # the shift's scratch buffer, freed when the hash ends
         return words

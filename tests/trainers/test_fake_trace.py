@@ -1,0 +1,25 @@
+"""The estimator's fake model: moved to the compute device as FSDP2 would move it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainers.fake_trace import HostFakeMode, fake_copy, move_fake_states
+
+
+def test_fake_states_move_to_the_device_as_fresh_twins_and_ties_stay_one():
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+    model[1].weight = model[0].weight  # tied, as GPT ties its embedding and head
+    model[1].bias.requires_grad_(False)
+    model.register_buffer("steps", torch.zeros(3))
+    mode = HostFakeMode()
+    with mode:
+        fake = fake_copy(model, mode)
+        # The meta device stands in for a GPU here: a CPU-only torch makes no fake CUDA tensor.
+        move_fake_states(fake, torch.device("meta"))
+    assert {t.device.type for t in [*fake.parameters(), *fake.buffers()]} == {"meta"}
+    assert fake[0].weight is fake[1].weight and len(list(fake.parameters())) == 2
+    assert isinstance(fake[1].bias, nn.Parameter) and not fake[1].bias.requires_grad
+    assert fake[0].weight.requires_grad and fake[0].weight.shape == (10, 4)
+    assert {t.device.type for t in model.parameters()} == {"cpu"}  # the caller's model is untouched
