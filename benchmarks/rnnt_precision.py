@@ -16,7 +16,8 @@ gradients of encoder_out and decoder_out, and of the loss. Methods (all with red
                      rnnt_loss_pruned), where `import fast_rnnt` works
 Pruning is a discrete choice (an argmax over window sums that a 1e-7 difference can flip between
 near-equal windows), so the pruned references use the windows that the float32 run chose: the float64
-simple loss plus the float64 pruned loss through those windows. k2's pruned rows use the same windows.
+simple loss plus the float64 pruned loss through those windows (the sample-wise loss's: chosen sample
+by sample). k2's pruned rows use the same windows.
 """
 
 from __future__ import annotations
@@ -54,15 +55,24 @@ def make_problem(shape: tuple[int, int, int, int], hidden: int, joiner_dim: int,
     return {**{name: t.to(device) for name, t in tensors.items()}, "modules": modules.to(device)}
 
 
-def float32_windows(problem, s_range: int) -> torch.Tensor:
-    """(B, T) window starts that the float32 simple loss chooses."""
+def float32_windows(problem, s_range: int, per_sample: bool) -> torch.Tensor:
+    """(B, T) window starts that the float32 simple loss chooses: on the whole batch, or
+    (`per_sample`, as the sample-wise loss runs it) on each sample cut to its own lengths, whose
+    float32 sums can differ from the batch's in the last bits (on a GPU they do) and flip a near-tie."""
     m = problem["modules"].float()
+    enc, dec = problem["enc"].float(), problem["dec"].float()
+    targets, logit_lengths, target_lengths = problem["targets"], problem["logit_lengths"], problem["target_lengths"]
+    pieces = [(slice(b, b + 1), int(logit_lengths[b]), int(target_lengths[b])) for b in range(len(targets))] \
+        if per_sample else [(slice(None), enc.shape[1], targets.shape[1])]
+    starts = torch.zeros(enc.shape[:2], dtype=torch.long, device=enc.device)
     with torch.no_grad():
-        _, posterior = simple_rnnt_loss(m["am"](problem["enc"].float()), m["lm"](problem["dec"].float()),
-                                        problem["targets"], problem["logit_lengths"], problem["target_lengths"],
-                                        reduction="sum", return_occupancies=True)
+        for rows, frames, symbols in pieces:
+            _, posterior = simple_rnnt_loss(m["am"](enc[rows, :frames]), m["lm"](dec[rows, :symbols + 1]),
+                                            targets[rows, :symbols], logit_lengths[rows], target_lengths[rows],
+                                            reduction="sum", return_occupancies=True)
+            starts[rows, :frames] = prune_ranges(posterior, logit_lengths[rows], target_lengths[rows], s_range)
     problem["modules"].double()
-    return prune_ranges(posterior, problem["logit_lengths"], problem["target_lengths"], s_range)
+    return starts
 
 
 def k2_boundary(p) -> torch.Tensor:
@@ -126,7 +136,7 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def precision_row(method: str, problem, s_range: int) -> dict[str, float]:
     """Relative errors of the float32 loss and gradients of `method` against its float64 reference."""
-    starts = float32_windows(problem, s_range) if "pruned" in method else None
+    starts = float32_windows(problem, s_range, method.startswith("samplewise")) if "pruned" in method else None
     loss32, enc32, dec32 = gradients(method, problem, torch.float32, starts, s_range, reference=False)
     loss64, enc64, dec64 = gradients(method, problem, torch.float64, starts, s_range, reference=True)
     return {"loss": abs(loss32 - loss64) / abs(loss64), "encoder": relative(enc32, enc64),
