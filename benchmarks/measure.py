@@ -13,14 +13,17 @@ from typing import Any
 
 import torch
 
+from trainers.memory import cuda_workspace_bytes
 from trainers.tensor_peak import TensorPeak
 
 
 def timed_peak(run: Callable[[], Any], device: torch.device) -> tuple[Any, float, int]:
     """(run()'s result, seconds, peak bytes of the tensors it created that were alive at once):
-    `torch.cuda.max_memory_allocated` above the allocation before it on CUDA, `TensorPeak` elsewhere."""
+    `torch.cuda.max_memory_allocated` above the allocation before it on CUDA, `TensorPeak` elsewhere.
+    On CUDA the cuBLAS workspaces are allocated before (`cuda_workspace_bytes`), so that the first
+    call of a process does not count them (about 65 MiB on the H200) while the later ones do not."""
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        cuda_workspace_bytes(device, torch.float32)
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()

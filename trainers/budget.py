@@ -14,7 +14,9 @@ then higher stages when there are several data-parallel ranks, then offload on a
    recomputed FLOPs (`trainers.recompute.choose_saved_ops`) within the room full recompute
    leaves, checked by one more trace (and the room shrunk by any excess).
 The first candidate whose estimated peak fits (with `PLANNING_MARGIN` to spare) is the plan. Recompute and chunking change what is
-alive, never what is computed: the losses are those of the unconstrained run.
+alive, never what is computed: the losses are those of the unconstrained run. On a GPU every
+estimated peak adds the cuBLAS workspaces (`trainers.memory.cuda_workspace_bytes`, measured in the
+trainer's process): the budget holds `torch.cuda.max_memory_allocated`, which counts them.
 
 Under pipeline parallelism every pipeline rank is traced and must fit. The stages are cut once,
 by the first trace, and the plan keeps that split (`Strategy.pp_split`). The knapsack runs per
@@ -36,7 +38,8 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
-from trainers.memory import zero_model_states
+from trainers.memory import cuda_workspace_bytes, zero_model_states
+from trainers.parallelize import COMPUTE_DTYPES
 from trainers.recompute import Keep, OpCost, RecomputePolicy, choose_saved_ops
 from trainers.strategy import Strategy
 from zoo.nn import chunk_memory
@@ -111,18 +114,21 @@ def fit_budget(model: nn.Module, example_batch: Mapping[str, Any], strategy: Str
     """The cheapest plan whose estimated peak per rank stays within strategy.memory_budget (see
     the module docstring), traced in a fresh process; `MemoryBudgetError` naming the smallest
     peak found, and the world size whose ZeRO-3 shards would fit, when none does."""
+    workspaces = 0
+    if device.type == "cuda":
+        workspaces = cuda_workspace_bytes(device, COMPUTE_DTYPES[strategy.precision] or torch.float32)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=context) as pool:
         outcome = pool.submit(_fit_in_fresh_process, model, example_batch, strategy, world_size, config,
-                              device.type).result()
+                              device.type, workspaces).result()
     if isinstance(outcome, str):
         raise MemoryBudgetError(outcome)
     return outcome
 
 
-def _fit_in_fresh_process(model, example_batch, strategy, world_size, config, device_type):
+def _fit_in_fresh_process(model, example_batch, strategy, world_size, config, device_type, workspaces):
     try:
-        return _Search(model, example_batch, strategy, world_size, config, device_type).run()
+        return _Search(model, example_batch, strategy, world_size, config, device_type, workspaces).run()
     except MemoryBudgetError as error:
         return str(error)
     except Exception as error:
@@ -132,7 +138,7 @@ def _fit_in_fresh_process(model, example_batch, strategy, world_size, config, de
 class _Search:
     """The candidate ladder of `fit_budget`, in the estimating process."""
 
-    def __init__(self, model, example_batch, strategy, world_size, config, device_type) -> None:
+    def __init__(self, model, example_batch, strategy, world_size, config, device_type, workspaces) -> None:
         from trainers.estimate import batch_rows
 
         self.model, self.batch, self.world, self.config = model, example_batch, world_size, config
@@ -140,6 +146,8 @@ class _Search:
         self.budget = strategy.memory_budget
         self.target = int(self.budget * (1 - PLANNING_MARGIN))
         self.on_gpu = device_type == "cuda"
+        self.workspaces = workspaces
+        """Device bytes beside the traced tensors (the GPU's cuBLAS workspaces), in every peak."""
         self.base = replace(strategy, recompute="none")
         self.tried: list[str] = []
         self.smallest: tuple[int, str, Any] | None = None
@@ -150,7 +158,7 @@ class _Search:
         job = replace(layout_job(strategy, self.world, self.config, self.micro), keep=keep, chunk_bytes=chunk,
                       profile=profile)
         estimate = trace_jobs(self.model, self.batch, [job])[0]
-        peak = max(estimate.rank_peaks(device_only=self.on_gpu))
+        peak = max(self._peaks(estimate))
         label = _KEEP_LABELS[keep] if isinstance(keep, str) else "keep chosen operators"
         self.tried.append(f"ZeRO {strategy.zero}, offload {strategy.offload}, {label}, "
                           f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}: {_mib(peak)}")
@@ -159,6 +167,10 @@ class _Search:
         if self.smallest is None or peak < self.smallest[0]:
             self.smallest = (peak, self.tried[-1], estimate)
         return peak, estimate
+
+    def _peaks(self, estimate) -> list[int]:
+        """Each traced rank's estimated peak on its compute device, workspaces included (bytes)."""
+        return [peak + self.workspaces for peak in estimate.rank_peaks(device_only=self.on_gpu)]
 
     def _layouts(self) -> list[tuple[int, str]]:
         """(ZeRO stage, offload) of each state layout to try, in order."""
@@ -197,7 +209,7 @@ class _Search:
                     continue
             blocks = estimate.block_ops
             recompute = replace(layout, recompute="blocks")
-            rooms = [budget - peak for peak in estimate.rank_peaks(device_only=self.on_gpu)]
+            rooms = [budget - peak for peak in self._peaks(estimate)]
             for _ in range(3):
                 keep = self._choose(estimate, rooms, layout)
                 if not any(keep.values()):
@@ -205,8 +217,7 @@ class _Search:
                 peak, traced = self._trace(recompute, keep, chunk)
                 if peak <= budget:
                     return self._plan(recompute, keep, chunk, peak, blocks)
-                rooms = [room - max(0, peak - budget)
-                         for room, peak in zip(rooms, traced.rank_peaks(device_only=self.on_gpu))]
+                rooms = [room - max(0, peak - budget) for room, peak in zip(rooms, self._peaks(traced))]
             return self._plan(recompute, "inputs", chunk, floor, blocks)
         raise MemoryBudgetError(self._refusal())
 
@@ -250,9 +261,10 @@ class _Search:
         else:
             hint = ("no number of ranks brings it down: activations and temporaries alone take "
                     f"{_mib(rest)}; use a smaller micro batch")
+        workspaces = f" and {_mib(self.workspaces)} cuBLAS workspaces" if self.workspaces else ""
         return (f"Strategy.memory_budget={_mib(self.budget)} per rank is below what this job needs on {self.world} "
                 f"rank(s): the smallest peak found is {_mib(peak)} ({what}), of which {_mib(states)} are model "
-                f"states; {hint}. Tried: " + "; ".join(self.tried))
+                f"states{workspaces}; {hint}. Tried: " + "; ".join(self.tried))
 
 
 def tighten(plan: BudgetPlan, policy: RecomputePolicy, model: nn.Module, peak: int) -> str:
