@@ -20,11 +20,9 @@ buffers, are counted where they are held.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +30,7 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.estimating_process import run_fresh
 from trainers.memory import RankMemory, StepMemoryProbe
 from trainers.recompute import Keep, OpCost
 from trainers.step_counters import Work
@@ -138,8 +137,7 @@ def estimate_layouts(model_or_builder: ModelOrBuilder, example_batch: Mapping[st
         raise TypeError(f"example_batch must be a non-empty mapping of the model's inputs; got {example_batch!r:.80}")
     micro = batch_rows(example_batch)
     jobs = [layout_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_trace, model_or_builder, example_batch, jobs).result()
+    return run_fresh(_trace, model_or_builder, example_batch, jobs)
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,8 @@ last pipeline ranks: the first holds the most micro batches in flight, the last 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import traceback
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +43,7 @@ from torch import nn
 
 from trainers.config import TrainConfig
 from trainers.devices import DeviceSpec, device_spec, parse_bytes
+from trainers.estimating_process import run_fresh
 from trainers.estimate import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
 from trainers.memory import zero_model_states
 from trainers.pipeline_schedules import analytic_bubble, schedule_orders, simulate
@@ -157,9 +156,8 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
     if not candidates:
         raise ValueError(f"no strategy of the search space splits global_batch_size={global_batch_size} over "
                          f"world_size={world_size}")
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        found, smallest, states = pool.submit(_search, model_or_builder, example_batch, candidates, world_size, budget,
-                                              spec, max_traces).result()
+    found, smallest, states = run_fresh(_search, model_or_builder, example_batch, candidates, world_size, budget, spec,
+                                        max_traces)
     if not found:
         if smallest is None:
             raise ValueError(f"memory_budget={_size(budget)} per rank is below the model states alone of every layout on "
