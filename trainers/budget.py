@@ -27,10 +27,8 @@ batch the schedule holds in flight there (`trainers.pipeline_schedules.in_flight
 from __future__ import annotations
 
 import math
-import multiprocessing
 import traceback
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +36,7 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.estimating_process import run_fresh
 from trainers.memory import cuda_workspace_bytes, zero_model_states
 from trainers.parallelize import COMPUTE_DTYPES
 from trainers.recompute import Keep, OpCost, RecomputePolicy, choose_saved_ops
@@ -117,10 +116,8 @@ def fit_budget(model: nn.Module, example_batch: Mapping[str, Any], strategy: Str
     workspaces = 0
     if device.type == "cuda":
         workspaces = cuda_workspace_bytes(device, COMPUTE_DTYPES[strategy.precision] or torch.float32)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=context) as pool:
-        outcome = pool.submit(_fit_in_fresh_process, model, example_batch, strategy, world_size, config,
-                              device.type, workspaces).result()
+    outcome = run_fresh(_fit_in_fresh_process, model, example_batch, strategy, world_size, config, device.type,
+                        workspaces)
     if isinstance(outcome, str):
         raise MemoryBudgetError(outcome)
     return outcome
@@ -259,8 +256,8 @@ class _Search:
             hint = (f"ZeRO-3 over {ranks} ranks would bring the model states within the "
                     f"{_mib(self.budget - rest)} the rest leaves")
         else:
-            hint = ("no number of ranks brings it down: activations and temporaries alone take "
-                    f"{_mib(rest)}; use a smaller micro batch")
+            rest_is = "activations, temporaries and workspaces" if self.workspaces else "activations and temporaries"
+            hint = f"no number of ranks brings it down: {rest_is} alone take {_mib(rest)}; use a smaller micro batch"
         workspaces = f" and {_mib(self.workspaces)} cuBLAS workspaces" if self.workspaces else ""
         return (f"Strategy.memory_budget={_mib(self.budget)} per rank is below what this job needs on {self.world} "
                 f"rank(s): the smallest peak found is {_mib(peak)} ({what}), of which {_mib(states)} are model "

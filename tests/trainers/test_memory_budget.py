@@ -12,8 +12,9 @@ import torch
 
 from helpers import lm_examples, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.budget import MemoryBudgetError
+from trainers.budget import MemoryBudgetError, _fit_in_fresh_process
 from trainers.data import first_micro_batch
+from trainers.estimating_process import run_fresh
 from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
 from zoo.parity import relative_error
 
@@ -86,6 +87,24 @@ def test_a_budget_below_the_floor_names_the_smallest_peak_and_a_world_that_fits(
     with pytest.raises(ValueError, match="accepted|KiB, MiB, GiB"):
         Strategy(memory_budget="6 parsecs")
     assert Strategy(memory_budget="1.5 KiB").memory_budget == 1536
+
+
+def test_the_gpus_cublas_workspaces_count_in_every_planned_peak():
+    """On a GPU the budget holds the allocator's peak, which counts cuBLAS's workspaces beside the
+    traced tensors: the plan adds them (here given, as a GPU would measure them)."""
+    config = TrainConfig(global_batch_size=4, micro_batch_size=4, max_steps=1, progress=False)
+    batch = first_micro_batch(lm_examples(8), 4)
+    workspaces = 64 * 2**20
+
+    def plan(budget: int, workspaces: int):
+        return run_fresh(_fit_in_fresh_process, tiny_gpt(), batch, Strategy(memory_budget=budget), 1, config, "cpu",
+                         workspaces)
+
+    free = plan(2**30, 0)
+    assert plan(2**30, workspaces).peak == free.peak + workspaces
+    refusal = plan(free.peak * 2 + workspaces // 2, workspaces)  # room for the tensors twice, not for the workspaces
+    assert isinstance(refusal, str), refusal
+    assert "64.0 MiB cuBLAS workspaces" in refusal and "activations, temporaries and workspaces alone" in refusal
 
 
 def test_keeping_chosen_operators_gives_the_plain_gradients():
