@@ -89,20 +89,34 @@ def test_a_budget_below_the_floor_names_the_smallest_peak_and_a_world_that_fits(
     assert Strategy(memory_budget="1.5 KiB").memory_budget == 1536
 
 
+def plan(model, batch, rows: int, budget: int, workspaces: int = 0):
+    """The budget plan of one process on CPU, or the refusal's message (as `fit_budget` plans,
+    in a fresh process; `workspaces` as a GPU would measure them)."""
+    config = TrainConfig(global_batch_size=rows, micro_batch_size=rows, max_steps=1, progress=False)
+    return run_fresh(_fit_in_fresh_process, model, batch, Strategy(memory_budget=budget), 1, config, "cpu", workspaces)
+
+
+def test_a_budget_that_chunks_alone_hold_keeps_every_activation():
+    """A GPT of 4096 tokens: chunking its logits takes the peak from 21.8 to about 8 MiB. At half the
+    peak, full recompute is traced first (it also prices the operators) and keeping everything in
+    chunks, which fits, is the plan: no recompute."""
+    batch = first_micro_batch(lm_examples(8, length=128, vocab=4096), 8)
+    model = tiny_gpt(vocab_size=4096, block_size=128)
+    free = plan(model, batch, 8, 2**33)
+    half = plan(model, batch, 8, free.peak // 2)
+    assert set(half.keep.values()) == {"all"} and half.chunk_bytes is not None and half.peak <= free.peak // 2
+    assert [line.split(", ")[2] for line in half.tried] == ["keep everything", "recompute every block", "keep everything"]
+    assert "no recompute" in half.describe()
+
+
 def test_the_gpus_cublas_workspaces_count_in_every_planned_peak():
     """On a GPU the budget holds the allocator's peak, which counts cuBLAS's workspaces beside the
     traced tensors: the plan adds them (here given, as a GPU would measure them)."""
-    config = TrainConfig(global_batch_size=4, micro_batch_size=4, max_steps=1, progress=False)
     batch = first_micro_batch(lm_examples(8), 4)
     workspaces = 64 * 2**20
-
-    def plan(budget: int, workspaces: int):
-        return run_fresh(_fit_in_fresh_process, tiny_gpt(), batch, Strategy(memory_budget=budget), 1, config, "cpu",
-                         workspaces)
-
-    free = plan(2**30, 0)
-    assert plan(2**30, workspaces).peak == free.peak + workspaces
-    refusal = plan(free.peak * 2 + workspaces // 2, workspaces)  # room for the tensors twice, not for the workspaces
+    free = plan(tiny_gpt(), batch, 4, 2**30)
+    assert plan(tiny_gpt(), batch, 4, 2**30, workspaces).peak == free.peak + workspaces
+    refusal = plan(tiny_gpt(), batch, 4, free.peak * 2 + workspaces // 2, workspaces)  # room for the tensors only
     assert isinstance(refusal, str), refusal
     assert "64.0 MiB cuBLAS workspaces" in refusal and "activations, temporaries and workspaces alone" in refusal
 
