@@ -20,8 +20,9 @@ from trainers.tensor_peak import TensorPeak
 def timed_peak(run: Callable[[], Any], device: torch.device) -> tuple[Any, float, int]:
     """(run()'s result, seconds, peak bytes of the tensors it created that were alive at once):
     `torch.cuda.max_memory_allocated` above the allocation before it on CUDA, `TensorPeak` elsewhere.
-    On CUDA the cuBLAS workspaces are allocated before (`cuda_workspace_bytes`), so that the first
-    call of a process does not count them (about 65 MiB on the H200) while the later ones do not."""
+    On CUDA the cuBLAS workspaces are allocated before (`cuda_workspace_bytes`), so that no call
+    counts them: before, the first call of a process did (about 65 MiB on the H200) and the later
+    ones did not."""
     if device.type == "cuda":
         cuda_workspace_bytes(device, torch.float32)
         base = torch.cuda.memory_allocated()

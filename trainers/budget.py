@@ -17,9 +17,9 @@ stages when there are several data-parallel ranks, then offload on a GPU):
    leaves, checked by one more trace (and the room shrunk by any excess).
 The cheapest candidate whose estimated peak fits (with `PLANNING_MARGIN` to spare) is the plan: 1,
 else 3, else 4, else 2. Recompute and chunking change what is alive, never what is computed: the
-losses are those of the unconstrained run. On a GPU every
-estimated peak adds the cuBLAS workspaces (`trainers.memory.cuda_workspace_bytes`, measured in the
-trainer's process): the budget holds `torch.cuda.max_memory_allocated`, which counts them.
+losses are those of the unconstrained run. On a GPU every estimated peak adds the cuBLAS
+workspaces (`trainers.memory.cuda_workspace_bytes`, measured in the trainer's process): the
+budget holds `torch.cuda.max_memory_allocated`, which counts them.
 
 Under pipeline parallelism every pipeline rank is traced and must fit. The stages are cut once,
 by the first trace, and the plan keeps that split (`Strategy.pp_split`). The knapsack runs per

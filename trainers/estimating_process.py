@@ -40,6 +40,7 @@ def run_fresh(function: Callable[..., Result], *args: Any) -> Result:
 
 
 def _in_environment(environment: dict[str, str], function: Callable[..., Result], *args: Any) -> Result:
+    """`function(*args)` with `environment` as this process's (in the estimating process)."""
     os.environ.clear()
     os.environ.update(environment)
     return function(*args)

@@ -95,9 +95,10 @@ def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
 
 def move_fake_states(model: nn.Module, device: torch.device) -> None:
     """Replace `model`'s parameters and buffers that are not on `device` (meta ones aside) by fake
-    twins on it, in every module that holds them (a tied parameter stays one). What FSDP2 would
-    do when it wraps the model on a GPU; its own move sets `param.data`, after which a fake
-    parameter still reports its old device and FSDP refuses it."""
+    twins on it, in every module that holds them (a tied parameter stays one): what FSDP2 does
+    when it wraps a model for a GPU. FSDP2's own move (`param.data = param.to(device)`) left the
+    fake parameters on the CPU, and on the H200 it refused them ("Expects the parameter to already
+    be moved to device cuda:0 but got cpu")."""
     moved: dict[int, torch.Tensor] = {}
 
     def twin(tensor: torch.Tensor) -> torch.Tensor:
