@@ -53,8 +53,8 @@ KEEP_ALL_SLACK = 1.25
 """Keeping everything with chunks is traced only when the knapsack's count of it (full recompute's
 peak plus every operator output) is within this multiple of the budget. The count ran 9% and 13%
 below the trace for the Evoformer at 6 and 8 blocks (155.1 MiB against 170.6, 196.6 against
-224.8): a count above the budget by more than its error tells, without a trace, that chunking
-alone cannot hold the budget."""
+224.8; `benchmarks/budget_keep_all_count.py`): a count above the budget by more than its error
+tells, without a trace, that chunking alone cannot hold the budget."""
 PLANNING_MARGIN = 0.03
 """Share of the budget a plan leaves free for the estimate's error (within 2% of the measured
 peak in `benchmarks/memory_estimate.py`)."""
