@@ -53,6 +53,10 @@ class HostFakeMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func is torch.ops.aten._pin_memory.default:
+            # FSDP2 pins parameters it offloads to a GPU's host; fake tensors have no pinned
+            # memory, and a host copy takes the same bytes.
+            func, args, kwargs = torch.ops.aten.clone.default, args[:1], {}
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if any(isinstance(t, FakeTensor) for t in inputs):
             if func in _MASK_INDEXED and any(_is_real_mask(t) for t in args[1]):

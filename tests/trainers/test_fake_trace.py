@@ -23,3 +23,14 @@ def test_fake_states_move_to_the_device_as_fresh_twins_and_ties_stay_one():
     assert isinstance(fake[1].bias, nn.Parameter) and not fake[1].bias.requires_grad
     assert fake[0].weight.requires_grad and fake[0].weight.shape == (10, 4)
     assert {t.device.type for t in model.parameters()} == {"cpu"}  # the caller's model is untouched
+
+
+def test_a_fake_tensor_pins_as_a_host_copy_of_the_same_bytes():
+    # FSDP2 pins the parameters it offloads when training on a GPU; the budget's trace of such a
+    # layout on the H200 stopped at "NYI: aten._pin_memory.default".
+    with HostFakeMode():
+        host = torch.empty(300, 200, dtype=torch.bfloat16)
+        pinned = host.pin_memory()
+    assert (pinned.shape, pinned.dtype, pinned.device) == (host.shape, host.dtype, host.device)
+    assert pinned.untyped_storage().nbytes() == 300 * 200 * 2
+    assert pinned.untyped_storage()._cdata != host.untyped_storage()._cdata
