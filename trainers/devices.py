@@ -3,6 +3,7 @@ reaches, and the bandwidth of its links; and memory sizes written with units ("8
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -94,13 +95,15 @@ def device_spec(device: str | DeviceSpec, ranks: int = 2) -> DeviceSpec:
     return DEVICES[device]
 
 
+@functools.cache
 def measure_cpu(ranks: int = 2, seconds: float = 0.2) -> DeviceSpec:
     """This machine as the device of each of `ranks` CPU processes (OMP_NUM_THREADS=1): one
     thread's matrix-multiply throughput (fp32 and bf16), element-wise bandwidth and seconds per
     operator call (an autograd-recorded add), shared when there are more ranks than cores; gloo's
     all-reduce bandwidth and per-call latency between min(ranks, 4) processes started for the
     measurement, between compute as in a step (`gloo_link`); memory-copy bandwidth for offload; no
-    overlap."""
+    overlap. Measured once per process for each `ranks` and `seconds`: about 10 s on 2 cores, 8 of
+    them starting the gloo processes."""
     cores = os.cpu_count() or 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

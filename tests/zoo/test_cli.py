@@ -190,7 +190,9 @@ def test_plan_prints_layouts_that_fit_with_their_train_flags(capsys):
         assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
 
 
-@pytest.mark.parametrize("arch, fields", [("transducer", ()), ("fold", ("--evoformer.blocks", "2"))])
+@pytest.mark.parametrize("arch, fields", [("transducer", ("--encoder.layers", "1")),
+                                          ("fold", ("--evoformer.blocks", "1", "--max_recycles", "0",
+                                                    "--structure.layers", "1"))])
 def test_plan_traces_the_example_batch_of_each_architecture(arch, fields, capsys):
     result = zoo_in_process(capsys, "plan", arch, "--nproc", "2", "--memory", "4GiB", "--max-traces", "1", *fields)
     assert result.returncode == 0, result.stderr
