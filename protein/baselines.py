@@ -25,6 +25,18 @@ WINDOW = 7
 """Residues a propensity prediction looks at, centred on the predicted one."""
 
 
+_RESIDUE_CODES = {residue: code for code, residue in enumerate(AMINO_ACIDS)}
+"""One-letter residue -> its row in `AMINO_ACIDS` order."""
+
+
+def _state_codes(states: str) -> torch.Tensor:
+    """(L,) long: each letter's index in `STATES`; ValueError naming letters outside it."""
+    unknown = sorted(set(states) - set(STATES))
+    if unknown:
+        raise ValueError(f"states must be letters of {STATES!r}; got {unknown}")
+    return torch.tensor([STATES.index(state) for state in states], dtype=torch.long)
+
+
 def virtual_angles(ca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(L, 3) Cα -> (bond angles (L-2,) at Cα 1..L-2, dihedrals (L-3,) about Cα 1-2 .. L-3-L-2),
     radians, float64; dihedrals in (-π, π]."""
@@ -79,22 +91,28 @@ class StateGeometry:
         """From real chains, each a Cα trace (L, 3) and its three states (L letters): per state the
         mean bond angle and the circular mean dihedral, over the positions whose residues all have
         that state (helix and strand interiors; coil wherever four coil residues follow each other)."""
-        angles_by_state = {state: [] for state in STATES}
-        dihedrals_by_state = {state: [] for state in STATES}
-        for ca, states in traces:
+        angles_by_state: list[torch.Tensor] = []
+        dihedrals_by_state: list[torch.Tensor] = []
+        for index, (ca, states) in enumerate(traces):
+            if len(states) != len(ca):
+                raise ValueError(f"chain {index} has {len(ca)} Cα but {len(states)} states")
             angles, dihedrals = virtual_angles(ca)
-            for index in range(1, len(states) - 1):
-                if states[index - 1] == states[index] == states[index + 1]:
-                    angles_by_state[states[index]].append(angles[index - 1])
-            for index in range(1, len(states) - 2):
-                if len(set(states[index - 1:index + 3])) == 1:
-                    dihedrals_by_state[states[index]].append(dihedrals[index - 1])
-        missing = [state for state in STATES if not angles_by_state[state] or not dihedrals_by_state[state]]
+            codes = _state_codes(states)
+            same_three = (codes[:-2] == codes[1:-1]) & (codes[1:-1] == codes[2:])  # about Cα 1 .. L-2
+            same_four = same_three[:-1] & (codes[2:-1] == codes[3:])  # about the bonds from Cα 1 .. L-3
+            angles_by_state.append(torch.stack([angles, codes[1:-1].double()])[:, same_three])
+            dihedrals_by_state.append(torch.stack([dihedrals, codes[1:-2].double()])[:, same_four])
+        angle_values, angle_states = torch.cat(angles_by_state, 1) if angles_by_state else torch.zeros(2, 0)
+        dihedral_values, dihedral_states = torch.cat(dihedrals_by_state, 1) if dihedrals_by_state else torch.zeros(2, 0)
+        missing = [state for code, state in enumerate(STATES)
+                   if not (angle_states == code).any() or not (dihedral_states == code).any()]
         if missing:
             raise ValueError(f"the chains must have runs of every state {STATES!r}; none of {missing}")
-        angle = {state: torch.stack(values).mean().item() for state, values in angles_by_state.items()}
-        dihedral = {state: torch.atan2(torch.stack(values).sin().mean(), torch.stack(values).cos().mean()).item()
-                    for state, values in dihedrals_by_state.items()}
+        angle = {state: angle_values[angle_states == code].mean().item() for code, state in enumerate(STATES)}
+        dihedral = {}
+        for code, state in enumerate(STATES):
+            values = dihedral_values[dihedral_states == code]
+            dihedral[state] = torch.atan2(values.sin().mean(), values.cos().mean()).item()
         return cls(angle, dihedral)
 
     def trace(self, states: str) -> torch.Tensor:
@@ -117,11 +135,15 @@ class Propensities:
     @classmethod
     def measure(cls, chains: list[tuple[str, str]]) -> Propensities:
         """From (sequence, three states) pairs; each count starts at one (Laplace)."""
-        counts = torch.ones(len(AMINO_ACIDS), len(STATES), dtype=torch.float64)
-        for sequence, states in chains:
-            for residue, state in zip(sequence, states):
-                if residue in AMINO_ACIDS:
-                    counts[AMINO_ACIDS.index(residue), STATES.index(state)] += 1
+        for index, (sequence, states) in enumerate(chains):
+            if len(sequence) != len(states):
+                raise ValueError(f"chain {index} has {len(sequence)} residues but {len(states)} states")
+        residues = torch.tensor([_RESIDUE_CODES.get(r, -1) for sequence, _ in chains for r in sequence], dtype=torch.long)
+        states = _state_codes("".join(states for _, states in chains))
+        known = residues >= 0
+        pairs = residues[known] * len(STATES) + states[known]
+        shape = (len(AMINO_ACIDS), len(STATES))
+        counts = 1.0 + torch.bincount(pairs, minlength=shape[0] * shape[1]).double().view(shape)
         given_residue = counts / counts.sum(1, keepdim=True)
         overall = counts.sum(0) / counts.sum()
         return cls((given_residue / overall).log())

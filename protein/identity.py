@@ -3,12 +3,15 @@
 Identity of two sequences: the identical residues of their best local alignment (Smith-Waterman,
 BLOSUM62, gap open 11 and extend 1, BLAST's protein defaults) divided by the length of the
 shorter sequence, so a short chain that lies inside a long one counts as similar. Alignments run
-through parasail's striped SIMD Smith-Waterman with statistics; `tests/protein/test_identity.py` checks its counts against Biopython's aligner.
+through parasail's striped SIMD Smith-Waterman with statistics; `tests/protein/test_identity.py`
+checks its counts against Biopython's aligner. `SimilaritySearch` answers whether any reference is
+similar to a query without aligning every one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,6 +19,8 @@ GAP_OPEN, GAP_EXTEND = 11, 1
 """Affine gap penalties (BLOSUM62 units)."""
 SIMILAR = 0.3
 """Identity at and above which two chains count as similar (the usual homology line)."""
+KMER = 3
+"""Residues per word that `SimilaritySearch` ranks the references by."""
 
 
 def _checked(sequence: str, argument: str) -> str:
@@ -58,3 +63,45 @@ def remove_similar(queries: Sequence[str], references: Sequence[str], threshold:
     matrix = identity_matrix(queries, references)
     identities = matrix.max(1) if matrix.shape[1] else np.zeros(len(queries))
     return [i for i, value in enumerate(identities) if value < threshold], identities
+
+
+@dataclass
+class SimilaritySearch:
+    """Whether a query is at least `threshold` identical to any of `references`, answered as
+    `remove_similar` would but stopping at the first such reference. The references are aligned
+    in order of the `KMER`-residue words they share with the query over the shorter length, so a
+    similar one usually comes among the first few; a dissimilar query is still aligned to every
+    reference."""
+
+    references: Sequence[str]
+    """The sequences to search, one-letter."""
+    threshold: float = SIMILAR
+    """Identity at and above which a reference counts as similar, in (0, 1]."""
+    _words: list[set[str]] = field(init=False, repr=False)
+    _lengths: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1]; got {self.threshold}")
+        self.references = [_checked(r, "references") for r in self.references]
+        self._words = [_words(r) for r in self.references]
+        self._lengths = np.array([len(r) for r in self.references])
+
+    def similar(self, query: str) -> bool:
+        """Whether some reference is at least `threshold` identical to `query`."""
+        import parasail
+
+        query = _checked(query, "query")
+        shorter = np.minimum(self._lengths, len(query))
+        words = _words(query)
+        shared = np.array([len(words & other) for other in self._words]) / shorter
+        profile = parasail.profile_create_stats_16(query, parasail.blosum62)
+        for index in np.argsort(-shared, kind="stable"):
+            alignment = parasail.sw_stats_striped_profile_16(profile, self.references[index], GAP_OPEN, GAP_EXTEND)
+            if alignment.matches / shorter[index] >= self.threshold:
+                return True
+        return False
+
+
+def _words(sequence: str) -> set[str]:
+    return {sequence[i:i + KMER] for i in range(len(sequence) - KMER + 1)}

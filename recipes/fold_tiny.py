@@ -27,7 +27,7 @@ import torch
 import zoo
 from protein.evaluation import BASELINES, baseline_predictors, evaluate_chain, summary
 from protein.heldout import heldout_chains
-from protein.identity import remove_similar
+from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
 from protein.model import FoldConfig, FoldingModel
@@ -96,8 +96,8 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
     removed = 0
     if config.heldout_chains >= 0:
         heldout = heldout_chains()
-        references = [c.sequence for c in train_chains]
-        dissimilar = map_over_ranks(lambda c: bool(remove_similar([c.sequence], references)[0]), heldout)
+        search = SimilaritySearch([c.sequence for c in train_chains])
+        dissimilar = map_over_ranks(lambda c: not search.similar(c.sequence), heldout)
         picked = [chain for chain, keep in zip(heldout, dissimilar, strict=True) if keep]
         removed = len(heldout) - len(picked)
         if config.heldout_chains:

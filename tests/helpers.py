@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -94,15 +93,13 @@ def device_budget(room: int | None) -> int | None:
 def torchrun(nproc: int, *args: str, timeout: float = 300, script: str = "worker.py") -> subprocess.CompletedProcess:
     """Run tests/distributed/`script` under torchrun on gloo with OMP_NUM_THREADS=1; raise with
     its output when it fails. One process runs without the launcher (about 2 s of its start-up),
-    given the variables torchrun would set."""
+    given the variables torchrun would set; its store listens on a port the system picks when it
+    binds (MASTER_PORT=0), so no other test can take it first."""
     worker = Path(__file__).parent / "distributed" / script
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if nproc == 1:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
         env |= dict(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
         command = [sys.executable, str(worker), *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(worker),

@@ -12,6 +12,7 @@ import torch
 
 from protein.baselines import (CA_STEP, Propensities, StateGeometry, extended_chain, ideal_helix,
                                propensity_structure, trace_from_angles, virtual_angles)
+from protein.residues import AMINO_ACIDS
 from protein.secondary_structure import STATES, three_states
 from protein.data import load_chains
 from protein.metrics import lddt
@@ -75,6 +76,40 @@ def test_propensities_predict_states_better_than_a_constant(geometry_and_propens
     assert scores["propensity"] > scores["extended"] + 0.05
 
 
+def test_the_measures_match_a_residue_by_residue_count():
+    """Random chains (short ones too) with runs of random states and unknown residue letters: the
+    per-state means and the propensity counts against a plain loop over the positions."""
+    generator = torch.Generator().manual_seed(1)
+    chains = []
+    for length in (1, 2, 3, 4, 9, 30, 57, 80):
+        runs = torch.randint(0, len(STATES), (length // 4 + 1,), generator=generator).tolist()
+        states = "".join(STATES[i] * 4 for i in runs)[:length]
+        sequence = "".join("ACDXY"[i] for i in torch.randint(0, 5, (length,), generator=generator).tolist())
+        chains.append((torch.randn(length, 3, generator=generator, dtype=torch.float64) * 3, states, sequence))
+    angles = {state: [] for state in STATES}
+    dihedrals = {state: [] for state in STATES}
+    counts = torch.ones(20, 3, dtype=torch.float64)
+    for ca, states, sequence in chains:
+        bond_angles, torsions = virtual_angles(ca)
+        for i in range(1, len(states) - 1):
+            if states[i - 1] == states[i] == states[i + 1]:
+                angles[states[i]].append(bond_angles[i - 1].item())
+        for i in range(1, len(states) - 2):
+            if len(set(states[i - 1:i + 3])) == 1:
+                dihedrals[states[i]].append(torsions[i - 1].item())
+        for residue, state in zip(sequence, states):
+            if residue in AMINO_ACIDS:
+                counts[AMINO_ACIDS.index(residue), STATES.index(state)] += 1
+    geometry = StateGeometry.measure([(ca, states) for ca, states, _ in chains])
+    propensities = Propensities.measure([(sequence, states) for _, states, sequence in chains])
+    for state in STATES:
+        assert geometry.angle[state] == pytest.approx(statistics.fmean(angles[state]), rel=1e-12)
+        sines, cosines = (statistics.fmean(f(x) for x in dihedrals[state]) for f in (math.sin, math.cos))
+        assert geometry.dihedral[state] == pytest.approx(math.atan2(sines, cosines), rel=1e-12)
+    given = counts / counts.sum(1, keepdim=True)
+    assert torch.allclose(propensities.scores, (given / (counts.sum(0) / counts.sum())).log(), rtol=1e-12, atol=0)
+
+
 def test_bad_input_is_named(geometry_and_propensities):
     geometry, _ = geometry_and_propensities
     with pytest.raises(ValueError, match=r"states must be letters of 'HEC'; got \['X'\]"):
@@ -83,3 +118,7 @@ def test_bad_input_is_named(geometry_and_propensities):
         trace_from_angles(torch.ones(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"the chains must have runs of every state 'HEC'; none of \['E', 'C'\]"):
         StateGeometry.measure([(ideal_helix(12, geometry), "H" * 12)])
+    with pytest.raises(ValueError, match=r"chain 0 has 12 Cα but 11 states"):
+        StateGeometry.measure([(ideal_helix(12, geometry), "H" * 11)])
+    with pytest.raises(ValueError, match=r"chain 1 has 3 residues but 2 states"):
+        Propensities.measure([("AC", "HE"), ("ACD", "HE")])

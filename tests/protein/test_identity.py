@@ -10,7 +10,7 @@ from Bio import Align
 from Bio.Align import substitution_matrices
 
 from protein.data import load_chains
-from protein.identity import GAP_EXTEND, GAP_OPEN, identity_matrix, remove_similar, sequence_identity
+from protein.identity import GAP_EXTEND, GAP_OPEN, SimilaritySearch, identity_matrix, remove_similar, sequence_identity
 from protein.residues import AMINO_ACIDS
 
 
@@ -62,3 +62,21 @@ def test_remove_similar_keeps_the_dissimilar(sequences):
         remove_similar(queries, sequences, threshold=0.0)
     with pytest.raises(ValueError, match="queries must be a non-empty"):
         identity_matrix([""], sequences)
+
+
+def test_the_similarity_search_decides_as_the_full_matrix(sequences):
+    """Queries related to a reference at several identities, fragments and unrelated ones: the
+    search's answer is the full identity matrix's at the threshold."""
+    rng = random.Random(3)
+    references = sequences[:8]
+    queries = [mutated(references[i], fraction, rng) for i, fraction in ((0, 0.2), (3, 0.6), (5, 0.75), (7, 0.95))]
+    queries += [references[2][10:40], sequences[9], sequences[10], "".join(rng.sample(sequences[11], 60))]
+    for threshold in (0.3, 0.5):
+        search = SimilaritySearch(references, threshold)
+        expected = identity_matrix(queries, references).max(1) >= threshold
+        assert [search.similar(query) for query in queries] == expected.tolist()
+    assert SimilaritySearch(references).similar(queries[0]) and not SimilaritySearch([]).similar(queries[0])
+    with pytest.raises(ValueError, match="threshold must be in"):
+        SimilaritySearch(references, threshold=1.5)
+    with pytest.raises(ValueError, match="query must be a non-empty"):
+        SimilaritySearch(references).similar("")
