@@ -12,7 +12,7 @@ import torch
 
 from helpers import lm_examples, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.budget import MemoryBudgetError, _fit_in_fresh_process
+from trainers.budget import GPU_PLANNING_MARGIN, MemoryBudgetError, _fit_in_fresh_process
 from trainers.data import first_micro_batch
 from trainers.estimating_process import run_fresh
 from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
@@ -89,11 +89,13 @@ def test_a_budget_below_the_floor_names_the_smallest_peak_and_a_world_that_fits(
     assert Strategy(memory_budget="1.5 KiB").memory_budget == 1536
 
 
-def plan(model, batch, rows: int, budget: int, workspaces: int = 0):
-    """The budget plan of one process on CPU, or the refusal's message (as `fit_budget` plans,
-    in a fresh process; `workspaces` as a GPU would measure them)."""
+def plan(model, batch, rows: int, budget: int, workspaces: int = 0, device_type: str = "cpu"):
+    """The budget plan of one process, or the refusal's message (as `fit_budget` plans, in a fresh
+    process; `workspaces` as a GPU would measure them; the trace runs on the CPU whatever
+    `device_type` the plan is for)."""
     config = TrainConfig(global_batch_size=rows, micro_batch_size=rows, max_steps=1, progress=False)
-    return run_fresh(_fit_in_fresh_process, model, batch, Strategy(memory_budget=budget), 1, config, "cpu", workspaces)
+    return run_fresh(_fit_in_fresh_process, model, batch, Strategy(memory_budget=budget), 1, config, device_type,
+                     workspaces)
 
 
 def test_a_budget_that_chunks_alone_hold_keeps_every_activation():
@@ -119,6 +121,17 @@ def test_the_gpus_cublas_workspaces_count_in_every_planned_peak():
     refusal = plan(tiny_gpt(), batch, 4, free.peak * 2 + workspaces // 2, workspaces)  # room for the tensors only
     assert isinstance(refusal, str), refusal
     assert "64.0 MiB cuBLAS workspaces" in refusal and "activations, temporaries and workspaces alone" in refusal
+
+
+def test_a_gpu_plan_leaves_the_gpus_wider_margin():
+    """A budget 5% above the peak of keeping everything: within the CPU's 3% margin that plan
+    stands, within the GPU's 8% it does not, and the GPU plan recomputes."""
+    batch = first_micro_batch(lm_examples(8), 4)
+    free = plan(tiny_gpt(), batch, 4, 2**30)
+    budget = int(free.peak / 0.95)
+    on_cpu, on_gpu = plan(tiny_gpt(), batch, 4, budget), plan(tiny_gpt(), batch, 4, budget, device_type="cuda")
+    assert set(on_cpu.keep.values()) == {"all"} and on_cpu.peak == free.peak
+    assert set(on_gpu.keep.values()) != {"all"} and on_gpu.peak <= budget * (1 - GPU_PLANNING_MARGIN)
 
 
 def test_keeping_chosen_operators_gives_the_plain_gradients():
