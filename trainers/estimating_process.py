@@ -6,8 +6,9 @@ estimates never run in the caller's. A spawned process would import torch and th
 time (4 to 6 s on a 2-core laptop). multiprocessing's fork server imports them once, at the first
 call, and forks each call's process from that clean state: every call still starts without a
 process group, a dispatch mode or anything an earlier call traced. The server stays, idle, while
-the calling process lives: one thread and 227 MiB of its own memory on the 2-core laptop (371 MiB
-resident, the rest shared libraries). A call then starts in 0.03 s instead of 5.
+the calling process lives: one thread and 227 MiB of its own memory on the 2-core laptop (372 MiB
+resident, the rest shared libraries). A call then starts in 0.033 s instead of 6.5
+(`benchmarks/estimating_process.py`).
 
 A forked process has the server's environment, not the caller's; `run_fresh` hands the caller's
 `os.environ` over, so that MEMZOO_DEVICE, MEMZOO_KERNELS and OMP_NUM_THREADS are as the caller set
