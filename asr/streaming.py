@@ -74,7 +74,10 @@ class StreamingTranscriber:
         self.window_features = math.ceil(window_seconds * features.sample_rate / features.hop_length)
         self.max_symbols = max_symbols_per_frame
         self.audio = torch.zeros(0)
-        """The audio a later window may still read: samples from `dropped` on."""
+        """The audio a later window may still read: samples from `dropped` on (up to the last decode)."""
+        self.pending: list[torch.Tensor] = []
+        """Pieces heard since the last decode, joined to `audio` at the next."""
+        self.pending_samples = 0
         self.dropped = 0
         """Samples heard before `audio` begins (a window starts on a chunk boundary and never moves back)."""
         self.fed = 0
@@ -95,13 +98,14 @@ class StreamingTranscriber:
     @property
     def heard_samples(self) -> int:
         """Samples heard since the stream began."""
-        return self.dropped + self.audio.numel()
+        return self.dropped + self.audio.numel() + self.pending_samples
 
     def accept(self, samples: torch.Tensor) -> list[EmittedWord]:
         """Hear samples (N,) (float, at features.sample_rate); returns the words they completed."""
         if samples.ndim != 1:
             raise ValueError(f"samples must be (N,); got shape {tuple(samples.shape)}")
-        self.audio = torch.cat([self.audio, samples.detach().float().cpu()])
+        self.pending.append(samples.detach().float().cpu())
+        self.pending_samples += samples.numel()
         self.fed += samples.numel()
         if self.fed >= self.step_samples:
             self.fed = 0
@@ -115,6 +119,9 @@ class StreamingTranscriber:
 
     def _decode(self, final: bool) -> None:
         """Encode the window and decode the frames of newly completed chunks (every frame when final)."""
+        if self.pending:
+            self.audio = torch.cat([self.audio, *self.pending])
+            self.pending, self.pending_samples = [], 0
         heard, hop, half_window = self.heard_samples, self.features.hop_length, self.features.n_fft // 2
         if heard <= half_window:
             return
