@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from asr.data import read_audio
+from asr.data import read_audio_pieces
 from asr.streaming import StreamingTranscriber
 from asr.transcription import recogniser, transcribe
 from zoo.commands import Command
@@ -60,10 +60,10 @@ def stream(name: str, path: str, chunk_ms: int) -> None:
 
 
 def _pieces(path: str, samples: int, sample_rate: int):
-    """(samples,) float pieces of stdin's raw PCM as it arrives, or of a WAV file (read as `read_audio` does)."""
+    """(samples,) float pieces of stdin's raw PCM as it arrives, or of a WAV file as it is read
+    (`read_audio_pieces`)."""
     if path != STDIN:
-        waveform = read_audio(path, sample_rate)
-        yield from waveform.split(samples)
+        yield from read_audio_pieces(path, sample_rate, samples)
         return
     while block := sys.stdin.buffer.read(2 * samples):
         usable = len(block) // 2 * 2

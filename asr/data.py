@@ -26,11 +26,13 @@ import logging
 import random
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import numpy as np
 import torch
 
 from asr.accents import SyntheticAccent, draw_accents, espeak_data
@@ -322,6 +324,25 @@ def read_audio(path: str | Path, sample_rate: int) -> torch.Tensor:
         raise AudioError(f"sample rate below {MIN_SAMPLE_RATE} Hz",
                          f"audio {str(path)!r} has sample rate {rate} Hz; expected at least {MIN_SAMPLE_RATE} Hz")
     return resample(waveform, rate, sample_rate).float()
+
+
+def read_audio_pieces(path: str | Path, sample_rate: int, samples: int) -> Iterator[torch.Tensor]:
+    """A WAV file as consecutive (samples,) float32 pieces (the last shorter), as `read_audio`
+    reads it whole. A file at `sample_rate` is memory-mapped and each piece read from the disk as
+    it is reached; another rate is read whole and resampled first (a filter over the whole signal),
+    as is 24-bit PCM, which scipy does not map. AudioError as `read_audio`."""
+    from scipy.io import wavfile
+
+    try:
+        rate, mapped = wavfile.read(path, mmap=True)
+    except (OSError, ValueError):  # 24-bit PCM, or unreadable: read_audio names the problem
+        rate, mapped = None, None
+    if mapped is None or rate != sample_rate or len(mapped) == 0:
+        yield from read_audio(path, sample_rate).split(samples)
+        return
+    for start in range(0, len(mapped), samples):
+        piece = pcm_to_float(torch.from_numpy(np.array(mapped[start:start + samples])))
+        yield (piece.mean(1) if piece.ndim == 2 else piece).float()
 
 
 class SpeechExamples(torch.utils.data.Dataset):

@@ -138,7 +138,8 @@ class Propensities:
         for index, (sequence, states) in enumerate(chains):
             if len(sequence) != len(states):
                 raise ValueError(f"chain {index} has {len(sequence)} residues but {len(states)} states")
-        residues = torch.tensor([_RESIDUE_CODES.get(r, -1) for sequence, _ in chains for r in sequence], dtype=torch.long)
+        residues = torch.tensor([_RESIDUE_CODES.get(residue, -1) for sequence, _ in chains for residue in sequence],
+                                dtype=torch.long)
         states = _state_codes("".join(states for _, states in chains))
         known = residues >= 0
         pairs = residues[known] * len(STATES) + states[known]

@@ -12,7 +12,7 @@ import torch
 from scipy.io import wavfile
 
 from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
-                      corpus_plan, load_manifest, read_audio, recorded_speech, training_text_sentences)
+                      corpus_plan, load_manifest, read_audio, read_audio_pieces, recorded_speech, training_text_sentences)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
@@ -130,6 +130,25 @@ def test_bad_clips_are_skipped_with_counts(tmp_path, caplog):
     assert read_audio(rate_22k, 16000).shape == (16000,)  # other rates are resampled
     with pytest.raises(ValueError, match="has sample rate 4000 Hz; expected at least 8000 Hz"):
         read_audio(tmp_path / "low.wav", 16000)
+
+
+def test_a_file_read_in_pieces_is_the_file_read_whole(tmp_path):
+    """Mapped at the model's rate (int16 stereo, float32 mono), read whole and resampled at
+    another (8 kHz); an empty file and a missing one get the whole reader's errors."""
+    generator = torch.Generator().manual_seed(4)
+    files = {"stereo.wav": (16000, (torch.randn(10001, 2, generator=generator) * 3000).to(torch.int16)),
+             "float.wav": (16000, torch.rand(7000, generator=generator) - 0.5),
+             "narrow.wav": (8000, (torch.randn(4001, generator=generator) * 3000).to(torch.int16))}
+    for name, (rate, samples) in files.items():
+        wavfile.write(tmp_path / name, rate, samples.numpy())
+        pieces = list(read_audio_pieces(tmp_path / name, 16000, 1024))
+        whole = read_audio(tmp_path / name, 16000)
+        assert all(len(piece) == 1024 for piece in pieces[:-1]) and 0 < len(pieces[-1]) <= 1024, name
+        assert torch.equal(torch.cat(pieces), whole), name
+    wavfile.write(tmp_path / "empty.wav", 16000, torch.zeros(0, dtype=torch.int16).numpy())
+    for name, message in (("empty.wav", "empty audio"), ("missing.wav", "unreadable audio")):
+        with pytest.raises(ValueError, match=message):
+            list(read_audio_pieces(tmp_path / name, 16000, 1024))
 
 
 def test_buckets_group_similar_durations_and_collate_pads(tmp_path):
