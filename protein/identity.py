@@ -77,14 +77,19 @@ class SimilaritySearch:
     """The sequences to search, one-letter."""
     threshold: float = SIMILAR
     """Identity at and above which a reference counts as similar, in (0, 1]."""
-    _words: list[set[str]] = field(init=False, repr=False)
+    _holders: dict[str, np.ndarray] = field(init=False, repr=False)
+    """Each word -> the indices of the references that hold it."""
     _lengths: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1]; got {self.threshold}")
         self.references = [_checked(r, "references") for r in self.references]
-        self._words = [_words(r) for r in self.references]
+        holders: dict[str, list[int]] = {}
+        for index, reference in enumerate(self.references):
+            for word in _words(reference):
+                holders.setdefault(word, []).append(index)
+        self._holders = {word: np.array(indices) for word, indices in holders.items()}
         self._lengths = np.array([len(r) for r in self.references])
 
     def similar(self, query: str) -> bool:
@@ -93,8 +98,9 @@ class SimilaritySearch:
 
         query = _checked(query, "query")
         shorter = np.minimum(self._lengths, len(query))
-        words = _words(query)
-        shared = np.array([len(words & other) for other in self._words]) / shorter
+        held = [self._holders[word] for word in _words(query) if word in self._holders]
+        shared = (np.bincount(np.concatenate(held), minlength=len(self.references)) if held
+                  else np.zeros(len(self.references))) / shorter
         profile = parasail.profile_create_stats_16(query, parasail.blosum62)
         for index in np.argsort(-shared, kind="stable"):
             alignment = parasail.sw_stats_striped_profile_16(profile, self.references[index], GAP_OPEN, GAP_EXTEND)
