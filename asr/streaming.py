@@ -78,6 +78,7 @@ class StreamingTranscriber:
         self.pending: list[torch.Tensor] = []
         """Pieces heard since the last decode, joined to `audio` at the next."""
         self.pending_samples = 0
+        """Samples in `pending`."""
         self.dropped = 0
         """Samples heard before `audio` begins (a window starts on a chunk boundary and never moves back)."""
         self.fed = 0

@@ -80,6 +80,7 @@ class SimilaritySearch:
     _holders: dict[str, np.ndarray] = field(init=False, repr=False)
     """Each word -> the indices of the references that hold it."""
     _lengths: np.ndarray = field(init=False, repr=False)
+    """(len(references),) each reference's length."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import wave
 
 import pytest
 import torch
@@ -134,7 +135,8 @@ def test_bad_clips_are_skipped_with_counts(tmp_path, caplog):
 
 def test_a_file_read_in_pieces_is_the_file_read_whole(tmp_path):
     """Mapped at the model's rate (int16 stereo, float32 mono), read whole and resampled at
-    another (8 kHz); an empty file and a missing one get the whole reader's errors."""
+    another (8 kHz), read whole when 24-bit; an empty file and a missing one get the whole
+    reader's errors."""
     generator = torch.Generator().manual_seed(4)
     files = {"stereo.wav": (16000, (torch.randn(10001, 2, generator=generator) * 3000).to(torch.int16)),
              "float.wav": (16000, torch.rand(7000, generator=generator) - 0.5),
@@ -145,6 +147,13 @@ def test_a_file_read_in_pieces_is_the_file_read_whole(tmp_path):
         whole = read_audio(tmp_path / name, 16000)
         assert all(len(piece) == 1024 for piece in pieces[:-1]) and 0 < len(pieces[-1]) <= 1024, name
         assert torch.equal(torch.cat(pieces), whole), name
+    with wave.open(str(tmp_path / "24bit.wav"), "wb") as packed:  # scipy reads 24-bit PCM but cannot map it
+        packed.setnchannels(1), packed.setsampwidth(3), packed.setframerate(16000)
+        packed.writeframes(b"".join(value.to_bytes(3, "little", signed=True)
+                                    for value in torch.randint(-2**23, 2**23, (3000,), generator=generator).tolist()))
+    pieces = list(read_audio_pieces(tmp_path / "24bit.wav", 16000, 1024))
+    assert [len(piece) for piece in pieces] == [1024, 1024, 952]
+    assert torch.equal(torch.cat(pieces), read_audio(tmp_path / "24bit.wav", 16000))
     wavfile.write(tmp_path / "empty.wav", 16000, torch.zeros(0, dtype=torch.int16).numpy())
     for name, message in (("empty.wav", "empty audio"), ("missing.wav", "unreadable audio")):
         with pytest.raises(ValueError, match=message):
