@@ -16,25 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from protein.residues import AMINO_ACIDS
-from protein.secondary_structure import STATES, three_states
+from protein.residues import AMINO_ACIDS, sequence_ids
+from protein.secondary_structure import STATES, three_state_ids
 
 CA_STEP = 3.8
 """Å between consecutive Cα (trans peptide bonds)."""
 WINDOW = 7
 """Residues a propensity prediction looks at, centred on the predicted one."""
-
-
-_RESIDUE_CODES = {residue: code for code, residue in enumerate(AMINO_ACIDS)}
-"""One-letter residue -> its row in `AMINO_ACIDS` order."""
-
-
-def _state_codes(states: str) -> torch.Tensor:
-    """(L,) long: each letter's index in `STATES`; ValueError naming letters outside it."""
-    unknown = sorted(set(states) - set(STATES))
-    if unknown:
-        raise ValueError(f"states must be letters of {STATES!r}; got {unknown}")
-    return torch.tensor([STATES.index(state) for state in states], dtype=torch.long)
 
 
 def virtual_angles(ca: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +85,7 @@ class StateGeometry:
             if len(states) != len(ca):
                 raise ValueError(f"chain {index} has {len(ca)} Cα but {len(states)} states")
             angles, dihedrals = virtual_angles(ca)
-            codes = _state_codes(states)
+            codes = three_state_ids(states)
             same_three = (codes[:-2] == codes[1:-1]) & (codes[1:-1] == codes[2:])  # about Cα 1 .. L-2
             same_four = same_three[:-1] & (codes[2:-1] == codes[3:])  # about the bonds from Cα 1 .. L-3
             angles_by_state.append(torch.stack([angles, codes[1:-1].double()])[:, same_three])
@@ -117,11 +105,9 @@ class StateGeometry:
 
     def trace(self, states: str) -> torch.Tensor:
         """The Cα trace (L, 3) float32 of a chain with these states (L letters of H / E / C)."""
-        unknown = sorted(set(states) - set(STATES))
-        if unknown:
-            raise ValueError(f"states must be letters of {STATES!r}; got {unknown}")
-        angles = torch.tensor([self.angle[s] for s in states[1:-1]], dtype=torch.float64)
-        dihedrals = torch.tensor([self.dihedral[s] for s in states[1:-2]], dtype=torch.float64)
+        codes = three_state_ids(states)
+        angles = torch.tensor([self.angle[s] for s in STATES], dtype=torch.float64)[codes[1:-1]]
+        dihedrals = torch.tensor([self.dihedral[s] for s in STATES], dtype=torch.float64)[codes[1:-2]]
         return trace_from_angles(angles, dihedrals).float()
 
 
@@ -134,14 +120,15 @@ class Propensities:
 
     @classmethod
     def measure(cls, chains: list[tuple[str, str]]) -> Propensities:
-        """From (sequence, three states) pairs; each count starts at one (Laplace)."""
+        """From (sequence, three states) pairs, the sequences read as `protein.residues.sequence_ids`
+        reads them (X uncounted); each count starts at one (Laplace)."""
         for index, (sequence, states) in enumerate(chains):
             if len(sequence) != len(states):
                 raise ValueError(f"chain {index} has {len(sequence)} residues but {len(states)} states")
-        residues = torch.tensor([_RESIDUE_CODES.get(residue, -1) for sequence, _ in chains for residue in sequence],
-                                dtype=torch.long)
-        states = _state_codes("".join(states for _, states in chains))
-        known = residues >= 0
+        joined = "".join(sequence for sequence, _ in chains)
+        residues = sequence_ids(joined) if joined else torch.zeros(0, dtype=torch.long)
+        states = three_state_ids("".join(states for _, states in chains))
+        known = residues < len(AMINO_ACIDS)  # X and the letters read as X count for no residue type
         pairs = residues[known] * len(STATES) + states[known]
         shape = (len(AMINO_ACIDS), len(STATES))
         counts = 1.0 + torch.bincount(pairs, minlength=shape[0] * shape[1]).double().view(shape)

@@ -19,6 +19,14 @@ def three_states(dssp: str) -> str:
     return "".join(DSSP_TO_STATE.get(letter, "C") for letter in dssp)
 
 
+def three_state_ids(states: str) -> torch.Tensor:
+    """Three-state letters (L) -> (L,) long ids (H, E, C = 0, 1, 2); ValueError naming any other letter."""
+    unknown = sorted(set(states) - set(STATES))
+    if unknown:
+        raise ValueError(f"states must be letters of {STATES!r}; got {unknown}")
+    return torch.tensor([STATES.index(state) for state in states], dtype=torch.long)
+
+
 def state_ids(dssp: str) -> torch.Tensor:
     """DSSP letters (L) -> (L,) long three-state ids (H, E, C = 0, 1, 2)."""
-    return torch.tensor([STATES.index(state) for state in three_states(dssp)], dtype=torch.long)
+    return three_state_ids(three_states(dssp))
