@@ -72,7 +72,8 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, host_budget
            "tokens_per_second": sum(r["tokens"] for r in later) / sum(r["step_seconds"] for r in later)}
     if mode == "chunks":
         for key in ("device_up_bytes", "device_down_bytes", "device_up_ahead_bytes", "device_updated_chunks",
-                    "host_updated_chunks", "offload_read_bytes", "offload_written_bytes"):
+                    "host_updated_chunks", "offload_read_bytes", "offload_written_bytes", "device_allocated_chunks",
+                    "device_out_of_memory_retries"):
             row[key] = [r[key] for r in history]
     return row
 
@@ -109,7 +110,9 @@ def describe(row: dict) -> str:
         on_gpu = row["device_updated_chunks"][-1]
         chunks = on_gpu + row["host_updated_chunks"][-1]
         moves = (f" {up / 2**30:.2f} / {down / 2**30:.2f} GiB up / down, {on_gpu} of {chunks} chunks updated on the GPU, "
-                 f"disk {row['offload_read_bytes'][-1] / 2**30:.2f} / {row['offload_written_bytes'][-1] / 2**30:.2f} GiB")
+                 f"disk {row['offload_read_bytes'][-1] / 2**30:.2f} / {row['offload_written_bytes'][-1] / 2**30:.2f} GiB, "
+                 f"{row['device_allocated_chunks'][-1]} buffers allocated, "
+                 f"{sum(row['device_out_of_memory_retries'])} out-of-memory retries in all")
     peak = "-" if row["peak_allocated"] is None else f"{row['peak_allocated'] / 2**30:.2f} GiB"
     return (f"| {row['mode']} | {row['layers']} x {row['width']} | {row['parameters'] / 1e6:,.1f}M | "
             f"{16 * row['parameters'] / 2**30:.2f} GiB | {peak} | "

@@ -7,6 +7,14 @@ was never written: gradients, moments before the first step); a device copy that
 is copied down again, which happens when it leaves the device. Which copies stay is decided by
 `trainers.chunk_residency`; this class only holds them and moves their bytes.
 
+A chunk that leaves the device leaves its buffer behind as a spare, which the next chunk of that
+size comes up into: chunk memory passes from chunk to chunk without going back to the caching
+allocator, where the step's other tensors would split it into pieces no chunk fits (a 48-layer GPT
+under a 4 GiB cap on the H200 ran out of memory with 402 MiB reserved but unallocated: BENCHMARKS.md,
+"The fourth GPU session"). The residency frees spares when the budget needs their room. A spare
+that tensors outside still view (a weight unpacked for a backward formula while the next one's
+chunk came up) is not reused until they are gone.
+
 On a GPU, copies up run on a side CUDA stream, so that a chunk read ahead of its use travels while
 the model computes; the compute stream waits for a chunk's copy only when it first uses the chunk.
 Copies down run on the compute stream and wait for it (the host copy is read right after, by the
@@ -21,6 +29,12 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from trainers.chunk_store import ChunkKey
+
+
+def _viewed(buffer: torch.Tensor) -> bool:
+    """Whether tensors besides `buffer` still use its memory (the check torch's CUDA graph trees make
+    before reusing an output's memory)."""
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2  # `buffer` and the storage object here
 
 
 class DeviceChunks:
@@ -39,6 +53,14 @@ class DeviceChunks:
         self.bytes_ahead = 0
         """Bytes of `bytes_up` copied ahead of their use."""
         self._resident = 0
+        self._spares: dict[int, list[torch.Tensor]] = {}
+        """Buffers no chunk holds, by element count, for the next chunk of that size."""
+        self._spare_bytes = 0
+        self.allocations = 0
+        """Buffers allocated from the device's allocator so far (the rest came from spares)."""
+        self.out_of_memory_retries = 0
+        """Allocations that ran out of device memory and were retried after evictions (or given up, for
+        a copy ahead of its use)."""
         self._ready: dict[ChunkKey, torch.cuda.Event] = {}
         """Copies up still travelling on the side stream, and the events that mark their end."""
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -48,9 +70,32 @@ class DeviceChunks:
         """Bytes of the chunks on the device."""
         return self._resident
 
+    def held_bytes(self) -> int:
+        """Bytes of device memory this tier holds: its chunks and its spare buffers."""
+        return self._resident + self._spare_bytes
+
+    def has_spare(self, numel: int) -> bool:
+        """Whether a chunk of `numel` elements would come up into a spare buffer."""
+        return any(not _viewed(spare) for spare in self._spares.get(numel, ()))
+
+    def free_spare(self, keep: int | None = None) -> bool:
+        """Free one spare buffer, but not the last one of `keep` elements; False when there is none to free."""
+        for numel, spares in self._spares.items():
+            if spares and (numel != keep or len(spares) > 1):
+                self._spare_bytes -= spares.pop().nbytes
+                return True
+        return False
+
     def _allocate(self, key: ChunkKey, numel: int) -> torch.Tensor:
-        with _disable_current_modes():  # not one of the step's tensors (trainers.tensor_peak)
-            buffer = torch.empty(numel, dtype=self.dtype, device=self.device)
+        spares = self._spares.get(numel, [])
+        free = next((index for index, spare in enumerate(spares) if not _viewed(spare)), None)
+        if free is not None:
+            buffer = spares.pop(free)
+            self._spare_bytes -= buffer.nbytes
+        else:
+            with _disable_current_modes():  # not one of the step's tensors (trainers.tensor_peak)
+                buffer = torch.empty(numel, dtype=self.dtype, device=self.device)
+            self.allocations += 1
         self.memory[key] = buffer
         self._resident += buffer.nbytes
         return buffer
@@ -102,7 +147,9 @@ class DeviceChunks:
         self.bytes_down += host.nbytes
 
     def drop(self, key: ChunkKey) -> None:
-        """Free chunk `key`'s device copy (a copy up still travelling finishes first)."""
+        """Chunk `key`'s device copy forgotten, its buffer kept as a spare (a copy up still travelling
+        finishes first). The buffer's last uses need no wait: a copy up into it waits for the compute
+        stream, and the compute stream's own work is in order."""
         buffer = self.memory.pop(key, None)
         if buffer is None:
             return
@@ -111,3 +158,5 @@ class DeviceChunks:
             event.synchronize()  # its host buffer may be written once this returns
         self._resident -= buffer.nbytes
         self.dirty.discard(key)
+        self._spares.setdefault(buffer.numel(), []).append(buffer)
+        self._spare_bytes += buffer.nbytes

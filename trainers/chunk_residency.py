@@ -144,14 +144,14 @@ class ChunkResidency:
     def _bring_to_device(self, key: ChunkKey) -> None:
         device = self.device
         if key not in device.memory:
-            self._make_device_room(self._bytes(key))
+            self._make_device_room(key)
             self.busy, was_busy = True, self.busy
             try:
                 if key in self.store.memory or self.store.pending(key) or key in self.store.files:
                     self._bring_to_host(key)
-                    buffer = device.upload(key, self.store.memory[key])
+                    buffer = self._device_buffer(key, lambda: device.upload(key, self.store.memory[key]))
                 else:  # never written: zeros, made on the device
-                    buffer = device.zeros(key, self.sizes[key[1]])
+                    buffer = self._device_buffer(key, lambda: device.zeros(key, self.sizes[key[1]]))
                 self._bound(key, buffer)
             finally:
                 self.busy = was_busy
@@ -232,11 +232,40 @@ class ChunkResidency:
         self._evict_down_to(self.store.memory, self.store.resident_bytes(), capacity - needed, self._evict)
         self.store.settle(capacity - needed)
 
-    def _make_device_room(self, needed: int) -> None:
-        """The same on the device, under its capacity."""
+    def _make_device_room(self, key: ChunkKey | None = None) -> None:
+        """The same on the device, under its capacity, for its chunks, their spare buffers and chunk
+        `key`'s copy coming up (no more bytes when a spare of its size will hold it): spares of other
+        sizes freed first, then unpinned chunks evicted (their buffers become spares, freed in turn)."""
         capacity = self.placement.current_capacity(device=True) if self.placement.planned else 0
-        self._evict_down_to(self.device.memory, self.device.resident_bytes(), capacity - needed,
-                            self._evict_from_device)
+        device, numel = self.device, None if key is None else self.sizes[key[1]]
+        while device.held_bytes() + (0 if numel is None or device.has_spare(numel) else self._bytes(key)) > capacity:
+            if device.free_spare(keep=numel):
+                continue
+            free = [chunk for chunk in device.memory if not self._pins[chunk] and self._evictable(chunk)]
+            if not free:
+                return
+            self._evict_from_device(self._furthest(free))
+
+    def _device_buffer(self, key: ChunkKey, allocate: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`allocate()`'s device buffer for chunk `key`. When the device runs out of memory, which the
+        budget can miss (the allocator's free blocks split too finely for a chunk), spares are freed
+        and unpinned chunks evicted, the one used again furthest ahead first, until it succeeds."""
+        while True:
+            try:
+                return allocate()
+            except torch.OutOfMemoryError as error:
+                device, numel = self.device, self.sizes[key[1]]
+                free = [chunk for chunk in device.memory if not self._pins[chunk] and self._evictable(chunk)]
+                if free:
+                    self._evict_from_device(self._furthest(free))  # a spare now, which a chunk of its size reuses
+                elif not device.free_spare():
+                    raise MemoryError(
+                        f"the device ran out of memory bringing up chunk {key} with every chunk there in use "
+                        f"({device.resident_bytes():,} bytes); give a larger device_memory_budget or a smaller "
+                        f"micro batch") from error
+                while device.free_spare(keep=numel):
+                    pass
+                device.out_of_memory_retries += 1
 
     def _evict_down_to(self, memory: dict[ChunkKey, torch.Tensor], resident: int, limit: int,
                        evict: Callable[[ChunkKey], None]) -> None:
@@ -262,7 +291,7 @@ class ChunkResidency:
             self._bring(key)
         self._make_room(0)
         if self.device is not None and not self._host_only:
-            self._make_device_room(0)
+            self._make_device_room()
 
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
         self._pins.subtract(keys)
@@ -343,7 +372,7 @@ class ChunkResidency:
             self._rest = max(self._rest, resident_set_bytes() - self._host_chunk_bytes() - self._tracker.live)
             if self._device_tracker is not None:
                 self._device_rest = max(self._device_rest, torch.cuda.memory_allocated(self.device.device)
-                                        - self.device.resident_bytes() - self._device_tracker.live)
+                                        - self.device.held_bytes() - self._device_tracker.live)
             in_use = set(keys) | {key for key, count in self._pins.items() if count} | self._kept()
             in_use_bytes = sum(self._bytes(key) for key in in_use)
             on_device = self.device is not None and not self._host_only
@@ -362,7 +391,7 @@ class ChunkResidency:
 
     def _host_chunk_bytes(self) -> int:
         """Bytes of chunks in host memory (off a GPU, the device tier's pool included)."""
-        pool = self.device.resident_bytes() if self.device is not None and self.device.device.type == "cpu" else 0
+        pool = self.device.held_bytes() if self.device is not None and self.device.device.type == "cpu" else 0
         return self.store.resident_bytes() + pool
 
     def _prefetch(self) -> None:
@@ -398,11 +427,14 @@ class ChunkResidency:
             for key in sorted(moment.chunks):
                 if key in device.memory or key not in self.store.memory:
                     continue
-                if device.resident_bytes() + self._bytes(key) > room:
+                if device.held_bytes() + (0 if device.has_spare(self.sizes[key[1]]) else self._bytes(key)) > room:
                     return
                 self.busy, was_busy = True, self.busy
                 try:
                     self._bound(key, device.upload(key, self.store.memory[key], ahead=True))
+                except torch.OutOfMemoryError:
+                    device.out_of_memory_retries += 1
+                    return  # a copy ahead is never worth an eviction
                 finally:
                     self.busy = was_busy
 

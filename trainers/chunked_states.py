@@ -312,8 +312,8 @@ class ChunkedStates(ChunkResidency):
                     self._make_room(self._bytes(key))
                     self._bound(key, self.store.receive(key, self.sizes[chunk]))
                 else:
-                    self._make_device_room(self._bytes(key))
-                    self._bound(key, self.device.receive(key, self.sizes[chunk]))
+                    self._make_device_room(key)
+                    self._bound(key, self._device_buffer(key, lambda: self.device.receive(key, self.sizes[chunk])))
             finally:
                 self.busy = was_busy
         dist.broadcast(self.compute_memory[key], group=self.group, group_src=self.owners[chunk])

@@ -543,6 +543,7 @@ class Trainer:
         read, written, ahead = chunks.store.bytes_read, chunks.store.bytes_written, chunks.store.bytes_prefetched
         device = chunks.device
         up, down, up_ahead = (device.bytes_up, device.bytes_down, device.bytes_ahead) if device is not None else (0, 0, 0)
+        allocated, retried = (device.allocations, device.out_of_memory_retries) if device is not None else (0, 0)
         on_device, on_host = chunks.updates_on_device, chunks.updates_on_host
         swapped = chunks.swap.bytes_written if chunks.swap is not None else 0
         with chunks.step_region():
@@ -568,6 +569,8 @@ class Trainer:
             record["device_up_ahead_bytes"] = device.bytes_ahead - up_ahead
             record["device_updated_chunks"] = chunks.updates_on_device - on_device
             record["host_updated_chunks"] = chunks.updates_on_host - on_host
+            record["device_allocated_chunks"] = device.allocations - allocated
+            record["device_out_of_memory_retries"] = device.out_of_memory_retries - retried
         return record
 
     def _step_record(self, loss_sum: torch.Tensor, units: int, accumulation: int, lr: float, grad_norm: float,

@@ -67,22 +67,29 @@ def test_chunked_gpt_with_a_device_tier_trains_as_in_memory(tmp_path, device_roo
     """Three tiers (the device tier a pool of host memory under its own budget, as on a GPU
     machine; `trainers.chunk_device`): the same losses and parameters as training in memory.
     Tight (6 MiB on the device for 26 MB of states beside the step's tensors): chunks go up and
-    down every step and the updates run partly on the device, partly in host memory. Roomy: once
+    down every step, mostly into the buffers of chunks that left, and the updates run partly on
+    the device, partly in host memory. Roomy: once
     the first step has measured it, everything stays on the device and updates there, and after
     one step that brings it up, nothing moves between the tiers."""
     _, chunked, history = trained_in_memory_and_chunked(tmp_path, device_memory_budget=device_budget(device_room))
     chunks = chunked.chunks.layout.chunks
     assert all(r["device_updated_chunks"] + r["host_updated_chunks"] == chunks for r in history)
     assert history[0]["device_updated_chunks"] == 0  # the first step has no placement to follow: updates on the host
+    device = chunked.chunks.device
+    assert all(r["device_out_of_memory_retries"] == 0 for r in history)
     if device_room < 2**30:
         assert all(r["device_up_bytes"] > 0 and r["device_down_bytes"] > 0 for r in history[1:])
         assert all(0 < r["device_updated_chunks"] < chunks for r in history[1:])
-        assert chunked.chunks.device.resident_bytes() <= device_room
+        assert device.held_bytes() <= device_room
+        # Chunks come up into the buffers of the chunks that left (the spares), not all into new ones.
+        chunk_bytes = 4 * chunked.chunks.layout.sizes[0]
+        assert all(r["device_allocated_chunks"] < r["device_up_bytes"] // chunk_bytes for r in history[1:])
     else:
         assert all(r["device_updated_chunks"] == chunks for r in history[1:])
         assert all(r[key] == 0 for r in history[2:] for key in
                    ("device_up_bytes", "device_down_bytes", "offload_read_bytes", "offload_written_bytes"))
-        assert chunked.chunks.device.resident_bytes() == 3 * 4 * sum(chunked.chunks.layout.sizes)  # parameters, moments
+        assert device.resident_bytes() == 3 * 4 * sum(chunked.chunks.layout.sizes)  # parameters, moments
+        assert all(r["device_allocated_chunks"] == 0 for r in history[2:])
 
 
 @pytest.mark.parametrize("device_room", [None, 4 * 2**20], ids=["host", "device-tier"])
