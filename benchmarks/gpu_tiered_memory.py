@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -63,7 +64,14 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, host_budget
     built = time.perf_counter() - started
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    history = trainer.fit(data)
+    try:
+        history = trainer.fit(data)
+    except torch.OutOfMemoryError:
+        if not on_gpu:
+            raise
+        traceback.print_exc()
+        print(f"allocator state at step {trainer.step + 1}: {json.dumps(allocator_state(device))}", file=sys.stderr)
+        raise SystemExit(1)
     later = history[1:] or history
     row = {"mode": mode, "layers": layers, "width": width, "parameters": trainer.num_parameters(), "budget": budget,
            "device": device_type, "peak_allocated": torch.cuda.max_memory_allocated(device) if on_gpu else None,
@@ -76,6 +84,31 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, host_budget
                     "device_out_of_memory_retries"):
             row[key] = [r[key] for r in history]
     return row
+
+
+def allocator_state(device) -> dict:
+    """Where the caching allocator's memory is, per stream and kind of segment: bytes reserved and
+    allocated, the free blocks and the largest of them (what an allocation that failed could not use)."""
+    import torch
+
+    state: dict[str, dict] = {}
+    for segment in torch.cuda.memory_snapshot():
+        if segment["device"] != device.index and device.index is not None:
+            continue
+        name = f"stream {segment['stream']} {segment['segment_type']}{' expandable' if segment.get('is_expandable') else ''}"
+        row = state.setdefault(name, {"segments": 0, "reserved": 0, "allocated": 0, "free_blocks": 0, "largest_free": 0})
+        row["segments"] += 1
+        row["reserved"] += segment["total_size"]
+        row["allocated"] += segment["allocated_size"]
+        for block in segment["blocks"]:
+            if block["state"] == "inactive":
+                row["free_blocks"] += 1
+                row["largest_free"] = max(row["largest_free"], block["size"])
+    stats = torch.cuda.memory_stats(device)
+    state["totals"] = {key: stats.get(key, 0) for key in ("reserved_bytes.all.current", "allocated_bytes.all.current",
+                                                         "inactive_split_bytes.all.current", "num_alloc_retries",
+                                                         "num_ooms")}
+    return state
 
 
 def launch(mode: str, layers: int, args: argparse.Namespace, budget: int, host_budget: int, directory: Path) -> dict:
@@ -92,8 +125,9 @@ def launch(mode: str, layers: int, args: argparse.Namespace, budget: int, host_b
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.run_timeout, env=env)
         if done.returncode:
             lines = done.stderr.strip().splitlines() or ["no output"]
+            state = next((line for line in lines if line.startswith("allocator state")), None)
             return failed | {"error": next((line for line in reversed(lines) if "Error" in line), lines[-1]),
-                             "stderr_tail": done.stderr[-4000:]}
+                             "stderr_tail": done.stderr[-4000:], "allocator_state": state}
         return json.loads(done.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         return failed | {"error": f"over --run-timeout {args.run_timeout} s"}
