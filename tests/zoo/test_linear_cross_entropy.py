@@ -84,6 +84,18 @@ def test_backward_scales_the_gradients_from_forward_in_place():
     assert backward.peak < w.grad.nbytes / 4  # the weight's gradient is the buffer forward saved
 
 
+def test_a_backward_that_keeps_the_graph_can_run_again():
+    """With retain_graph=True the saved gradients are scaled as copies: a second backward reads
+    them unchanged (and in a zero-bubble schedule, the weight pass after the input pass)."""
+    h, w, b, y = inputs()
+    loss = linear_cross_entropy(h, w, y, b, chunk_size=8)
+    (loss * 1.7).backward(retain_graph=True)
+    (loss * 0.3).backward()
+    _, ref_h, ref_w, ref_b = reference(h, w, b, y)
+    assert relative_error(w.grad, 2.0 * ref_w) < 1e-5 and relative_error(h.grad, 2.0 * ref_h) < 1e-5
+    assert relative_error(b.grad, 2.0 * ref_b) < 1e-5
+
+
 def test_bad_input_is_named():
     h, w, b, y = inputs()
     with pytest.raises(ValueError, match=r"hidden must be \(N, H\) and weight \(V, H\) with the same H; got \(37, 16\) and \(50, 8\)"):
