@@ -43,7 +43,7 @@ from asr.text import TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
 from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, speak, voices
 from zoo.corpora import shakespeare_text
-from zoo.downloads import data_dir, debian_package, write_atomically
+from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -263,10 +263,9 @@ def recorded_speech(root: Path | None = None) -> list[dict[str, Any]]:
     """The transcribed recordings of Debian `pocketsphinx-testdata`: 5 LibriVox sentences (Sense
     and Sensibility) and 5 spoken card names, 16 kHz: [{"audio", "text", "set"}]."""
     root = data_dir() if root is None else root
-    folder = root / "pocketsphinx"
+    folder = unpacked_once(root / "pocketsphinx", lambda private: subprocess.run(
+        ["dpkg-deb", "-x", str(debian_package(RECORDED_PACKAGE, root)), str(private)], check=True))
     base = folder / "usr/share/pocketsphinx/test/data"
-    if not all((base / name / listing).exists() for name, listing in RECORDED_SETS.items()):
-        subprocess.run(["dpkg-deb", "-x", str(debian_package(RECORDED_PACKAGE, root)), str(folder)], check=True)
     rows = []
     for name, listing in RECORDED_SETS.items():
         for line in (base / name / listing).read_text().splitlines():

@@ -20,14 +20,13 @@ import hashlib
 import logging
 import re
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from asr.spoken_form import expand_abbreviations, spoken_form
 from zoo.corpora import shakespeare_text, vader_snippets
-from zoo.downloads import data_dir, debian_package, write_atomically
+from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +132,8 @@ def _source_texts(source: str, root: Path) -> Iterator[str]:
 
 def _unpacked(package: str, root: Path) -> Path:
     """The Debian `package`'s files unpacked under root/asr_text/<package> (once)."""
-    folder = root / "asr_text" / package
-    if not folder.exists():
-        with tempfile.TemporaryDirectory(dir=root) as scratch:
-            subprocess.run(["dpkg-deb", "-x", str(debian_package(package, root)), scratch], check=True)
-            Path(scratch).rename(folder)
-    return folder
+    return unpacked_once(root / "asr_text" / package, lambda private: subprocess.run(
+        ["dpkg-deb", "-x", str(debian_package(package, root)), str(private)], check=True))
 
 
 def _shakespeare_speeches(text: str) -> Iterator[str]:

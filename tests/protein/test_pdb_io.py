@@ -7,7 +7,7 @@ import gemmi
 import pytest
 import torch
 
-from protein.pdb_io import BACKBONE_ATOMS, chain_breaks, read_chain, write_structure
+from protein.pdb_io import BACKBONE_ATOMS, chain_breaks, read_chain, read_chains, write_structure
 
 KUNITZ = "DYKDDDDKLKPDFCFLEEDPGICRGYITRYFYNNQTKQCERFKYGGCLGNMNNFETLEECKNICEDGPNGF"
 """1ADZ's chain as deposited (a FLAG tag, then the second Kunitz domain of TFPI)."""
@@ -75,6 +75,29 @@ def test_non_standard_residues_breaks_and_numbering(nmr_ensemble, tmp_path):
     breaks = chain_breaks(chain.coordinates, chain.atom_mask)
     assert breaks.nonzero().squeeze(1).tolist() == [18]  # between residues 19 and 21 (positions 18, 19)
     assert chain.residue_index[18:20].tolist() == [19, 21]
+
+
+def test_every_protein_chain_of_a_file_from_one_read(nmr_ensemble, tmp_path):
+    """read_chains: the protein chains of a file in file order, each as read_chain reads it alone;
+    a water chain is left out."""
+    model_one = []
+    for line in nmr_ensemble.read_text().splitlines():
+        if line.startswith("ENDMDL"):
+            break
+        if line.startswith("ATOM"):
+            model_one.append(line)
+    second = [line[:21] + "B" + line[22:30] + f"{float(line[30:38]) + 40.0:8.3f}" + line[38:] for line in model_one]
+    water = "HETATM 9999  O   HOH W   1      10.000  10.000  10.000  1.00  0.00           O"
+    path = tmp_path / "two.pdb"
+    path.write_text("\n".join([*model_one, "TER", *second, "TER", water]) + "\nEND\n")
+    chains = read_chains(path)
+    assert [chain.name for chain in chains] == ["A", "B"]
+    for chain in chains:
+        alone = read_chain(path, chain.name)
+        assert chain.sequence == alone.sequence and torch.equal(chain.coordinates, alone.coordinates)
+        assert torch.equal(chain.atom_mask, alone.atom_mask) and torch.equal(chain.residue_index, alone.residue_index)
+    shift = chains[1].coordinates[..., 0] - chains[0].coordinates[..., 0]
+    assert torch.allclose(shift[chains[0].atom_mask], torch.tensor(40.0), atol=1e-3)
 
 
 def test_bad_files_and_arguments_are_named(nmr_ensemble, tmp_path):
