@@ -35,8 +35,8 @@ _ABBREVIATION = re.compile(
     rf"(?=[{re.escape(''.join(sorted({a[0] for a in ABBREVIATIONS})))}])(?<![\w.])"  # a first letter, not inside a word
     rf"(?:{'|'.join(re.escape(a) for a in sorted(ABBREVIATIONS, key=len, reverse=True))})")
 """Any abbreviation, the longest first, not preceded by a letter, digit or full stop. The first letters are checked
-before the alternatives: 25x faster on the training text than trying each alternative at every
-character (the same matches on all 86,776 source texts)."""
+before the alternatives rather than each alternative at every character: the seven training-text
+sources extract in 7.6 s instead of 27.2 (`benchmarks/cold_cache.py`), with the same matches."""
 _NUMBER = r"\d+(?:,\d{3})*"
 _MONEY = re.compile(rf"([$£€])\s?({_NUMBER})(?:\.(\d+))?(?:\s?(thousand|million|billion|trillion)\b)?")
 _PERCENT = re.compile(rf"({_NUMBER}(?:\.\d+)?)\s?%")

@@ -243,7 +243,7 @@ class ChunkResidency:
         while device.held_bytes() + (0 if numel is None or device.has_spare(numel) else self._bytes(key)) > capacity:
             if device.free_spare(keep=numel):
                 continue
-            free = [chunk for chunk in device.memory if not self._pins[chunk] and self._evictable(chunk)]
+            free = self._evictable_now(device.memory)
             if not free:
                 return
             self._evict_from_device(self._furthest(free))
@@ -257,7 +257,7 @@ class ChunkResidency:
                 return allocate()
             except torch.OutOfMemoryError as error:
                 device, numel = self.device, self.sizes[key[1]]
-                free = [chunk for chunk in device.memory if not self._pins[chunk] and self._evictable(chunk)]
+                free = self._evictable_now(device.memory)
                 if free:
                     self._evict_from_device(self._furthest(free))  # a spare now, which a chunk of its size reuses
                 elif not device.free_spare():
@@ -269,12 +269,16 @@ class ChunkResidency:
                     pass
                 device.out_of_memory_retries += 1
 
+    def _evictable_now(self, memory: dict[ChunkKey, torch.Tensor]) -> list[ChunkKey]:
+        """The chunks of `memory` the placement may evict now: not pinned, and evictable."""
+        return [key for key in memory if not self._pins[key] and self._evictable(key)]
+
     def _evict_down_to(self, memory: dict[ChunkKey, torch.Tensor], resident: int, limit: int,
                        evict: Callable[[ChunkKey], None]) -> None:
         """`evict` unpinned chunks of `memory` (`resident` bytes now) until at most `limit` bytes stay:
         the one used again furthest ahead first (the least recently used among equals)."""
         while resident > limit:
-            free = [key for key in memory if not self._pins[key] and self._evictable(key)]
+            free = self._evictable_now(memory)
             if not free:
                 return
             victim = self._furthest(free)
