@@ -81,8 +81,9 @@ def run(mode: str, layers: int, width: int, steps: int, budget: int, host_budget
     if mode == "chunks":
         for key in ("device_up_bytes", "device_down_bytes", "device_up_ahead_bytes", "device_updated_chunks",
                     "host_updated_chunks", "offload_read_bytes", "offload_written_bytes", "device_allocated_chunks",
-                    "device_out_of_memory_retries"):
+                    "device_out_of_memory_retries", "device_step_reruns"):
             row[key] = [r[key] for r in history]
+        row["allocator_slack"] = trainer.chunks.allocator_slack
     return row
 
 
@@ -146,7 +147,9 @@ def describe(row: dict) -> str:
         moves = (f" {up / 2**30:.2f} / {down / 2**30:.2f} GiB up / down, {on_gpu} of {chunks} chunks updated on the GPU, "
                  f"disk {row['offload_read_bytes'][-1] / 2**30:.2f} / {row['offload_written_bytes'][-1] / 2**30:.2f} GiB, "
                  f"{row['device_allocated_chunks'][-1]} buffers allocated, "
-                 f"{sum(row['device_out_of_memory_retries'])} out-of-memory retries in all")
+                 f"{sum(row['device_out_of_memory_retries'])} out-of-memory retries and "
+                 f"{sum(row['device_step_reruns'])} steps run again in all, allocator slack "
+                 f"{row['allocator_slack'] / 2**20:.0f} MiB at the end")
     peak = "-" if row["peak_allocated"] is None else f"{row['peak_allocated'] / 2**30:.2f} GiB"
     return (f"| {row['mode']} | {row['layers']} x {row['width']} | {row['parameters'] / 1e6:,.1f}M | "
             f"{16 * row['parameters'] / 2**30:.2f} GiB | {peak} | "

@@ -45,12 +45,14 @@ PREFETCH_MOMENTS = 2
 CAPACITY_MARGIN = 0.03
 """Share of the budget left free for what the measurement cannot see (peaks between moments)."""
 CUDA_ALLOCATOR_SLACK = 256 << 20
-"""Bytes of a GPU's device budget left free, beyond the margin, for the caching allocator's reserved but
-unallocated blocks, which a cap on the process's GPU memory counts and the measurement (allocated
+"""Bytes of a GPU's device budget first left free, beyond the margin, for the caching allocator's reserved
+but unallocated blocks, which a cap on the process's GPU memory counts and the measurement (allocated
 bytes) does not: 128 to 327 MiB on an H100 under a 4 GiB cap with chunks moving, with and without
 expandable segments (BENCHMARKS.md, "The first GPU figures: one H100"). A 48-layer GPT on the H200
-left 455 MB free in pieces of at most 25 MB, more than this, when a 198 MiB gradient copy failed
-("The fourth GPU session"); that copy is gone, and a slack measured in the first step is still to try."""
+ran out of memory at step 3 with 424-455 MB of such blocks, in pieces of at most 25 MB ("The fourth
+GPU session", and the fifth), so a step that runs out widens it (`widen_device_slack`)."""
+SLACK_WIDENING = 1 / 16
+"""Share of the device budget added to the allocator's slack each time a step runs out of device memory."""
 MMAP_THRESHOLD = 1 << 20
 """Bytes from which glibc's malloc maps each allocation on its own (returned to the system when freed)."""
 M_MMAP_THRESHOLD = -3
@@ -89,6 +91,8 @@ class ChunkResidency:
         self._device_tracker: TensorPeak | None = None
         self._device_rest = 0
         """While the first step runs: the most device memory seen besides chunks and the step's device tensors."""
+        self.allocator_slack = CUDA_ALLOCATOR_SLACK if device is not None and device.device.type == "cuda" else 0
+        """Bytes of the device budget left to the caching allocator's reserved but unallocated blocks."""
         self.placement = Placement()
         self.busy = False
         """True while the chunk code itself runs (code that watches operations then stays out of the way)."""
@@ -483,8 +487,7 @@ class ChunkResidency:
 
     def _device_capacity(self) -> list[int]:
         """Bytes the chunks may hold on the device at each recorded moment."""
-        moments = self.placement.moments
-        slack = CUDA_ALLOCATOR_SLACK if self.device.device.type == "cuda" else 0
+        moments, slack = self.placement.moments, self.allocator_slack
         capacity, short, margin = _capacities(moments, self.device_budget, self._device_rest + slack,
                                               lambda moment: moment.device_other_bytes,
                                               lambda moment: moment.device_in_use_bytes)
@@ -498,6 +501,20 @@ class ChunkResidency:
                 f"allocator's slack ({slack:,}) and a margin of {CAPACITY_MARGIN:.0%} ({margin:,}); give a larger "
                 f"budget or a smaller micro batch")
         return capacity
+
+    def widen_device_slack(self) -> None:
+        """After a planned step ran out of device memory: `SLACK_WIDENING` of the device budget more for
+        the allocator's slack, the device capacities planned again with it (MemoryError when the
+        step's working set no longer fits), and the device tier brought down to the smallest of them
+        with no spare buffer left, its cached memory returned (on a GPU), for the step to run again."""
+        self.allocator_slack += int(SLACK_WIDENING * self.device_budget)
+        self.placement.device_capacity = self._device_capacity()
+        self.placement.position = len(self.placement.moments)  # outside the step: the smallest capacity
+        self._make_device_room()
+        while self.device.free_spare():
+            pass
+        if self.device.device.type == "cuda":
+            torch.cuda.empty_cache()  # pages of the freed blocks unmapped, for one contiguous range again
 
 
 def _capacities(moments: list[Moment], budget: int, rest: int, other: Callable[[Moment], int],

@@ -612,6 +612,19 @@ class ChunkedStates(ChunkResidency):
         self.steps = [int(optimizer[clean_fqn(member.name)]["step"].item()) if self.owns(member.chunk) else 0
                       for member in self.members]
 
+    def can_rerun_step(self) -> bool:
+        """Whether a step whose forward or backward ran out of device memory may run again: under a
+        device tier, once the first step has planned the placement, on one rank (the others would be
+        waiting in the step's collectives)."""
+        return self.device is not None and self.placement.planned and self.world == 1
+
+    def prepare_rerun(self) -> None:
+        """Before a step that ran out of device memory runs again: its gradients dropped, the
+        allocator's slack widened (`widen_device_slack`)."""
+        self.discard_gradients()
+        self._norm_squares = []
+        self.widen_device_slack()
+
     def discard_gradients(self) -> None:
         """Drop every gradient chunk (a skipped step, or after the update)."""
         for chunk in range(self.layout.chunks):

@@ -52,6 +52,8 @@ optimizer state already exists; the first when it runs only one."""
 BUDGET_STEPS_HELD = 2
 """Under a memory budget, steps are measured until this many have stayed within it (the first,
 and the second, when optimizer state exists)."""
+DEVICE_RERUNS = 2
+"""Times a step with chunked states runs again after its forward or backward ran out of device memory."""
 
 
 def micro_batch_seed(seed: int, step: int, index: int) -> int:
@@ -235,8 +237,8 @@ class Trainer:
             while self.step < config.max_steps:
                 started = time.perf_counter()
                 micro_batches = sampler.micro_batches(self.step)
-                batches = self._seeded_batches(train_dataset, micro_batches, collate)
-                record = self._train_step(batches, len(micro_batches))
+                record = self._train_step(lambda: self._seeded_batches(train_dataset, micro_batches, collate),
+                                          len(micro_batches))
                 record["step_seconds"] = time.perf_counter() - started
                 record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
                 if unit in record:
@@ -476,7 +478,8 @@ class Trainer:
             torch.manual_seed(micro_batch_seed(self.config.seed, self.step, micro.index))
             yield collate([dataset[i] for i in micro.examples])
 
-    def _train_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
+    def _train_step(self, make_batches: Callable[[], Iterator[Batch]], accumulation: int) -> dict[str, Any]:
+        """One optimizer step over the micro batches `make_batches()` yields (seeded as they are drawn)."""
         config, env = self.config, self.env
         follow_step = getattr(self.model, "set_training_step", None)
         if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
@@ -490,10 +493,10 @@ class Trainer:
             masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
             probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
         if self.chunks is not None:
-            record = self._chunked_step(batches, accumulation)
+            record = self._chunked_step(make_batches, accumulation)
         else:
             with probe or nullcontext():
-                record = self._forward_backward_step(batches, accumulation, probe)
+                record = self._forward_backward_step(make_batches(), accumulation, probe)
         if probe is not None:
             report = probe.report(env.rank)
             if measure:
@@ -533,9 +536,13 @@ class Trainer:
         self.optimizer.zero_grad()
         return self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
 
-    def _chunked_step(self, batches: Iterator[Batch], accumulation: int) -> dict[str, Any]:
-        """One step with the model states in chunks (`trainers.chunked_states`)."""
+    def _chunked_step(self, make_batches: Callable[[], Iterator[Batch]], accumulation: int) -> dict[str, Any]:
+        """One step with the model states in chunks (`trainers.chunked_states`). A step whose forward
+        or backward runs out of device memory runs again from its first micro batch, with more of the
+        device budget left to the allocator, up to `DEVICE_RERUNS` times (where
+        `ChunkedStates.can_rerun_step`)."""
         chunks, config = self.chunks, self.config
+        batches = make_batches()
         if self.block_activations is None and self.strategy.activation_memory is not None:
             first = next(batches)  # drawn (and its random state seeded) as the step would
             batches = itertools.chain([first], batches)
@@ -546,18 +553,34 @@ class Trainer:
         allocated, retried = (device.allocations, device.out_of_memory_retries) if device is not None else (0, 0)
         on_device, on_host = chunks.updates_on_device, chunks.updates_on_host
         swapped = chunks.swap.bytes_written if chunks.swap is not None else 0
-        with chunks.step_region():
-            loss_sum, units = accumulate_gradients(self.model, self.model_class,
-                                                   (_to_device(b, self.env.device) for b in batches),
-                                                   chunks.begin_micro_batch, accumulation, 1.0)
-            grad_norm = chunks.finish_backward()
-            take_step = math.isfinite(grad_norm)
-            lr = warmup_cosine_lr(self.step, config)
-            if take_step:
-                chunks.step(lr, clip_factor(grad_norm, config.grad_clip))
-            else:
-                chunks.discard_gradients()
+        for rerun in itertools.count():
+            backward_done = False
+            try:
+                with chunks.step_region():
+                    loss_sum, units = accumulate_gradients(self.model, self.model_class,
+                                                           (_to_device(b, self.env.device) for b in batches),
+                                                           chunks.begin_micro_batch, accumulation, 1.0)
+                    grad_norm = chunks.finish_backward()
+                    backward_done = True
+                    take_step = math.isfinite(grad_norm)
+                    lr = warmup_cosine_lr(self.step, config)
+                    if take_step:
+                        chunks.step(lr, clip_factor(grad_norm, config.grad_clip))
+                    else:
+                        chunks.discard_gradients()
+                break
+            except torch.OutOfMemoryError:
+                if backward_done or rerun == DEVICE_RERUNS or not chunks.can_rerun_step():
+                    raise
+            # Out of the `except` clause: the failed pass's tensors, which its traceback held, are freed.
+            for param in self.model.parameters():
+                param.grad = None
+            chunks.prepare_rerun()
+            log.warning("step %d ran out of device memory; running it again with %s bytes of the device budget left "
+                        "to the allocator", self.step + 1, f"{chunks.allocator_slack:,}")
+            batches = make_batches()
         record = self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
+        record["device_step_reruns"] = rerun
         record["offload_read_bytes"] = chunks.store.bytes_read - read
         record["offload_written_bytes"] = chunks.store.bytes_written - written
         record["offload_read_ahead_bytes"] = chunks.store.bytes_prefetched - ahead

@@ -92,6 +92,52 @@ def test_chunked_gpt_with_a_device_tier_trains_as_in_memory(tmp_path, device_roo
         assert all(r["device_allocated_chunks"] == 0 for r in history[2:])
 
 
+def out_of_memory_in_backward(module: torch.nn.Module, micro_batch: int) -> None:
+    """Raise torch.OutOfMemoryError once, in the backward of the `micro_batch`-th (from 1) forward
+    through `module`: a GPU's caching allocator failing there, which a CPU's cannot be made to."""
+    forwards = itertools.count(1)
+
+    def fail(grad: torch.Tensor) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 198.00 MiB (raised by the test)")
+
+    def watch(_module, _args, output: torch.Tensor) -> None:
+        if next(forwards) == micro_batch:
+            output.register_hook(fail)
+    module.register_forward_hook(watch)
+
+
+@pytest.mark.timeout(300)
+def test_a_step_that_runs_out_of_device_memory_runs_again_with_more_allocator_slack(tmp_path):
+    """The device running out of memory in step 3's backward (its first micro batch): the step runs
+    again from its first micro batch with a sixteenth of the device budget more left to the
+    allocator, and training goes on as in memory (same losses and parameters). The first step, which
+    has no placement to widen yet, raises the error instead."""
+    build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
+    data = lm_examples(64, length=32, vocab=512)
+    plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
+    expected = plain.fit(data)
+    budget = device_budget(64 * 2**20)  # room for a sixteenth more slack, on a GPU too
+
+    def chunked(fails_at: int, name: str) -> Trainer:
+        model = build()
+        out_of_memory_in_backward(model.blocks[2], micro_batch=fails_at)
+        return Trainer(model, config(output_dir=str(tmp_path / name)),
+                       Strategy(offload="chunks", offload_dir=str(tmp_path / name / "chunks"),
+                                memory_budget=chunk_budget(8 * 2**20), device_memory_budget=budget))
+
+    trainer = chunked(fails_at=5, name="rerun")
+    slack = trainer.chunks.allocator_slack
+    history = trainer.fit(data)
+    assert [r["device_step_reruns"] for r in history] == [0, 0, 1, 0, 0]
+    assert trainer.chunks.allocator_slack == slack + budget // 16
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
+    params = trainer.full_state_dict()
+    for name, value in plain.full_state_dict().items():
+        assert relative_error(params[name], value) < 1e-6, name
+    with pytest.raises(torch.OutOfMemoryError, match="raised by the test"):
+        chunked(fails_at=1, name="first").fit(data)
+
+
 @pytest.mark.parametrize("device_room", [None, 4 * 2**20], ids=["host", "device-tier"])
 def test_a_model_on_the_meta_device_is_initialised_chunk_by_chunk(tmp_path, device_room):
     with torch.device("meta"):
