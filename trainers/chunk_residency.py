@@ -49,8 +49,9 @@ CUDA_ALLOCATOR_SLACK = 256 << 20
 but unallocated blocks, which a cap on the process's GPU memory counts and the measurement (allocated
 bytes) does not: 128 to 327 MiB on an H100 under a 4 GiB cap with chunks moving, with and without
 expandable segments (BENCHMARKS.md, "The first GPU figures: one H100"). A 48-layer GPT on the H200
-ran out of memory at step 3 with 424-455 MB of such blocks, in pieces of at most 25 MB ("The fourth
-GPU session", and the fifth), so a step that runs out widens it (`widen_device_slack`)."""
+ran out of memory at step 3 with 424-455 MB of such blocks ("The fourth GPU session", and the
+fifth), so a step that runs out widens it (`widen_device_slack`): 48, 64 and 96 layers then trained
+under a 4 GiB cap, with 512-768 MiB."""
 SLACK_WIDENING = 1 / 16
 """Share of the device budget added to the allocator's slack each time a step runs out of device memory."""
 MMAP_THRESHOLD = 1 << 20
