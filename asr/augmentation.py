@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
+from scipy.fft import next_fast_len
 
 from asr.features import resample
 
@@ -76,10 +77,12 @@ ROBUST = WaveformAugment(speeds=(0.9, 1.0, 1.1), noise=0.5, reverb=0.3)
 def coloured_noise(signal: torch.Tensor, exponent: float, snr_db: float, generator: torch.Generator | None = None
                    ) -> torch.Tensor:
     """(N,) Gaussian noise with power spectrum ~ 1 / f^exponent, scaled to snr_db below signal (N,)'s
-    mean square."""
-    spectrum = torch.fft.rfft(torch.randn(signal.numel(), generator=generator, dtype=torch.float64))
+    mean square. Shaped at an FFT length with no prime factor above 5, then cut to N: at the
+    utterance's own length, often with a large prime factor, pocketfft takes its slower path."""
+    size = next_fast_len(signal.numel(), real=True)
+    spectrum = torch.fft.rfft(torch.randn(size, generator=generator, dtype=torch.float64))
     frequencies = torch.arange(spectrum.numel(), dtype=torch.float64).clamp_min(1.0)
-    noise = torch.fft.irfft(spectrum / frequencies ** (exponent / 2), n=signal.numel())
+    noise = torch.fft.irfft(spectrum / frequencies ** (exponent / 2), n=size)[: signal.numel()]
     power = signal.double().square().mean()
     return noise * torch.sqrt(power / noise.square().mean().clamp_min(1e-20) / 10 ** (snr_db / 10))
 
@@ -92,7 +95,7 @@ def reverberated(signal: torch.Tensor, sample_rate: int, rt60: float, generator:
     t = torch.arange(length, dtype=torch.float64) / sample_rate
     tail = torch.randn(length, generator=generator, dtype=torch.float64) * torch.exp(-3 * math.log(10) * t / rt60)
     response = torch.cat([torch.ones(1, dtype=torch.float64), tail[1:] / tail[1:].norm().clamp_min(1e-20)])
-    size = signal.numel() + length - 1
+    size = next_fast_len(signal.numel() + length - 1, real=True)  # holds the whole linear convolution: no wrap-around
     wet = torch.fft.irfft(torch.fft.rfft(signal.double(), n=size) * torch.fft.rfft(response, n=size), n=size)
     return wet[: signal.numel()]
 

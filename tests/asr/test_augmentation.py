@@ -61,6 +61,17 @@ def test_reverberation_decays_by_60_db_over_its_rt60():
     assert decay_db == pytest.approx(60 * 0.125 / 0.5, abs=1.5)
 
 
+def test_awkward_lengths_get_the_linear_convolution_and_noise_of_their_own_length():
+    signal = torch.randn(4001, dtype=torch.float64, generator=torch.Generator().manual_seed(2))  # 4001 is prime
+    wet = reverberated(signal, RATE, 0.05, torch.Generator().manual_seed(3))
+    response = reverberated(torch.eye(800, dtype=torch.float64)[0], RATE, 0.05, torch.Generator().manual_seed(3))
+    direct = torch.nn.functional.conv1d(signal.view(1, 1, -1), response.flip(0).view(1, 1, -1), padding=799)
+    torch.testing.assert_close(wet, direct.view(-1)[:4001], rtol=0, atol=1e-12)
+    noise = coloured_noise(signal, 1.0, 20.0, torch.Generator().manual_seed(4))
+    assert noise.shape == (4001,)
+    assert 10 * math.log10(signal.square().mean() / noise.square().mean()) == pytest.approx(20.0, abs=1e-9)
+
+
 def test_training_examples_are_augmented_as_they_are_read(tmp_path):
     from scipy.io import wavfile
 
