@@ -24,12 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from protein.data import CHAINS_FILE, load_chains  # noqa: E402
-from protein.evaluation import BASELINES, METRICS, baseline_predictors, evaluate_chain, summary  # noqa: E402
+from protein.evaluation import METRICS, PREDICTORS, baseline_predictors, evaluate_chain, summary  # noqa: E402
 from protein.heldout import heldout_chains  # noqa: E402
 from protein.identity import SIMILAR, remove_similar  # noqa: E402
 from zoo.store import load, locate  # noqa: E402
 
-PREDICTORS = ("model", *BASELINES)
 CARD_SECTION = "## Held-out real chains"
 
 
@@ -91,7 +90,7 @@ def main() -> None:
     totals = summary(evaluations)
     sources = sorted({r["source"] for r in rows})
     by_source = {s: {k: statistics.fmean(r[k] for r in rows if r["source"] == s)
-                     for k in ("model_lddt", "extended_chain_lddt", "ideal_helix_lddt", "propensity_states_lddt")}
+                     for k in (f"{p}_lddt" for p in PREDICTORS)}
                  | {"chains": sum(r["source"] == s for r in rows)} for s in sources}
     cost = fold_cost(args.model, args.threads)
     tables = markdown(rows, totals, by_source, cost, removed, len(training), args)
@@ -122,7 +121,8 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, float], by_source: di
              "| | " + " | ".join(PREDICTORS) + " |", "|---" * (len(PREDICTORS) + 1) + "|",
              f"| mean lDDT-Cα / TM-score / GDT-TS | {means} |", "",
              f"pLDDT against the true per-residue lDDT-Cα: Pearson r {totals['plddt_pearson']:.3f} over all residues "
-             f"(median per chain {totals['plddt_pearson_median_chain']:.3f}). TM-score against TM-align (tmtools): "
+             f"(median per chain {totals['plddt_pearson_median_chain']:.3f}); against the structure module's backbone, "
+             f"which the pLDDT head learnt, {totals['plddt_pearson_module']:.3f}. TM-score against TM-align (tmtools): "
              f"mean {statistics.fmean(r['model_tm'] for r in rows):.4f} vs "
              f"{statistics.fmean(r['tm_align'] for r in rows):.4f}. Folding a 256-residue sequence on "
              f"{args.threads} threads: {cost['seconds']:.1f} s, peak RSS {cost['peak_rss_mib']:.0f} MiB.", "",
@@ -131,10 +131,10 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, float], by_source: di
     lines += [f"| {s} | {v['chains']} | " + " | ".join(f"{v[f'{p}_lddt']:.3f}" for p in PREDICTORS) + " |"
               for s, v in by_source.items()]
     lines += ["", "| chain | L | identity | model lDDT | TM | TM-align | GDT-TS | pLDDT | " +
-              " | ".join(f"{p} lDDT" for p in BASELINES) + " |", "|---" * (8 + len(BASELINES)) + "|"]
+              " | ".join(f"{p} lDDT" for p in PREDICTORS[1:]) + " |", "|---" * (7 + len(PREDICTORS)) + "|"]
     lines += [f"| {r['name']} | {r['length']} | {r['identity']:.2f} | {r['model_lddt']:.3f} | {r['model_tm']:.3f} | "
               f"{r['tm_align']:.3f} | {r['model_gdt_ts']:.3f} | {r['plddt']:.3f} | " +
-              " | ".join(f"{r[f'{p}_lddt']:.3f}" for p in BASELINES) + " |" for r in rows]
+              " | ".join(f"{r[f'{p}_lddt']:.3f}" for p in PREDICTORS[1:]) + " |" for r in rows]
     return "\n".join(lines)
 
 

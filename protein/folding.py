@@ -4,6 +4,10 @@
     prediction.backbone (L, 3, 3) N/CA/C in Å, prediction.plddt (L,) in [0, 1]
     prediction.write("out.pdb")              or "out.cif"; pLDDT x 100 in the B-factor column
 
+The Cα trace is then realised from the model's distogram (`protein.realisation`): each residue's N,
+CA and C move with its Cα; `realisation=None` keeps the structure module's own backbone, which
+`Prediction.module_backbone` holds either way.
+
 A model without a chunk size or memory budget of its own folds under `INFERENCE_MEMORY_BUDGET`:
 short sequences run whole, and a long one is chunked so that no intermediate tensor outgrows the
 budget (the triangle attention logits of a 1,000-residue chain would take 16 GB whole).
@@ -21,6 +25,7 @@ import torch
 from protein.features import msa_features
 from protein.model import FoldingModel
 from protein.pdb_io import write_structure
+from protein.realisation import RealisationConfig, expected_distances, realise
 from protein.residues import normalize_sequence, sequence_ids
 from zoo.store import load
 
@@ -37,9 +42,14 @@ class Prediction:
     sequence: str
     """The folded sequence (normalised, one letter per residue)."""
     backbone: torch.Tensor
-    """(L, 3, 3) float32 Å: N, CA, C per residue."""
+    """(L, 3, 3) float32 Å: N, CA, C per residue (realised from the distogram unless folded with
+    realisation=None)."""
     plddt: torch.Tensor
-    """(L,) predicted lDDT-Cα in [0, 1]."""
+    """(L,) predicted lDDT-Cα in [0, 1]: the pLDDT head's estimate for module_backbone."""
+    module_backbone: torch.Tensor
+    """(L, 3, 3) float32 Å: the structure module's own backbone."""
+    distances: torch.Tensor
+    """(L, L) float32 Å: the distogram's expected distances (`protein.realisation.expected_distances`)."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the backbone as PDB (.pdb) or mmCIF (.cif), pLDDT x 100 as B-factors."""
@@ -64,10 +74,12 @@ def checked_recycles(recycles: int | None) -> None:
 
 @torch.no_grad()
 def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.Tensor | None = None,
-         recycles: int | None = None, msa_rows: int = 8) -> Prediction:
+         recycles: int | None = None, msa_rows: int = 8,
+         realisation: RealisationConfig | None = RealisationConfig()) -> Prediction:
     """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read;
     at most MAX_RESIDUES). profile: (L, 20) amino-acid frequencies when one is known (else the
-    model folds from the sequence alone); recycles: None = the model's max_recycles."""
+    model folds from the sequence alone); recycles: None = the model's max_recycles; realisation:
+    how the Cα trace is realised from the distogram (None: the structure module's backbone as it is)."""
     checked_recycles(recycles)
     sequence = checked_sequence(sequence)
     folding = model if isinstance(model, FoldingModel) else load(model)
@@ -86,4 +98,10 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
                       msa_features=msa[None].to(device), msa_mask=msa_mask[None].to(device), recycles=recycles)
     finally:
         folding.config = config
-    return Prediction(sequence, out["backbone"][0].float().cpu(), out["plddt"][0].cpu())
+    module_backbone = out["backbone"][0].float().cpu()
+    distances = expected_distances(out["distogram_logits"][0]).cpu()
+    backbone = module_backbone
+    if realisation is not None:
+        ca = module_backbone[:, 1]
+        backbone = module_backbone + (realise(ca, distances, realisation) - ca)[:, None]
+    return Prediction(sequence, backbone, out["plddt"][0].cpu(), module_backbone, distances)

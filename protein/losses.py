@@ -35,12 +35,25 @@ def fape(pred_frames: Frames, true_frames: Frames, pred_points: torch.Tensor, tr
     return (distance / scale * weights).sum() / weights.sum().clamp_min(1.0)
 
 
-def distogram_targets(positions: torch.Tensor, bins: int, first_edge: float = 2.3125, last_edge: float = 21.6875
-                      ) -> torch.Tensor:
+DISTOGRAM_FIRST_EDGE, DISTOGRAM_LAST_EDGE = 2.3125, 21.6875
+"""Å: the first and last of the distogram head's bin edges (AlphaFold's)."""
+
+
+def distogram_targets(positions: torch.Tensor, bins: int, first_edge: float = DISTOGRAM_FIRST_EDGE,
+                      last_edge: float = DISTOGRAM_LAST_EDGE) -> torch.Tensor:
     """(B, L, 3) -> (B, L, L) long bin of each pairwise distance: `bins - 1` edges evenly spaced from
     first_edge to last_edge Å (AlphaFold's 64 bins), the first bin below, the last above."""
     edges = torch.linspace(first_edge, last_edge, bins - 1, device=positions.device)
     return torch.bucketize(torch.cdist(positions.float(), positions.float()), edges)
+
+
+def distogram_bin_centres(bins: int, first_edge: float = DISTOGRAM_FIRST_EDGE, last_edge: float = DISTOGRAM_LAST_EDGE
+                          ) -> torch.Tensor:
+    """(bins,) float32 Å: the middle of each bin of `distogram_targets`; the two open bins at the ends
+    are given the inner bins' width."""
+    edges = torch.linspace(first_edge, last_edge, bins - 1)
+    width = (last_edge - first_edge) / (bins - 2)
+    return torch.cat([edges[:1] - width / 2, (edges[1:] + edges[:-1]) / 2, edges[-1:] + width / 2])
 
 
 def distogram_logits(head: nn.Linear, pair: torch.Tensor) -> torch.Tensor:

