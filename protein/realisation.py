@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
+from protein.baselines import CA_STEP, trace_from_angles
 from protein.losses import distogram_bin_centres
 
-CA_STEP = 3.80
-"""Å between consecutive Cα (trans peptides)."""
+HELIX_ANGLE, HELIX_DIHEDRAL = math.radians(91.0), math.radians(50.0)
+"""The α-helix's virtual Cα bond angle and dihedral: the start when the model gives none."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ def realise(ca: torch.Tensor, expected: torch.Tensor, config: RealisationConfig 
     start = ca.double()
     steps = (start[1:] - start[:-1]).norm(dim=-1)
     if steps.mean() < 1e-3:  # every Cα in one place (an untrained model): no gradient would part them
-        start = _helix(ca.shape[0])
+        start = trace_from_angles(torch.full((ca.shape[0] - 2,), HELIX_ANGLE, dtype=torch.float64),
+                                  torch.full((max(ca.shape[0] - 3, 0),), HELIX_DIHEDRAL, dtype=torch.float64))
     start = (start - start.mean(0)) * (CA_STEP / (start[1:] - start[:-1]).norm(dim=-1).mean())
     target = expected.double()
     weight = (target < config.max_distance).double()
@@ -90,9 +94,3 @@ def realise(ca: torch.Tensor, expected: torch.Tensor, config: RealisationConfig 
             (distance_term + config.bond_weight * bond_term).backward()
             optimiser.step()
     return x.detach().float()
-
-
-def _helix(length: int) -> torch.Tensor:
-    """(length, 3) float64 Cα of an α-helix: radius 2.3 Å, 100° and 1.5 Å a residue."""
-    turn = torch.arange(length, dtype=torch.float64) * torch.pi * 100 / 180
-    return torch.stack([2.3 * turn.cos(), 2.3 * turn.sin(), 1.5 * torch.arange(length, dtype=torch.float64)], -1)
