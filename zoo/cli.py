@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from zoo.commands import commands as domain_commands
+from zoo.commands import Command, command_named, command_names, commands as domain_commands
 from zoo.logs import LEVELS, configure_logging
 from zoo.model_folder import CARD_FILE
 from zoo.plan_command import PLAN_USAGE, add_plan_arguments, cmd_plan
@@ -165,7 +165,34 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(export_hf(load(args.name), args.directory))
 
 
-def build_parser() -> argparse.ArgumentParser:
+BUILT_IN = ("list", "info", "train", "plan", "export")
+"""The verbs of this module; the others come from the domains (`zoo.commands`)."""
+
+
+def requested_verb(argv: list[str]) -> str | None:
+    """The verb `argv` asks for: its first word that is no option (nor --log-level's value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def verbs_to_load(verb: str | None) -> list[Command]:
+    """The domain verbs the parser needs for `verb`: none for a built-in verb, that one alone for a
+    domain's (so that only its domain is imported), and all of them otherwise (for --help, or an
+    unknown verb's error that lists every choice)."""
+    if verb in BUILT_IN:
+        return []
+    if verb in command_names():
+        return [command_named(verb)]
+    return list(domain_commands().values())
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser, with the domain verbs that `verb` needs (`verbs_to_load`)."""
     parser = argparse.ArgumentParser(prog="zoo", description="memzoo: train and use memory-lean models")
     parser.add_argument("--log-level", choices=LEVELS, default=None,
                         help="least severe log records shown (default: info, or $MEMZOO_LOG_LEVEL)")
@@ -207,13 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a model as a Hugging Face folder (GPT-2, BERT)")
     export.add_argument("name")
     export.add_argument("directory")
-    for command in domain_commands().values():
+    for command in verbs_to_load(verb):
         command.add_arguments(commands.add_parser(command.name, help=command.help))
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(requested_verb(argv))
     args, rest = parser.parse_known_args(argv)
     configure_logging(args.log_level)  # torchrun's ranks inherit the level through the environment
     try:
@@ -226,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         built_in = {"list": cmd_list, "info": cmd_info, "export": cmd_export}
-        run = built_in[args.command] if args.command in built_in else domain_commands()[args.command].run
+        run = built_in[args.command] if args.command in built_in else command_named(args.command).run
         run(args)
     except (ValueError, OSError) as error:  # bad input, or a file the user named that cannot be used
         parser.exit(2, f"zoo: error: {error}\n")

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zoo.plugins import named_entry_points
+from zoo.plugins import entry_point_named, entry_point_names, named_entry_points
 
 ENTRY_POINT_GROUP = "memzoo.commands"
 
@@ -30,5 +30,15 @@ class Command:
 
 
 def commands() -> dict[str, Command]:
-    """Every installed domain verb by name."""
+    """Every installed domain verb by name (importing every domain's command line)."""
     return named_entry_points(ENTRY_POINT_GROUP)
+
+
+def command_names() -> list[str]:
+    """The installed domain verbs' names, importing none of them."""
+    return entry_point_names(ENTRY_POINT_GROUP)
+
+
+def command_named(name: str) -> Command | None:
+    """The domain verb `name`, importing its domain's command line alone; None when no domain has it."""
+    return entry_point_named(ENTRY_POINT_GROUP, name)

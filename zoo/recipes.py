@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zoo.plugins import named_entry_points
+from zoo.plugins import entry_point_named, entry_point_names, named_entry_points
 from zoo.recipe_options import closest_options, options
 
 ENTRY_POINT_GROUP = "memzoo.recipes"
@@ -38,11 +38,11 @@ def recipes() -> dict[str, Recipe]:
 
 
 def get_recipe(name: str) -> Recipe:
-    """The recipe `name`; ValueError listing the known ones otherwise."""
-    known = recipes()
-    if name not in known:
-        raise ValueError(f"unknown recipe {name!r}; available: {sorted(known)}")
-    return known[name]
+    """The recipe `name` (importing that recipe alone); ValueError listing the known ones otherwise."""
+    recipe = entry_point_named(ENTRY_POINT_GROUP, name)
+    if recipe is None:
+        raise ValueError(f"unknown recipe {name!r}; available: {entry_point_names(ENTRY_POINT_GROUP)}")
+    return recipe
 
 
 def recipe_producing(model_name: str) -> str | None:

@@ -32,6 +32,30 @@ def test_list_and_info_show_the_shipped_model(capsys):
     assert "zoo train gpt_shakespeare" in info.stdout and "perplexity" in info.stdout
 
 
+IMPORTED_DOMAINS = """
+import sys
+from zoo.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(sorted({name.split(".")[0] for name in sys.modules} & {"nlp", "vision", "asr", "protein", "recipes"}),
+      "recipes.fold_tiny" in sys.modules)
+"""
+"""Runs `zoo ARGS` in a fresh interpreter and prints the domain packages it imported."""
+
+
+@pytest.mark.parametrize(("args", "expected"), [(["fold", "--help"], "['protein'] False"),
+                                                (["--log-level", "info", "train", "fold_tiny", "--help"],
+                                                 "['protein', 'recipes'] True")])
+def test_a_verb_imports_only_the_domain_it_runs(args, expected):
+    """Each domain's command line and recipe loads on its own (about a second each): a verb
+    imports its own domain alone."""
+    done = subprocess.run([sys.executable, "-c", IMPORTED_DOMAINS, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == expected
+
+
 def test_generate_continues_the_prompt_reproducibly(capsys):
     first = zoo_cli("generate", "gpt-shakespeare-char", "ROMEO.", "--tokens", "60", "--seed", "3")
     second = zoo_in_process(capsys, "generate", "gpt-shakespeare-char", "ROMEO.", "--tokens", "60", "--seed", "3")
