@@ -42,7 +42,7 @@ def fold_case():
 
     chains = [chain for chain in load_chains("train") if len(chain.sequence) >= 48][:4]
     data = FoldingExamples(chains, CropConfig(crop_size=48, msa_rows=8, withhold_profile=0.0))
-    config = FoldConfig(evoformer=EvoformerConfig(blocks=4), max_recycles=0)
+    config = FoldConfig(evoformer=EvoformerConfig(blocks=2), max_recycles=0)
     return (lambda: FoldingModel(config)), data, collate_folding, 1
 
 
