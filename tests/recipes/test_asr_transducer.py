@@ -41,7 +41,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, cap
                "--corpus.test_sentences", "4", "--bucket_size", "4", "--train.max_steps", "3",
                "--train.global_batch_size", "2", "--train.eval_every", "3", "--train.eval_batches", "1",
                "--train.progress", "false", "--evaluation_utterances", "2", "--tokens", "bpe", "--bpe_vocab_size", "64",
-               "--lm_unit", "token", "--corpus.extra_accents", "en-us-nyc",
+               "--lm_unit", "token", "--corpus.extra_accents", "en-us-nyc", "--beam", "4",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_DATA": str(tmp_path / "data"),
@@ -52,7 +52,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, cap
     assert config["arch"] == "transducer" and config["config"]["encoder"]["layers"] == 2
     assert config["tokenizer"]["kind"] == "bpe" and config["config"]["vocab_size"] <= 64
     defaults = ASRTransducerConfig()
-    assert config["decoding"] == {"beam": defaults.beam, "lm_weight": defaults.lm_weight,
+    assert config["decoding"] == {"beam": 4, "lm_weight": defaults.lm_weight,
                                   "ilm_weight": defaults.ilm_weight, "lm_unit": "token",
                                   "lm_order": defaults.lm_order} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
     assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "test_accent": 4,
@@ -89,7 +89,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                "--bpe_vocab_size", "128", "--lm_unit", "token", "--corpus.train_sentences", "24",
                "--corpus.validation_sentences", "4", "--corpus.test_sentences", "2", "--corpus.domain_sentences", "3",
                "--bucket_size", "4", "--train.max_steps", "2", "--train.global_batch_size", "2", "--train.eval_every", "2",
-               "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2",
+               "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2", "--beam", "4",
                "--augment.speeds", "0.9,1.0,1.1", "--augment.noise", "0.5", "--augment.reverb", "0.3",
                "--lm_text", "training_text", "--lm_weights", "0.0,0.3",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
