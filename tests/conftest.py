@@ -8,9 +8,10 @@ between four ranks and slow their collectives several times over), and every oth
 second session beside it, on one thread: the ranks keep about 1.3 cores busy on average (one rank
 waits on the other, or on a planner's single trace), and the second session fills the rest.
 
-Tests marked `sequential` join the first session to even out the two (measured at 8fc0834: 925 s
-of ranks against 1134 s of the rest): single-process tests that spend most of their time in the
-one estimating process their memory-budget search starts."""
+Tests marked `sequential` join the first session to even out the two: single-process tests that
+spend most of their time in the one estimating process their memory-budget search starts (at
+a5a3fcd the ranks session took 592 s with GPT's quarter-of-the-peak case, 30 s, among them, and the
+rest 540 s: that case went back to the rest)."""
 
 import os
 from pathlib import Path
