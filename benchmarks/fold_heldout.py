@@ -120,9 +120,10 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, float], by_source: di
              f"{f' --limit {args.limit}' if args.limit else ''} --threads {args.threads}`.", "",
              "| | " + " | ".join(PREDICTORS) + " |", "|---" * (len(PREDICTORS) + 1) + "|",
              f"| mean lDDT-Cα / TM-score / GDT-TS | {means} |", "",
-             f"pLDDT against the true per-residue lDDT-Cα: Pearson r {totals['plddt_pearson']:.3f} over all residues "
-             f"(median per chain {totals['plddt_pearson_median_chain']:.3f}); against the structure module's backbone, "
-             f"which the pLDDT head learnt, {totals['plddt_pearson_module']:.3f}. TM-score against TM-align (tmtools): "
+             f"pLDDT (the realised fold's lDDT-Cα expected under the distogram, protein.confidence) against the true "
+             f"per-residue lDDT-Cα: Pearson r {totals['plddt_pearson']:.3f} over all residues (median per chain "
+             f"{totals['plddt_pearson_median_chain']:.3f}); the pLDDT head against the structure module's backbone, "
+             f"which it learnt, {totals['plddt_pearson_module']:.3f}. TM-score against TM-align (tmtools): "
              f"mean {statistics.fmean(r['model_tm'] for r in rows):.4f} vs "
              f"{statistics.fmean(r['tm_align'] for r in rows):.4f}. Folding a 256-residue sequence on "
              f"{args.threads} threads: {cost['seconds']:.1f} s, peak RSS {cost['peak_rss_mib']:.0f} MiB.", "",

@@ -4,9 +4,10 @@ Every chain is folded from its sequence alone (no profile: what `zoo fold SEQUEN
 scored on its Cα atoms present in the experimental structure with lDDT-Cα, TM-score and GDT-TS
 (`protein.metrics`): the fold realised from the distogram ("model"), the structure module's own
 backbone ("structure_module"), and the three trivial predictors of `protein.baselines`, whose
-geometry and propensities are measured on the model's training chains. The model's pLDDT is kept
-per residue with the true per-residue lDDT-Cα of both folds, so its agreement (Pearson's r) can be
-computed over all residues of all chains.
+geometry and propensities are measured on the model's training chains. Each fold's pLDDT is kept
+per residue with its true per-residue lDDT-Cα (the realised fold's from the distogram,
+`protein.confidence`; the structure module's from the pLDDT head), so their agreement (Pearson's r)
+can be computed over all residues of all chains.
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ class ChainEvaluation:
     model_ca: torch.Tensor
     """(L, 3) the model's Cα, Å."""
     plddt: torch.Tensor
-    """(N,) the model's pLDDT of the residues with a Cα in the structure, in [0, 1]."""
+    """(N,) the model's pLDDT of its fold at the residues with a Cα in the structure, in [0, 1]."""
     true_lddt: torch.Tensor
     """(N,) the per-residue lDDT-Cα of the model's fold at the same residues."""
+    module_plddt: torch.Tensor
+    """(N,) the pLDDT head's estimate for the structure module's own backbone, the fold it was trained on."""
     module_true_lddt: torch.Tensor
-    """(N,) the same of the structure module's own backbone, the fold the pLDDT head was trained on."""
+    """(N,) the per-residue lDDT-Cα of that backbone."""
 
 
 def baseline_predictors(training_chains: Iterable[ProteinChain]) -> dict[str, Predictor]:
@@ -78,7 +81,7 @@ def evaluate_chain(model: FoldingModel, name: str, sequence: str, ca: torch.Tens
     per_residue = {key: lddt(folds[key].float(), ca.float(), mask, per_residue=True)[mask].float()
                    for key in ("model", "structure_module")}
     return ChainEvaluation(name, len(sequence), scores, folds["model"], prediction.plddt[mask], per_residue["model"],
-                           per_residue["structure_module"])
+                           prediction.module_plddt[mask], per_residue["structure_module"])
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -91,14 +94,15 @@ def pearson(x: torch.Tensor, y: torch.Tensor) -> float:
 def summary(evaluations: list[ChainEvaluation]) -> dict[str, float]:
     """Means over chains of every predictor's metrics ("model_lddt", "ideal_helix_tm", ...), the
     pLDDT-vs-lDDT Pearson r over all residues pooled ("plddt_pearson") and its median per chain
-    ("plddt_pearson_median_chain"), the pooled r against the structure module's backbone
-    ("plddt_pearson_module"), and "chains"."""
+    ("plddt_pearson_median_chain"), the pooled r of the pLDDT head against the structure module's
+    backbone ("plddt_pearson_module"), and "chains"."""
     if not evaluations:
         raise ValueError("summary needs at least one evaluated chain")
     means = {f"{predictor}_{metric}": statistics.fmean(e.scores[predictor][metric] for e in evaluations)
              for predictor in evaluations[0].scores for metric in METRICS}
     pooled = pearson(torch.cat([e.plddt for e in evaluations]), torch.cat([e.true_lddt for e in evaluations]))
     per_chain = statistics.median(pearson(e.plddt, e.true_lddt) for e in evaluations)
-    module = pearson(torch.cat([e.plddt for e in evaluations]), torch.cat([e.module_true_lddt for e in evaluations]))
+    module = pearson(torch.cat([e.module_plddt for e in evaluations]),
+                     torch.cat([e.module_true_lddt for e in evaluations]))
     return means | {"plddt_pearson": pooled, "plddt_pearson_median_chain": per_chain, "plddt_pearson_module": module,
                     "chains": len(evaluations)}

@@ -5,8 +5,9 @@
     prediction.write("out.pdb")              or "out.cif"; pLDDT x 100 in the B-factor column
 
 The Cα trace is then realised from the model's distogram (`protein.realisation`): each residue's N,
-CA and C move with its Cα; `realisation=None` keeps the structure module's own backbone, which
-`Prediction.module_backbone` holds either way.
+CA and C move with its Cα, and the pLDDT is the realised trace's lDDT-Cα expected under the
+distogram (`protein.confidence`). `realisation=None` keeps the structure module's own backbone and
+the pLDDT head's estimate for it, which `Prediction.module_backbone` and `module_plddt` hold either way.
 
 A model without a chunk size or memory budget of its own folds under `INFERENCE_MEMORY_BUDGET`:
 short sequences run whole, and a long one is chunked so that no intermediate tensor outgrows the
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from protein.confidence import distogram_lddt
 from protein.features import msa_features
 from protein.model import FoldingModel
 from protein.pdb_io import write_structure
@@ -45,9 +47,12 @@ class Prediction:
     """(L, 3, 3) float32 Å: N, CA, C per residue (realised from the distogram unless folded with
     realisation=None)."""
     plddt: torch.Tensor
-    """(L,) predicted lDDT-Cα in [0, 1]: the pLDDT head's estimate for module_backbone."""
+    """(L,) float32 predicted lDDT-Cα of `backbone` in [0, 1]: realised, its lDDT expected under the
+    distogram (`protein.confidence`); with realisation=None, module_plddt."""
     module_backbone: torch.Tensor
     """(L, 3, 3) float32 Å: the structure module's own backbone."""
+    module_plddt: torch.Tensor
+    """(L,) float32 in [0, 1]: the pLDDT head's estimate of module_backbone's lDDT-Cα."""
     distances: torch.Tensor
     """(L, L) float32 Å: the distogram's expected distances (`protein.realisation.expected_distances`)."""
 
@@ -98,10 +103,13 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
                       msa_features=msa[None].to(device), msa_mask=msa_mask[None].to(device), recycles=recycles)
     finally:
         folding.config = config
-    module_backbone = out["backbone"][0].float().cpu()
-    distances = expected_distances(out["distogram_logits"][0]).cpu()
-    backbone = module_backbone
+    module_backbone, module_plddt = out["backbone"][0].float().cpu(), out["plddt"][0].float().cpu()
+    logits = out["distogram_logits"][0]
+    distances = expected_distances(logits).cpu()
+    backbone, plddt = module_backbone, module_plddt
     if realisation is not None:
         ca = module_backbone[:, 1]
-        backbone = module_backbone + (realise(ca, distances, realisation) - ca)[:, None]
-    return Prediction(sequence, backbone, out["plddt"][0].cpu(), module_backbone, distances)
+        realised = realise(ca, distances, realisation)
+        backbone = module_backbone + (realised - ca)[:, None]
+        plddt = distogram_lddt(logits, realised.to(logits.device)).cpu()
+    return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances)

@@ -180,8 +180,9 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
   a training chain removed), against three trivial predictors (protein.baselines). "model" is the
   fold `zoo fold` writes, its Cα trace realised from the distogram (protein.realisation);
   "structure_module" the structure module's own backbone.
-- pLDDT against the true per-residue lDDT-Cα of the realised fold, Pearson r over all residues (in
-  brackets: of the structure module's backbone, which the pLDDT head learnt): {confidence}.
+- pLDDT against the true per-residue lDDT-Cα, Pearson r over all residues: of the realised fold,
+  whose pLDDT is its lDDT expected under the distogram (protein.confidence); in brackets, the pLDDT
+  head's against the structure module's backbone, which it learnt: {confidence}.
 
 | split | predictor | lDDT-Cα | TM-score | GDT-TS |
 |---|---|---|---|---|

@@ -57,13 +57,14 @@ def test_chain_scores_and_summary(folding):
         module_ca = predicted.module_backbone[:, 1]
         assert evaluation.scores["structure_module"]["lddt"] == pytest.approx(lddt(module_ca, ca, mask).item())
         assert torch.allclose(evaluation.module_true_lddt, lddt(module_ca, ca, mask, per_residue=True)[mask].float())
+        assert torch.equal(evaluation.module_plddt, predicted.module_plddt[mask])
         evaluations.append(evaluation)
     totals = summary(evaluations)
     assert totals["chains"] == 3
     assert totals["ideal_helix_gdt_ts"] == pytest.approx(np.mean([e.scores["ideal_helix"]["gdt_ts"] for e in evaluations]))
     pooled = pearson(torch.cat([e.plddt for e in evaluations]), torch.cat([e.true_lddt for e in evaluations]))
     assert totals["plddt_pearson"] == pooled and -1.0 <= pooled <= 1.0
-    assert totals["plddt_pearson_module"] == pearson(torch.cat([e.plddt for e in evaluations]),
+    assert totals["plddt_pearson_module"] == pearson(torch.cat([e.module_plddt for e in evaluations]),
                                                      torch.cat([e.module_true_lddt for e in evaluations]))
     with pytest.raises(ValueError, match="at least one evaluated chain"):
         summary([])
