@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from helpers import torchrun
 from zoo.parity import relative_error
 
+WORKER_RUNS = [(2, "save", "{out}/reshard", "3"), (2, "load", "{out}/reshard", "1", "{out}/reshard-zero1.pt"),
+               (1, "load", "{out}/reshard", "0", "{out}/reshard-single.pt")]
+"""Saved at step 2 on 2 ranks at ZeRO-3, then loaded at ZeRO-1 on 2 ranks and in one process (conftest.py)."""
 
-@pytest.mark.timeout(600)
-def test_zero3_checkpoint_loads_at_zero1_and_on_one_rank(tmp_path):
-    torchrun(2, "save", str(tmp_path), "3")
-    torchrun(2, "load", str(tmp_path), "1", str(tmp_path / "zero1.pt"))
-    torchrun(1, "load", str(tmp_path), "0", str(tmp_path / "single.pt"))
-    saved = torch.load(tmp_path / "saved.pt")
+
+def test_zero3_checkpoint_loads_at_zero1_and_on_one_rank(worker_runs):
+    saved = torch.load(worker_runs / "reshard" / "saved.pt")
     assert saved["step"] == 2
-    for result in ("zero1.pt", "single.pt"):
-        loaded = torch.load(tmp_path / result)
+    for result in ("reshard-zero1.pt", "reshard-single.pt"):
+        loaded = torch.load(worker_runs / result)
         assert loaded["step"] == 2
         for name, value in saved["params"].items():
             assert torch.equal(loaded["params"][name], value), (result, name)

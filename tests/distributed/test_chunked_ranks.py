@@ -6,13 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import torchrun
 from zoo.parity import relative_error
 
+MODES = ("memory", "chunks", "zero3", "zero3-swap", "chunks-device", "zero3-device", "zero3-plan")
+WORKER_RUNS = [run for model in ("gpt", "conformer") for run in (
+    (1, "chunks", f"{{out}}/chunks-{model}-one.pt", f"{{out}}/chunks-{model}-one", model, "memory"),
+    (2, "chunks", f"{{out}}/chunks-{model}-two.pt", f"{{out}}/chunks-{model}-two", model, *MODES))] + [
+    (2, "chunks_checkpoint", "{out}/chunks-checkpoint", "{out}/chunks-checkpoint-runs.pt")]
+"""Each model in memory in one process, and in memory and every chunked mode on 2 ranks; the
+chunk checkpoints on 2 ranks (conftest.py)."""
 
-@pytest.mark.timeout(600)
+
 @pytest.mark.parametrize("model", ["gpt", "conformer"])
-def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, model):
+def test_two_ranks_with_chunked_states_match_one_process_in_memory(worker_runs, model):
     """GPT (1.6M parameters, 26 MB of states against 8 MiB of room; dropout, clipping, a tied
     vocabulary embedding) and the Conformer transducer with the sample-wise pruned loss (3.4 MiB of
     states, 4 MiB of room): 3 steps on 2 ranks chunked and ZeRO-3 over chunks (and with saved
@@ -20,10 +26,8 @@ def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, mod
     standing for the device, copying chunks up and down every step; and with every block swapping or
     recomputing its activations) match the same 2 ranks in memory to 1e-6, which match one process to 1e-5 (the batch's sum splits in another order); under ZeRO-3 each rank's
     files hold about half the states that every rank holds when not sharded."""
-    torchrun(1, "chunks", str(tmp_path / "one.pt"), str(tmp_path / "one"), model, "memory")
-    torchrun(2, "chunks", str(tmp_path / "two.pt"), str(tmp_path / "two"), model, "memory", "chunks", "zero3",
-             "zero3-swap", "chunks-device", "zero3-device", "zero3-plan")
-    single, two = torch.load(tmp_path / "one.pt")["memory"], torch.load(tmp_path / "two.pt")
+    single = torch.load(worker_runs / f"chunks-{model}-one.pt")["memory"]
+    two = torch.load(worker_runs / f"chunks-{model}-two.pt")
     runs = [("memory", single, 1e-5), ("chunks", two["memory"], 1e-6), ("zero3", two["memory"], 1e-6),
             ("zero3-swap", two["memory"], 1e-6), ("chunks-device", two["memory"], 1e-6),
             ("zero3-device", two["memory"], 1e-6), ("zero3-plan", two["memory"], 1e-6)]
@@ -44,17 +48,16 @@ def test_two_ranks_with_chunked_states_match_one_process_in_memory(tmp_path, mod
         assert any(two[mode]["device_updated_chunks"]), mode
     assert replicated[0] == replicated[1] > 0
     assert 0.4 < sharded[0] / replicated[0] < 0.6 and 0.4 < sharded[1] / replicated[0] < 0.6
-    assert sorted(path.name for path in (tmp_path / "two" / "zero3").iterdir()) == ["rank00000", "rank00001"]
+    assert sorted(path.name for path in (worker_runs / f"chunks-{model}-two" / "zero3").iterdir()) == ["rank00000",
+                                                                                                     "rank00001"]
 
 
-@pytest.mark.timeout(600)
-def test_zero3_chunk_checkpoints_and_fsdp_checkpoints_resume_each_other(tmp_path):
+def test_zero3_chunk_checkpoints_and_fsdp_checkpoints_resume_each_other(worker_runs):
     """Under ZeRO-3 over chunks each rank writes the tensors of the chunks it owns: the step-2
     checkpoint resumes under FSDP ZeRO-3 in memory and under chunks again, and FSDP's resumes under
     chunks, each continuing its saving run's steps 3-4 to 1e-6; evaluation (ranks gathering chunks
     for a forward one of them does not count) matches FSDP's."""
-    torchrun(2, "chunks_checkpoint", str(tmp_path), str(tmp_path / "runs.pt"))
-    runs = torch.load(tmp_path / "runs.pt")
+    runs = torch.load(worker_runs / "chunks-checkpoint-runs.pt")
     assert runs["chunks"]["losses"] == pytest.approx(runs["fsdp"]["losses"], rel=1e-6)
     assert runs["chunks"]["eval"] == pytest.approx(runs["fsdp"]["eval"], rel=1e-6)
     for saved in ("fsdp", "chunks"):

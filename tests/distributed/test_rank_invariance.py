@@ -3,19 +3,16 @@ dropout masks from a seed of its place in the global batch, not from the rank th
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from helpers import torchrun
 from zoo.parity import relative_error
 
+WORKER_RUNS = [(world, "dropout", f"{{out}}/dropout-{world}.pt") for world in (1, 2, 4)]
+"""The same dropout training on 1, 2 and 4 ranks (conftest.py)."""
 
-@pytest.mark.timeout(600)
-def test_dropout_training_is_the_same_on_1_2_and_4_ranks(tmp_path):
-    runs = {}
-    for world in (1, 2, 4):
-        torchrun(world, "dropout", str(tmp_path / f"{world}.pt"))
-        runs[world] = torch.load(tmp_path / f"{world}.pt")
+
+def test_dropout_training_is_the_same_on_1_2_and_4_ranks(worker_runs):
+    runs = {world: torch.load(worker_runs / f"dropout-{world}.pt") for world in (1, 2, 4)}
     single = runs[1]
     assert single["losses"][-1] < single["losses"][0]
     for world in (2, 4):

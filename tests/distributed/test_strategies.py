@@ -5,21 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import torchrun
 from zoo.parity import relative_error
 
 COMBOS = [f"{zero}:{offload}" for zero in (0, 1, 2, 3) for offload in ("none", "optimizer", "params")]
+WORKER_RUNS = [(1, "strategies", "{out}/strategies-single.pt", "0:none"), (2, "strategies", "{out}/strategies-two.pt", *COMBOS)]
+"""One process at ZeRO 0, and 2 ranks at every combination (conftest.py)."""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("strategies")
-    torchrun(1, "strategies", str(folder / "single.pt"), "0:none")
-    torchrun(2, "strategies", str(folder / "two.pt"), *COMBOS, timeout=600)
-    return torch.load(folder / "single.pt")["0:none"], torch.load(folder / "two.pt")
+def runs(worker_runs):
+    return torch.load(worker_runs / "strategies-single.pt")["0:none"], torch.load(worker_runs / "strategies-two.pt")
 
 
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("combo", COMBOS)
 def test_two_ranks_match_one_process(runs, combo):
     single, two = runs[0], runs[1][combo]

@@ -13,7 +13,6 @@ whose value is zero up to rounding).
 import pytest
 import torch
 
-from helpers import torchrun
 
 ONE = ("gpt/1/0/0", "mqa/1/0/0", "custom/1/0/0", "bert/1/0/0", "vit/1/0/0", "conformer/1/0/0", "whisper/1/0/0", "fold/1/0/0",
        "fold_dropout/1/0/0")
@@ -28,25 +27,20 @@ ZERO_GRADIENT = ("attn.k.bias", "row_attention.pair_norm.bias")
 AMPLIFIED = (*ZERO_GRADIENT, "backbone_update.bias")
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    """Every scenario of this module, one launch per world size (4 first: its checkpoint is
-    resumed on 2 ranks and in one process): the parity layouts; the dp=2 x tp=2 checkpoint and its
-    resumes; the saved activations of a block; the regions' draws and bad inputs on 2 ranks."""
-    folder = tmp_path_factory.mktemp("tp")
-    checkpoint = {4: ["+", "tp_save", str(folder)],
-                  2: ["+", "tp_resume", str(folder), "2", "0", str(folder / "resumed_tp2.pt")],
-                  1: ["+", "tp_resume", str(folder), "1", "0", str(folder / "resumed_one.pt")]}
-    for nproc, layouts in ((4, FOUR), (2, TWO), (1, ONE)):
-        checks = ["+", "tp_checks", str(folder / "checks.pt")] if nproc == 2 else []
-        torchrun(nproc, "tensor_parallel", str(folder / f"{nproc}.pt"), *layouts, *checkpoint[nproc], *checks,
-                 "+", "tp_activations", str(folder / f"activations{nproc}.pt"), timeout=300)
-    return folder
+WORKER_RUNS = [(4, "tensor_parallel", "{out}/tp-4.pt", *FOUR), (4, "tp_save", "{out}/tp"),
+               (4, "tp_activations", "{out}/tp-activations4.pt"),
+               (2, "tensor_parallel", "{out}/tp-2.pt", *TWO), (2, "tp_resume", "{out}/tp", "2", "0", "{out}/tp-resumed_tp2.pt"),
+               (2, "tp_checks", "{out}/tp-checks.pt"), (2, "tp_activations", "{out}/tp-activations2.pt"),
+               (1, "tensor_parallel", "{out}/tp-1.pt", *ONE), (1, "tp_resume", "{out}/tp", "1", "0", "{out}/tp-resumed_one.pt"),
+               (1, "tp_activations", "{out}/tp-activations1.pt")]
+"""Every scenario of this module (conftest.py runs 4 ranks first: their checkpoint is resumed on 2
+ranks and in one process): the parity layouts; the dp=2 x tp=2 checkpoint and its resumes; the
+saved activations of a block; the regions' draws and bad inputs on 2 ranks."""
 
 
 @pytest.fixture(scope="module")
-def runs(launched):
-    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(launched / f"{nproc}.pt").items()}
+def runs(worker_runs):
+    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(worker_runs / f"tp-{nproc}.pt").items()}
 
 
 def worst_parameter_error(params: dict, reference: dict) -> tuple[float, str]:
@@ -73,8 +67,8 @@ def test_tensor_parallel_matches_one_process(runs, layout):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(launched):
-    return tuple(torch.load(launched / name) for name in ("run.pt", "resumed_tp2.pt", "resumed_one.pt"))
+def checkpoint_runs(worker_runs):
+    return tuple(torch.load(worker_runs / name) for name in ("tp/run.pt", "tp-resumed_tp2.pt", "tp-resumed_one.pt"))
 
 
 def test_checkpoint_of_dp2_tp2_zero3_loads_in_one_process_exactly(checkpoint_runs):
@@ -97,8 +91,8 @@ def test_checkpoint_of_dp2_tp2_resumes_at_tp2_and_continues_the_loss_curve(check
     assert error < 1e-5, name
 
 
-def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_models_materialise(launched):
-    result = torch.load(launched / "checks.pt")
+def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_models_materialise(worker_runs):
+    result = torch.load(worker_runs / "tp-checks.pt")
     first, second = result["draws"]
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["inside"], second["inside"])
@@ -114,12 +108,12 @@ def test_regions_draw_from_each_ranks_stream_bad_lengths_are_refused_and_meta_mo
     assert max(result["vocab_parallel"].values()) < 1e-5, result["vocab_parallel"]
 
 
-def test_saved_activations_per_rank_follow_the_block_formula(launched):
+def test_saved_activations_per_rank_follow_the_block_formula(worker_runs):
     """GPT's pre-LN block keeps, per token in fp32: both norm outputs and their rstd (2W + 2), whole
     on every rank under tp alone; q, k, v, the attention output, its log-sum-exp and fc1's output
     (4W + F + a), split over tp; with sequence parallelism all of it split (the regions' gathered
     inputs are given back between forward and backward). Width 32, F = 128, 4 heads, 32 tokens."""
-    saved = {nproc: torch.load(launched / f"activations{nproc}.pt") for nproc in (1, 2, 4)}
+    saved = {nproc: torch.load(worker_runs / f"tp-activations{nproc}.pt") for nproc in (1, 2, 4)}
     tokens, whole, split = 32, 2 * 32 + 2, 4 * 32 + 128 + 4
     assert saved[1][False] == 4 * tokens * (whole + split)
     for tp in (2, 4):

@@ -7,24 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import torchrun
 from zoo.parity import relative_error
 
 ZEROS = ("0", "1", "2", "3")
 LOSSES = ("pruned", "samplewise_pruned")
+WORKER_RUNS = [(nproc, "transducer", f"{{out}}/transducer-{loss}{nproc}.pt", loss, *zeros)
+               for nproc, zeros in ((1, ("0",)), (2, ZEROS)) for loss in LOSSES]
+"""Per loss, one process at ZeRO 0 and 2 ranks at every stage (conftest.py)."""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """Per loss: the one-process run, and the 2-rank runs by ZeRO stage (one launch per world size)."""
-    folder = tmp_path_factory.mktemp("transducer")
-    for nproc, zeros in ((1, ("0",)), (2, ZEROS)):
-        commands = [part for loss in LOSSES for part in ("+", "transducer", str(folder / f"{loss}{nproc}.pt"), loss, *zeros)]
-        torchrun(nproc, *commands[1:], timeout=500)
-    return {loss: (torch.load(folder / f"{loss}1.pt")["0"], torch.load(folder / f"{loss}2.pt")) for loss in LOSSES}
+def runs(worker_runs) -> dict[str, tuple[dict, dict]]:
+    """Per loss: the one-process run, and the 2-rank runs by ZeRO stage."""
+    return {loss: (torch.load(worker_runs / f"transducer-{loss}1.pt")["0"], torch.load(worker_runs / f"transducer-{loss}2.pt"))
+            for loss in LOSSES}
 
 
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("loss", LOSSES)
 def test_two_ranks_at_every_stage_match_one_process(runs, loss):
     single, two = runs[loss]
