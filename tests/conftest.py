@@ -10,8 +10,8 @@ waits on the other, or on a planner's single trace), and the second session fill
 
 Tests marked `sequential` join the first session to even out the two: single-process tests that
 spend most of their time in the one estimating process their memory-budget search starts (at
-a5a3fcd the ranks session took 592 s with GPT's quarter-of-the-peak case, 30 s, among them, and the
-rest 540 s: that case went back to the rest)."""
+7c3a562, once tests/distributed shared its launches, the ranks session took 405 s and the rest
+478 s, GPT's quarter-of-the-peak case, 31 s, among them: that case joined the ranks)."""
 
 import os
 from pathlib import Path

@@ -57,7 +57,8 @@ def train(case, budget, tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [gpt_case, conformer_case, fold_case], ids=["gpt", "conformer", "fold"])
+@pytest.mark.parametrize("case", [pytest.param(gpt_case, marks=pytest.mark.sequential), conformer_case, fold_case],
+                         ids=["gpt", "conformer", "fold"])
 def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplog):
     built = case()
     free, free_history = train(built, None, tmp_path)
