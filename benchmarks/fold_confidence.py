@@ -9,7 +9,6 @@ over all residues pooled, and its median per chain.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -20,26 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from protein.confidence import TEMPERATURE, distogram_lddt  # noqa: E402
-from protein.data import load_chains  # noqa: E402
 from protein.evaluation import pearson  # noqa: E402
 from protein.folding import fold  # noqa: E402
 from protein.metrics import lddt  # noqa: E402
-from zoo.store import load  # noqa: E402
+from validation_folds import model_and_chains  # noqa: E402
 
 TEMPERATURES = (0.3, 0.5, TEMPERATURE, 1.0, 1.5, 2.0)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default="fold-tiny")
-    parser.add_argument("--chains", type=int, default=30, help="every other validation chain, up to this many")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model = load(args.model).eval()
+    model, chains, args = model_and_chains(__doc__, 30)
     logits: dict[str, torch.Tensor] = {}
     model.register_forward_hook(lambda _m, _i, out: logits.__setitem__("last", out["distogram_logits"][0]))
-    chains = load_chains("validation")[::2][: args.chains]
     started = time.perf_counter()
     folds = []
     for chain in chains:

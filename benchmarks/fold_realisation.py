@@ -10,7 +10,6 @@ settings (the defaults first).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -26,7 +25,7 @@ from protein.evaluation import baseline_predictors  # noqa: E402
 from protein.folding import fold  # noqa: E402
 from protein.metrics import lddt, tm_score  # noqa: E402
 from protein.realisation import RealisationConfig, realise  # noqa: E402
-from zoo.store import load  # noqa: E402
+from validation_folds import model_and_chains  # noqa: E402
 
 SEPARATIONS = (1, 2, 4, 8, 16)
 DEFAULT = RealisationConfig()
@@ -36,14 +35,7 @@ SETTINGS = [DEFAULT] + [dataclasses.replace(DEFAULT, steps=s) for s in (200, 800
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default="fold-tiny")
-    parser.add_argument("--chains", type=int, default=40, help="every other validation chain, up to this many")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model = load(args.model).eval()
-    chains = load_chains("validation")[::2][: args.chains]
+    model, chains, args = model_and_chains(__doc__, 40)
     helix = baseline_predictors(load_chains("train"))["ideal_helix"]
     started = time.perf_counter()
     folds = [(chain, fold(model, chain.sequence, realisation=None)) for chain in chains]
