@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from protein.losses import DISTOGRAM_FIRST_EDGE, DISTOGRAM_LAST_EDGE
+from protein.losses import distogram_bin_bounds
 
 LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 """Å: the distance errors lDDT tolerates (protein.metrics)."""
@@ -32,13 +32,6 @@ TEMPERATURE = 0.7
 """The distogram logits are divided by this (sharpened) before the expectation: pooled Pearson r with
 the realised folds' true per-residue lDDT-Cα, 30 validation chains of `fold-tiny`: 0.197 / 0.314 /
 0.396 / 0.381 / 0.332 / 0.301 at 0.3 / 0.5 / 0.7 / 1.0 / 1.5 / 2.0."""
-
-
-def bin_bounds(bins: int) -> torch.Tensor:
-    """(bins + 1,) float64 Å: the edges of the distogram's bins, the two open ones closed at the inner width."""
-    edges = torch.linspace(DISTOGRAM_FIRST_EDGE, DISTOGRAM_LAST_EDGE, bins - 1, dtype=torch.float64)
-    width = (DISTOGRAM_LAST_EDGE - DISTOGRAM_FIRST_EDGE) / (bins - 2)
-    return torch.cat([edges[:1] - width, edges, edges[-1:] + width])
 
 
 def cumulative(probabilities: torch.Tensor, bounds: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +56,7 @@ def distogram_lddt(logits: torch.Tensor, ca: torch.Tensor, temperature: float = 
                          f"{tuple(ca.shape)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
-    bounds = bin_bounds(logits.shape[-1]).to(logits.device)
+    bounds = distogram_bin_bounds(logits.shape[-1]).to(logits.device)
     thresholds = torch.tensor(LDDT_THRESHOLDS, dtype=torch.float64, device=logits.device)
     distances = torch.cdist(ca.double(), ca.double())
     confidence = []

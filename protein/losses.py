@@ -39,21 +39,28 @@ DISTOGRAM_FIRST_EDGE, DISTOGRAM_LAST_EDGE = 2.3125, 21.6875
 """Å: the first and last of the distogram head's bin edges (AlphaFold's)."""
 
 
+def distogram_bin_bounds(bins: int, first_edge: float = DISTOGRAM_FIRST_EDGE, last_edge: float = DISTOGRAM_LAST_EDGE
+                         ) -> torch.Tensor:
+    """(bins + 1,) float64 Å: the bounds of the distogram's bins, `bins - 1` edges evenly spaced from
+    first_edge to last_edge Å (AlphaFold's 64 bins), the two open end bins closed at the inner width."""
+    edges = torch.linspace(first_edge, last_edge, bins - 1, dtype=torch.float64)
+    width = (last_edge - first_edge) / (bins - 2)
+    return torch.cat([edges[:1] - width, edges, edges[-1:] + width])
+
+
 def distogram_targets(positions: torch.Tensor, bins: int, first_edge: float = DISTOGRAM_FIRST_EDGE,
                       last_edge: float = DISTOGRAM_LAST_EDGE) -> torch.Tensor:
-    """(B, L, 3) -> (B, L, L) long bin of each pairwise distance: `bins - 1` edges evenly spaced from
-    first_edge to last_edge Å (AlphaFold's 64 bins), the first bin below, the last above."""
-    edges = torch.linspace(first_edge, last_edge, bins - 1, device=positions.device)
+    """(B, L, 3) -> (B, L, L) long bin of each pairwise distance (`distogram_bin_bounds`): the first bin
+    below first_edge, the last above last_edge."""
+    edges = distogram_bin_bounds(bins, first_edge, last_edge)[1:-1].to(positions.device, torch.float32)
     return torch.bucketize(torch.cdist(positions.float(), positions.float()), edges)
 
 
 def distogram_bin_centres(bins: int, first_edge: float = DISTOGRAM_FIRST_EDGE, last_edge: float = DISTOGRAM_LAST_EDGE
                           ) -> torch.Tensor:
-    """(bins,) float32 Å: the middle of each bin of `distogram_targets`; the two open bins at the ends
-    are given the inner bins' width."""
-    edges = torch.linspace(first_edge, last_edge, bins - 1)
-    width = (last_edge - first_edge) / (bins - 2)
-    return torch.cat([edges[:1] - width / 2, (edges[1:] + edges[:-1]) / 2, edges[-1:] + width / 2])
+    """(bins,) float32 Å: the middle of each bin of `distogram_bin_bounds`."""
+    bounds = distogram_bin_bounds(bins, first_edge, last_edge)
+    return ((bounds[1:] + bounds[:-1]) / 2).float()
 
 
 def distogram_logits(head: nn.Linear, pair: torch.Tensor) -> torch.Tensor:

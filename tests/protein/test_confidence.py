@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, bin_bounds, distogram_lddt
+from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, distogram_lddt
 from protein.data import load_chains
 from protein.folding import fold
-from protein.losses import distogram_targets
+from protein.losses import distogram_bin_bounds, distogram_bin_centres, distogram_targets
 from protein.metrics import lddt
 from protein.model import FoldingModel
 from tests.protein.test_fold_evaluation import TINY
@@ -22,7 +22,7 @@ BINS = 64
 def reference_lddt(logits: torch.Tensor, ca: torch.Tensor, temperature: float) -> torch.Tensor:
     """The module docstring's sum, pair by pair and bin by bin in float64."""
     probabilities = (logits.double() / temperature).softmax(-1)
-    bounds = bin_bounds(BINS).tolist()
+    bounds = distogram_bin_bounds(BINS).tolist()
     distances = torch.cdist(ca.double(), ca.double())
 
     def mass(i: int, j: int, low: float, high: float) -> float:
@@ -81,3 +81,22 @@ def test_fold_reports_the_realised_traces_confidence_and_keeps_the_heads():
     module = fold(model, sequence, realisation=None)
     assert torch.equal(module.plddt, module.module_plddt) and torch.equal(realised.module_plddt, module.module_plddt)
     assert not torch.equal(realised.plddt, realised.module_plddt)
+
+
+def test_the_bins_bounds_hold_their_targets_and_centres() -> None:
+    """Every distance falls between the bounds of the bin `distogram_targets` gives it (the end bins'
+    closed at the inner width, 0.3125 Å for AlphaFold's 64 bins), and each centre is its bin's middle."""
+    bounds = distogram_bin_bounds(BINS)
+    assert bounds.shape == (BINS + 1,) and bounds.dtype == torch.float64
+    assert torch.allclose(bounds[1:] - bounds[:-1], torch.full((BINS,), 0.3125, dtype=torch.float64))
+    positions = torch.rand(1, 200, 3, generator=torch.Generator().manual_seed(5)) * 14.0
+    targets = distogram_targets(positions, BINS)[0]
+    distances = torch.cdist(positions[0].double(), positions[0].double())
+    inner = (distances >= bounds[0]) & (distances < bounds[-1])
+    assert inner.sum() > 10_000 and targets.unique().numel() > BINS - 4
+    assert torch.all(distances[inner] >= bounds[targets[inner]] - 1e-6)
+    assert torch.all(distances[inner] < bounds[targets[inner] + 1] + 1e-6)
+    centres = distogram_bin_centres(BINS).double()
+    assert relative_error(centres, (bounds[1:] + bounds[:-1]) / 2) < 1e-7
+    on_a_line = torch.cat([torch.zeros(1), centres.float()])[None, :, None] * torch.tensor([1.0, 0.0, 0.0])
+    assert distogram_targets(on_a_line, BINS)[0, 0, 1:].tolist() == list(range(BINS))
