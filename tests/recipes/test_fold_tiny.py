@@ -4,6 +4,7 @@ input with the shipped `fold-tiny`, and that model on test chains it never saw."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import protein
 from helpers import zoo_in_process
@@ -20,6 +22,7 @@ from protein.data import load_chains
 from protein.metrics import lddt
 from protein.model import FoldingModel
 from protein.pdb_io import read_chain
+from recipes.fold_tiny import FoldTinyConfig, start_from
 from zoo.store import read_config
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -31,12 +34,16 @@ as a multiple of the extended chain's (measured 1.70)."""
 @pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path, capsys):
+    start = FoldingModel(dataclasses.replace(FoldTinyConfig().model, evoformer=dataclasses.replace(
+        FoldTinyConfig().model.evoformer, blocks=2), structure=dataclasses.replace(FoldTinyConfig().model.structure, layers=2)))
+    zoo.save(start, tmp_path / "start", card="# start\n", extra={"metrics": {"steps": 7, "train_seconds": 1.5}})
     command = [ZOO, "train", "fold_tiny", "--nproc", "2", "--strategy.zero", "2", "--strategy.recompute", "blocks",
                "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
                "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
                "--train.micro_batch_size", "1", "--train.eval_every", "2", "--train.eval_batches", "1",
                "--train.progress", "false", "--evaluation_chains", "1", "--heldout_chains", "1",
-               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
+               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model"),
+               "--init_from", str(tmp_path / "start")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -52,12 +59,27 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
+    assert f"Started from the weights of `{tmp_path / 'start'}` (7 steps, 1.5 s of training)" in card
 
     done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{tmp_path / 'out.pdb'}: 22 residues")
     chain = read_chain(tmp_path / "out.pdb")
     assert chain.sequence == "MKTAYIAKQRQISFVKSHFSRQ" and chain.atom_mask[:, :3].all() and not chain.atom_mask[:, 3:].any()
+
+
+def test_start_from_copies_a_saved_models_weights_and_refuses_another_shape(tmp_path):
+    config = FoldTinyConfig().model
+    saved = FoldingModel(config)
+    zoo.save(saved, tmp_path / "saved", card="# saved\n")
+    model = FoldingModel(config)
+    start_from(model, str(tmp_path / "saved"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.state_dict().items())
+    wider = FoldingModel(dataclasses.replace(config, evoformer=dataclasses.replace(config.evoformer, pair_dim=16)))
+    with pytest.raises(ValueError, match=r"init_from .* is not the shape --model gives: \d+ tensors differ"):
+        start_from(wider, str(tmp_path / "saved"))
+    with pytest.raises(ValueError, match="init_from must be a folding model"):
+        start_from(model, "gpt-shakespeare-char")
 
 
 def test_zoo_fold_reads_fasta_writes_mmcif_and_refuses_bad_input(tmp_path, capsys):
