@@ -31,11 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, TEMPERATURE, cumulative  # noqa: E402
+from protein.confidence import INCLUSION_RADIUS, TEMPERATURE, pair_terms  # noqa: E402
 from protein.evaluation import pearson  # noqa: E402
 from protein.evoformer import EvoformerBlock  # noqa: E402
 from protein.folding import fold  # noqa: E402
-from protein.losses import distogram_bin_bounds  # noqa: E402
 from protein.metrics import lddt  # noqa: E402
 from validation_folds import model_and_chains  # noqa: E402
 
@@ -60,20 +59,15 @@ class Chain:
 
     def _sums(self, logits: torch.Tensor) -> tuple[dict, dict]:
         length = len(self.sequence)
-        distances = torch.cdist(self.ca.double(), self.ca.double())[..., None]
-        thresholds = torch.tensor(LDDT_THRESHOLDS, dtype=torch.float64)
-        points = torch.cat([torch.full_like(distances, INCLUSION_RADIUS),
-                            (distances + thresholds).clamp(max=INCLUSION_RADIUS), distances - thresholds], -1)
+        distances = torch.cdist(self.ca.double(), self.ca.double())
         separation = (torch.arange(length)[:, None] - torch.arange(length)[None]).abs()
         classes = [(separation >= low) & (separation <= (high or length)) for low, high in SEPARATIONS]
-        bounds, count = distogram_bin_bounds(logits.shape[-1]), len(LDDT_THRESHOLDS)
         preserved, near = {}, {}
         for temperature in TEMPERATURES:
-            below = cumulative((logits.double() / temperature).softmax(-1), bounds, points)
-            kept = (below[..., 1 : 1 + count] - below[..., 1 + count :]).clamp_min(0).mean(-1)
+            kept, close = pair_terms((logits.double() / temperature).softmax(-1), distances)
             for c, members in enumerate(classes):
                 preserved[temperature, c] = (kept * members).sum(-1)
-                near[temperature, c] = (below[..., 0] * members).sum(-1)
+                near[temperature, c] = (close * members).sum(-1)
         return preserved, near
 
     def confidence(self, temperatures: tuple[float, ...], near_temperature: float | None = None) -> torch.Tensor:

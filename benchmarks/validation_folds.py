@@ -1,5 +1,5 @@
 """The command line shared by the benchmarks that fold the shipped ProMod3 set's validation chains
-(fold_realisation.py, fold_confidence.py): MODEL [--chains N] [--threads T]."""
+(fold_realisation.py, fold_confidence.py, fold_confidence_readings.py): MODEL [--chains N] [--threads T]."""
 
 from __future__ import annotations
 

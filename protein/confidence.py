@@ -45,6 +45,22 @@ def cumulative(probabilities: torch.Tensor, bounds: torch.Tensor, x: torch.Tenso
     return below + fraction * (above - below)
 
 
+def pair_terms(probabilities: torch.Tensor, distances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """probabilities (..., bins) of the distogram's bins, distances (...) Å the fold's -> the pairs'
+    (preserved, near) (...) float64: P(D < 15 and |D - d| < t) averaged over lDDT's thresholds t, and
+    P(D < 15), the two terms distogram_lddt sums over j."""
+    bounds = distogram_bin_bounds(probabilities.shape[-1]).to(probabilities.device)
+    thresholds = torch.tensor(LDDT_THRESHOLDS, dtype=torch.float64, device=probabilities.device)
+    d = distances.double()[..., None]
+    # P(D < 15), then P(D < min(d + t, 15)) and P(D < d - t) for every threshold t.
+    points = torch.cat([torch.full_like(d, INCLUSION_RADIUS), (d + thresholds).clamp(max=INCLUSION_RADIUS),
+                        d - thresholds], -1)
+    below = cumulative(probabilities.double(), bounds, points)
+    count = len(LDDT_THRESHOLDS)
+    preserved = (below[..., 1 : 1 + count] - below[..., 1 + count :]).clamp_min(0).mean(-1)
+    return preserved, below[..., 0]
+
+
 def distogram_lddt(logits: torch.Tensor, ca: torch.Tensor, temperature: float = TEMPERATURE, rows: int = 64
                    ) -> torch.Tensor:
     """logits (L, L, bins) of the distogram head, ca (L, 3) Å the fold's Cα -> (L,) float32 expected
@@ -56,20 +72,12 @@ def distogram_lddt(logits: torch.Tensor, ca: torch.Tensor, temperature: float = 
                          f"{tuple(ca.shape)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0; got {temperature}")
-    bounds = distogram_bin_bounds(logits.shape[-1]).to(logits.device)
-    thresholds = torch.tensor(LDDT_THRESHOLDS, dtype=torch.float64, device=logits.device)
     distances = torch.cdist(ca.double(), ca.double())
     confidence = []
     for start in range(0, length, rows):
-        block = (logits[start : start + rows].double() / temperature).softmax(-1)
-        d = distances[start : start + rows, :, None]
-        # P(D < 15), then P(D < min(d + t, 15)) and P(D < d - t) for every threshold t.
-        points = torch.cat([torch.full_like(d, INCLUSION_RADIUS), (d + thresholds).clamp(max=INCLUSION_RADIUS),
-                            d - thresholds], -1)
-        below = cumulative(block, bounds, points)
-        near, upper, lower = below[..., 0], below[..., 1 : 1 + len(LDDT_THRESHOLDS)], below[..., 1 + len(LDDT_THRESHOLDS):]
-        preserved = (upper - lower).clamp_min(0).mean(-1)
+        preserved, near = pair_terms((logits[start : start + rows].double() / temperature).softmax(-1),
+                                     distances[start : start + rows])
         others = torch.ones_like(near)
-        others[torch.arange(len(block)), torch.arange(start, start + len(block))] = 0.0  # j ≠ i
+        others[torch.arange(len(near)), torch.arange(start, start + len(near))] = 0.0  # j ≠ i
         confidence.append((preserved * others).sum(-1) / (near * others).sum(-1).clamp_min(1e-12))
     return torch.cat(confidence).clamp(0, 1).float()

@@ -34,8 +34,9 @@ as a multiple of the extended chain's (measured 1.70)."""
 @pytest.mark.ranks
 @pytest.mark.timeout(600)
 def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_path, capsys):
-    start = FoldingModel(dataclasses.replace(FoldTinyConfig().model, evoformer=dataclasses.replace(
-        FoldTinyConfig().model.evoformer, blocks=2), structure=dataclasses.replace(FoldTinyConfig().model.structure, layers=2)))
+    shape = FoldTinyConfig().model  # the recipe's, with the 2 blocks and 2 layers the command below asks for
+    start = FoldingModel(dataclasses.replace(shape, evoformer=dataclasses.replace(shape.evoformer, blocks=2),
+                                             structure=dataclasses.replace(shape.structure, layers=2)))
     zoo.save(start, tmp_path / "start", card="# start\n", extra={"metrics": {"steps": 7, "train_seconds": 1.5}})
     command = [ZOO, "train", "fold_tiny", "--nproc", "2", "--strategy.zero", "2", "--strategy.recompute", "blocks",
                "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
