@@ -1,8 +1,9 @@
 """How well each confidence tracks the true per-residue lDDT-Cα of the fold `protein.fold` writes (the
 Cα trace realised from the distogram), on chains of the shipped ProMod3 set's validation split (never
-trained on), folded from the sequence alone: the pLDDT head (trained on the structure module's
-backbone) and the distogram's expected lDDT (protein.confidence) at several temperatures. Pearson r
-over all residues pooled, and its median per chain.
+trained on), folded from the sequence alone: the pLDDT `fold` writes (the model's confidence readout,
+protein.confidence_readout), the pLDDT head (trained on the structure module's backbone) and the
+distogram's expected lDDT (protein.confidence) at several temperatures. Pearson r over all residues
+pooled, and its median per chain.
 
     python benchmarks/fold_confidence.py [MODEL] [--chains 30] [--threads 2]
 """
@@ -41,6 +42,7 @@ def main() -> None:
           f"residues on average) folded from the sequence alone and realised in {time.perf_counter() - started:.0f} s; "
           f"mean lDDT-Cα of the realised folds {statistics.fmean(t.mean().item() for _, _, t in folds):.3f}\n")
     print("| confidence | Pearson r, all residues | median r per chain | mean confidence |\n|---|---|---|---|")
+    _row("the model's confidence readout (fold's pLDDT)", [(p.plddt, t) for p, _, t in folds])
     _row("pLDDT head (learnt on the structure module's backbone)", [(p.module_plddt, t) for p, _, t in folds])
     for temperature in TEMPERATURES:
         default = " (default)" if temperature == TEMPERATURE else ""

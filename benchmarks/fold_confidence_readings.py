@@ -36,6 +36,7 @@ from protein.evaluation import pearson  # noqa: E402
 from protein.evoformer import EvoformerBlock  # noqa: E402
 from protein.folding import fold  # noqa: E402
 from protein.metrics import lddt  # noqa: E402
+from protein.residues import KYTE_DOOLITTLE  # noqa: E402
 from validation_folds import model_and_chains  # noqa: E402
 
 SEPARATIONS = ((1, 2), (3, 5), (6, 11), (12, 23), (24, None))
@@ -43,8 +44,6 @@ SEPARATIONS = ((1, 2), (3, 5), (6, 11), (12, 23), (24, None))
 DROPOUT_PASSES = 4
 """Forward passes averaged by the Monte Carlo dropout reading."""
 TEMPERATURES = (0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.3)
-KYTE_DOOLITTLE = dict(A=1.8, R=-4.5, N=-3.5, D=-3.5, C=2.5, Q=-3.5, E=-3.5, G=-0.4, H=-3.2, I=4.5, L=3.8, K=-3.9,
-                      M=1.9, F=2.8, P=-1.6, S=-0.8, T=-0.7, W=-0.9, Y=-1.3, V=4.2)
 
 
 class Chain:

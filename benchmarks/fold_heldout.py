@@ -120,7 +120,7 @@ def markdown(rows: list[dict[str, Any]], totals: dict[str, float], by_source: di
              f"{f' --limit {args.limit}' if args.limit else ''} --threads {args.threads}`.", "",
              "| | " + " | ".join(PREDICTORS) + " |", "|---" * (len(PREDICTORS) + 1) + "|",
              f"| mean lDDT-Cα / TM-score / GDT-TS | {means} |", "",
-             f"pLDDT (the realised fold's lDDT-Cα expected under the distogram, protein.confidence) against the true "
+             f"pLDDT (the model's confidence readout of the realised fold, protein.confidence_readout) against the true "
              f"per-residue lDDT-Cα: Pearson r {totals['plddt_pearson']:.3f} over all residues (median per chain "
              f"{totals['plddt_pearson_median_chain']:.3f}); the pLDDT head against the structure module's backbone, "
              f"which it learnt, {totals['plddt_pearson_module']:.3f}. TM-score against TM-align (tmtools): "

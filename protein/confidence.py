@@ -12,6 +12,9 @@ score is approximated by the ratio of expectations
 with each bin's probability spread evenly over it (the two open end bins given the inner bins'
 width) and the logits divided by TEMPERATURE first.
 
+It is the first feature of the model's confidence readout (`protein.confidence_readout`), and the
+pLDDT `protein.fold` writes where that readout is unfitted.
+
 Why: the pLDDT head learnt the structure module's backbone, and the fold `protein.fold` writes is
 the Cα trace realised from the distogram; against it the head's Pearson r with the true
 per-residue lDDT is 0.19 (30 validation chains of the shipped `fold-tiny`), this confidence's 0.40;

@@ -5,9 +5,9 @@ scored on its Cα atoms present in the experimental structure with lDDT-Cα, TM-
 (`protein.metrics`): the fold realised from the distogram ("model"), the structure module's own
 backbone ("structure_module"), and the three trivial predictors of `protein.baselines`, whose
 geometry and propensities are measured on the model's training chains. Each fold's pLDDT is kept
-per residue with its true per-residue lDDT-Cα (the realised fold's from the distogram,
-`protein.confidence`; the structure module's from the pLDDT head), so their agreement (Pearson's r)
-can be computed over all residues of all chains.
+per residue with its true per-residue lDDT-Cα (the realised fold's from the model's confidence
+readout, `protein.confidence_readout`; the structure module's from the pLDDT head), so their
+agreement (Pearson's r) can be computed over all residues of all chains.
 """
 
 from __future__ import annotations

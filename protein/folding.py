@@ -5,9 +5,11 @@
     prediction.write("out.pdb")              or "out.cif"; pLDDT x 100 in the B-factor column
 
 The Cα trace is then realised from the model's distogram (`protein.realisation`): each residue's N,
-CA and C move with its Cα, and the pLDDT is the realised trace's lDDT-Cα expected under the
-distogram (`protein.confidence`). `realisation=None` keeps the structure module's own backbone and
-the pLDDT head's estimate for it, which `Prediction.module_backbone` and `module_plddt` hold either way.
+CA and C move with its Cα, and the pLDDT is the model's confidence readout of that trace
+(`protein.confidence_readout`: fitted on chains never trained on, or else the trace's lDDT-Cα
+expected under the distogram, `protein.confidence`). `realisation=None` keeps the structure
+module's own backbone and the pLDDT head's estimate for it, which `Prediction.module_backbone` and
+`module_plddt` hold either way.
 
 A model without a chunk size or memory budget of its own folds under `INFERENCE_MEMORY_BUDGET`:
 short sequences run whole, and a long one is chunked so that no intermediate tensor outgrows the
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from protein.confidence import distogram_lddt
+from protein.confidence_readout import readout_features
 from protein.features import msa_features
 from protein.model import FoldingModel
 from protein.pdb_io import write_structure
@@ -47,14 +49,17 @@ class Prediction:
     """(L, 3, 3) float32 Å: N, CA, C per residue (realised from the distogram unless folded with
     realisation=None)."""
     plddt: torch.Tensor
-    """(L,) float32 predicted lDDT-Cα of `backbone` in [0, 1]: realised, its lDDT expected under the
-    distogram (`protein.confidence`); with realisation=None, module_plddt."""
+    """(L,) float32 predicted lDDT-Cα of `backbone` in [0, 1]: realised, the model's confidence readout
+    (`protein.confidence_readout`); with realisation=None, module_plddt."""
     module_backbone: torch.Tensor
     """(L, 3, 3) float32 Å: the structure module's own backbone."""
     module_plddt: torch.Tensor
     """(L,) float32 in [0, 1]: the pLDDT head's estimate of module_backbone's lDDT-Cα."""
     distances: torch.Tensor
     """(L, L) float32 Å: the distogram's expected distances (`protein.realisation.expected_distances`)."""
+    confidence_features: torch.Tensor | None = None
+    """(L, F) float32: what the confidence readout read (`protein.confidence_readout.FEATURES`); None
+    with realisation=None."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the backbone as PDB (.pdb) or mmCIF (.cif), pLDDT x 100 as B-factors."""
@@ -106,10 +111,12 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
     module_backbone, module_plddt = out["backbone"][0].float().cpu(), out["plddt"][0].float().cpu()
     logits = out["distogram_logits"][0]
     distances = expected_distances(logits).cpu()
-    backbone, plddt = module_backbone, module_plddt
+    backbone, plddt, features = module_backbone, module_plddt, None
     if realisation is not None:
         ca = module_backbone[:, 1]
         realised = realise(ca, distances, realisation)
         backbone = module_backbone + (realised - ca)[:, None]
-        plddt = distogram_lddt(logits, realised.to(logits.device)).cpu()
-    return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances)
+        features = readout_features(logits, realised.to(logits.device), sequence, module_plddt.to(logits.device))
+        plddt = folding.confidence_readout(features).cpu()
+        features = features.cpu()
+    return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances, features)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protein.chunking import chunk_size_for
+from protein.confidence_readout import ConfidenceReadout
 from protein.evoformer import Evoformer, EvoformerConfig
 from protein.features import MSA_FEATURES, msa_features, relative_positions, target_features
 from protein.frames import Frames
@@ -120,6 +121,7 @@ class FoldingModel(nn.Module):
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
         self.secondary_structure_head = nn.Sequential(LayerNorm(width), nn.Linear(width, SECONDARY_STRUCTURE_STATES))
         self.profile_head = nn.Sequential(LayerNorm(e.msa_dim), nn.Linear(e.msa_dim, len(AMINO_ACIDS)))
+        self.confidence_readout = ConfidenceReadout()  # read by protein.fold on the realised fold, not by forward
 
     PLAN_CROP = 256
     """Residues per crop in `example_batch` (AlphaFold's initial-training crop)."""

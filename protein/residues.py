@@ -18,6 +18,9 @@ ALPHABET_SIZE = UNKNOWN_ID + 1
 """Residue ids 0..20."""
 READ_AS_UNKNOWN = frozenset("BZJUOX")
 """Letters accepted in a sequence and read as X."""
+KYTE_DOOLITTLE = dict(A=1.8, R=-4.5, N=-3.5, D=-3.5, C=2.5, Q=-3.5, E=-3.5, G=-0.4, H=-3.2, I=4.5, L=3.8, K=-3.9,
+                      M=1.9, F=2.8, P=-1.6, S=-0.8, T=-0.7, W=-0.9, Y=-1.3, V=4.2)
+"""Hydropathy of each standard amino acid (Kyte & Doolittle, 1982); X has none (read as 0)."""
 
 _IDS = {letter: i for i, letter in enumerate(AMINO_ACIDS)}
 

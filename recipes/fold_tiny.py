@@ -7,9 +7,10 @@
 
 Trains on random crops of the training chains (MSA rows sampled from each chain's HHblits profile,
 the profile withheld from half of the crops, where the profile head learns to predict it; DSSP
-states as an auxiliary target), then folds whole chains from the sequence alone: the first 24 of
-the validation and test splits and 24 held-out real chains (protein.heldout) by default, and
-reports lDDT-Cα, TM-score, GDT-TS and pLDDT's agreement with the true lDDT against the three
+states as an auxiliary target), fits the confidence readout on realised folds of validation chains
+that are not scored (protein.fit_confidence), then folds whole chains from the sequence alone: the
+first 24 of the validation and test splits and 24 held-out real chains (protein.heldout) by
+default, and reports lDDT-Cα, TM-score, GDT-TS and pLDDT's agreement with the true lDDT against the three
 trivial baselines (protein.evaluation). Writes the model into the user's zoo as `fold-tiny`.
 """
 
@@ -30,6 +31,7 @@ from protein.heldout import heldout_chains
 from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
+from protein.fit_confidence import fit_readout, fitting_chains, readout_example
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
@@ -71,6 +73,10 @@ class FoldTinyConfig:
     heldout_chains: int = 24
     """Fold this many of the held-out real chains (protein.heldout), evenly spaced in name order
     (0: all of them, -1: none)."""
+    confidence_chains: int = 64
+    """Fit the confidence readout (protein.confidence_readout) on realised folds of this many
+    validation chains past the scored ones (protein.fit_confidence.fitting_chains) before scoring;
+    0: keep the unfitted readout, the distogram's expected lDDT."""
     init_from: str = ""
     """A folding model (zoo name or folder) whose weights training starts from, to fine-tune or train
     on with a fresh schedule; it must have the shape `model` gives. Empty: random weights."""
@@ -78,6 +84,10 @@ class FoldTinyConfig:
     def __post_init__(self) -> None:
         if self.evaluation_chains < 0:
             raise ValueError(f"evaluation_chains must be >= 0; got {self.evaluation_chains}")
+        if self.confidence_chains < 0 or self.confidence_chains and not self.evaluation_chains:
+            raise ValueError(f"confidence_chains must be >= 0, and 0 when evaluation_chains is 0 (every validation "
+                             f"chain scored, none left to fit on); got {self.confidence_chains} with evaluation_chains "
+                             f"{self.evaluation_chains}")
         if self.heldout_chains < -1:
             raise ValueError(f"heldout_chains must be >= -1 (-1: none, 0: all); got {self.heldout_chains}")
 
@@ -151,13 +161,19 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     model = FoldingModel(model.config)
     model.load_state_dict(from_main_rank(trainer.full_state_dict()))
     model.eval()
+    confidence = {}
+    if config.confidence_chains:  # every rank folds a share of the chains; every rank fits on all
+        examples = map_over_ranks(lambda chain: readout_example(model, chain),
+                                  fitting_chains(path, config.confidence_chains, config.evaluation_chains))
+        confidence = fit_readout(model, examples)
     metrics = scored_splits(model, train_chains, path, config)  # every rank folds a share of the chains
     if not trainer.env.is_main:
         return {}
 
     memory = trainer_memory_report(trainer)
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
-                    "train_seconds": round(train_seconds, 1), "train_chains": len(train_chains)})
+                    "train_seconds": round(train_seconds, 1), "train_chains": len(train_chains),
+                    "confidence_readout": confidence})
     output = Path(config.output) if config.output else user_zoo_dir() / "fold-tiny"
     command = command_line(RECIPE, config, trainer.env.world_size)
     zoo.save(model, output, card=_card(output.name, model, config, metrics, memory, trainer.env.world_size, command),
@@ -184,6 +200,10 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
                            for split in EVALUATED if split in metrics)
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     e, s = model.config.evoformer, model.config.structure
+    readout = metrics["confidence_readout"]
+    fitted = (f", fitted on {readout['chains']} validation chains that are not scored: r {readout['pearson_before']:.3f} "
+              f"unfitted, {readout['pearson_fitted']:.3f} fitted there" if readout else ", unfitted: the distogram's "
+              f"expected lDDT")
     return f"""# {name}
 
 An AlphaFold-style folding model: {e.blocks} Evoformer blocks (MSA width {e.msa_dim}, pair width {e.pair_dim}),
@@ -202,7 +222,7 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
   fold `zoo fold` writes, its Cα trace realised from the distogram (protein.realisation);
   "structure_module" the structure module's own backbone.
 - pLDDT against the true per-residue lDDT-Cα, Pearson r over all residues: of the realised fold,
-  whose pLDDT is its lDDT expected under the distogram (protein.confidence); in brackets, the pLDDT
+  whose pLDDT is the confidence readout (protein.confidence_readout{fitted}); in brackets, the pLDDT
   head's against the structure module's backbone, which it learnt: {confidence}.
 
 | split | predictor | lDDT-Cα | TM-score | GDT-TS |

@@ -18,7 +18,8 @@ import protein
 from helpers import zoo_in_process
 import zoo
 from protein.baselines import extended_chain
-from protein.data import load_chains
+from protein.data import CHAINS_FILE, load_chains
+from protein.fit_confidence import fitting_chains
 from protein.metrics import lddt
 from protein.model import FoldingModel
 from protein.pdb_io import read_chain
@@ -42,7 +43,7 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
                "--model.evoformer.blocks", "2", "--model.structure.layers", "2", "--model.max_recycles", "1",
                "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
                "--train.micro_batch_size", "1", "--train.eval_every", "2", "--train.eval_batches", "1",
-               "--train.progress", "false", "--evaluation_chains", "1", "--heldout_chains", "1",
+               "--train.progress", "false", "--evaluation_chains", "1", "--heldout_chains", "1", "--confidence_chains", "3",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model"),
                "--init_from", str(tmp_path / "start")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
@@ -57,10 +58,14 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
         assert all(0.0 <= scores[k] <= 1.0 for k in scores if k.endswith(("lddt", "tm", "gdt_ts")))
         assert -1.0 <= scores["plddt_pearson"] <= 1.0
     assert config["metrics"]["heldout"]["removed_as_similar"] >= 1  # the shipped chains keep some held-out families
+    readout = config["metrics"]["confidence_readout"]
+    assert readout["chains"] == 3 and readout["residues"] == sum(len(c.sequence) for c in fitting_chains(CHAINS_FILE, 3, 1))
+    assert -1.0 <= readout["pearson_before"] < readout["pearson_fitted"] <= 1.0  # 32 features fitted to ~300 residues
     assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
     assert f"Started from the weights of `{tmp_path / 'start'}` (7 steps, 1.5 s of training)" in card
+    assert "(protein.confidence_readout, fitted on 3 validation chains that are not scored: r " in card
 
     done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr

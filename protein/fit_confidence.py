@@ -1,0 +1,123 @@
+"""Fitting a folding model's confidence readout (`protein.confidence_readout`) on realised folds of
+validation chains that nothing else reads.
+
+    python -m protein.fit_confidence MODEL [--chains-file FILE] [--chains 200] [--output DIR] [--threads 2]
+
+folds each chain from the sequence alone (`protein.fold`, realised), fits the readout to the
+folds' true per-residue lDDT-Cα, and writes the model (to MODEL's own folder unless --output) with a
+line in its card. The chains (`fitting_chains`) are validation chains past the first
+`SCORED_CHAINS` (the recipe `fold_tiny` scores those) and none of `benchmark_chains` (the folding
+benchmarks read those), so no figure reported elsewhere is of a fitted chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+import zoo
+from protein.data import CHAINS_FILE, ProteinChain, load_chains
+from protein.evaluation import pearson
+from protein.folding import fold
+from protein.metrics import lddt
+from protein.model import FoldingModel
+from zoo.model_folder import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from zoo.store import locate, read_config
+
+SCORED_CHAINS = 24
+"""The recipe fold_tiny's default `evaluation_chains`: the first this many validation chains are scored."""
+CARD_LINE = "- Confidence readout fitted"
+"""How the card's line about the fit begins (a refit replaces it)."""
+
+
+def benchmark_chains() -> list[ProteinChain]:
+    """Every other validation chain of the shipped set, the first first: what the benchmarks that fold
+    validation chains read (benchmarks/validation_folds.py)."""
+    return load_chains("validation")[::2]
+
+
+def fitting_chains(path: Path, count: int, skip: int = SCORED_CHAINS) -> list[ProteinChain]:
+    """Up to `count` validation chains of the chains file `path`, past its first `skip` and none of
+    benchmark_chains(); ValueError when none is left."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1; got {count}")
+    read_elsewhere = {chain.sequence for chain in benchmark_chains()}
+    chains = [chain for chain in load_chains("validation", path)[skip:] if chain.sequence not in read_elsewhere][:count]
+    if not chains:
+        raise ValueError(f"no validation chain of {str(path)!r} is left to fit on past the first {skip}")
+    return chains
+
+
+def readout_example(model: FoldingModel, chain: ProteinChain) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain folded from its sequence and realised -> (features (L, F) the readout reads, true
+    lDDT-Cα (L,) of the realised fold)."""
+    prediction = fold(model, chain.sequence)
+    return prediction.confidence_features, lddt(prediction.backbone[:, 1], chain.coordinates[:, 1],
+                                                 per_residue=True).float()
+
+
+def fit_readout(model: FoldingModel, examples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Fit model.confidence_readout on the examples (readout_example's) -> {"chains", "residues",
+    "pearson_before" (the unfitted readout's r on these residues), "pearson_fitted"}."""
+    features = torch.cat([f for f, _ in examples])
+    targets = torch.cat([t for _, t in examples])
+    before = pearson(features[:, 0], targets)
+    model.confidence_readout.fit(features, targets)
+    return {"chains": len(examples), "residues": len(targets), "pearson_before": round(before, 4),
+            "pearson_fitted": round(pearson(model.confidence_readout(features), targets), 4)}
+
+
+def card_line(stats: dict[str, float], command: str) -> str:
+    """The model card's line about the fit."""
+    return (f"{CARD_LINE} (`protein.confidence_readout`) on realised folds of {stats['chains']} validation chains "
+            f"({stats['residues']:,} residues) that no reported figure reads: `{command}`; Pearson r with their "
+            f"true lDDT-Cα {stats['pearson_before']:.3f} unfitted, {stats['pearson_fitted']:.3f} fitted.")
+
+
+def with_card_line(card: str, line: str) -> str:
+    """The card with `line` ending its opening list (before the first "## " section), replacing any
+    earlier line about a fit."""
+    lines = [kept for kept in card.rstrip("\n").splitlines() if not kept.startswith(CARD_LINE)]
+    at = next((i for i, kept in enumerate(lines) if kept.startswith("## ")), len(lines))
+    while at > 0 and not lines[at - 1].strip():
+        at -= 1
+    return "\n".join([*lines[:at], line, *lines[at:]]) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="a zoo name or model folder of a folding model")
+    parser.add_argument("--chains-file", default=str(CHAINS_FILE), help="chains (npz) whose validation split is read")
+    parser.add_argument("--chains", type=int, default=200, help="validation chains to fit on")
+    parser.add_argument("--output", help="model folder to write (default: the model's own)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = zoo.load(args.model)
+    if not isinstance(model, FoldingModel):
+        raise SystemExit(f"model must be a folding model; {args.model!r} is a {type(model).__name__}")
+    folder = locate(args.model)
+    chains = fitting_chains(Path(args.chains_file), args.chains)
+    started = time.perf_counter()
+    examples = []
+    for index, chain in enumerate(chains):
+        examples.append(readout_example(model, chain))
+        print(f"  {index + 1}/{len(chains)} {chain.name} L={len(chain.sequence)}", flush=True)
+    stats = fit_readout(model, examples)
+    print(f"fitted on {stats['chains']} chains, {stats['residues']} residues in {time.perf_counter() - started:.0f} s: "
+          f"Pearson r {stats['pearson_before']} unfitted, {stats['pearson_fitted']} fitted")
+    command = f"python -m protein.fit_confidence {args.model} --chains-file {Path(args.chains_file).name} --chains {args.chains}"
+    card = (folder / CARD_FILE).read_text() if (folder / CARD_FILE).exists() else f"# {folder.name}\n"
+    output = Path(args.output) if args.output else folder
+    zoo.save(model, output, card=with_card_line(card, card_line(stats, command)),
+             extra={k: v for k, v in read_config(folder).items() if k not in ("arch", "config")},
+             files={p.name: p.read_bytes() for p in folder.iterdir()
+                    if p.is_file() and p.name not in (CARD_FILE, CONFIG_FILE, WEIGHTS_FILE)})
+    print(f"saved {output}")
+
+
+if __name__ == "__main__":
+    main()
