@@ -78,12 +78,18 @@ def card_line(stats: dict[str, float], command: str) -> str:
 
 
 def with_card_line(card: str, line: str) -> str:
-    """The card with `line` ending its opening list (before the first "## " section), replacing any
-    earlier line about a fit."""
+    """The card with `line` after its "- Made by:" item (and that item's indented continuation), or
+    before its first "## " section when it has none, replacing any earlier line about a fit."""
     lines = [kept for kept in card.rstrip("\n").splitlines() if not kept.startswith(CARD_LINE)]
-    at = next((i for i, kept in enumerate(lines) if kept.startswith("## ")), len(lines))
-    while at > 0 and not lines[at - 1].strip():
-        at -= 1
+    made_by = next((i for i, kept in enumerate(lines) if kept.startswith("- Made by:")), None)
+    if made_by is not None:
+        at = made_by + 1
+        while at < len(lines) and lines[at].startswith("  "):
+            at += 1
+    else:
+        at = next((i for i, kept in enumerate(lines) if kept.startswith("## ")), len(lines))
+        while at > 0 and not lines[at - 1].strip():
+            at -= 1
     return "\n".join([*lines[:at], line, *lines[at:]]) + "\n"
 
 

@@ -151,13 +151,14 @@ class FoldingModel(nn.Module):
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit; under tensor parallelism the
         Evoformer runs with dynamic axial parallelism (MSA split by rows, pair by residues). A
-        pipeline's first stage holds the input embeddings, its last the structure module and heads.
+        pipeline's first stage holds the input embeddings, its last the structure module, the heads
+        and the confidence readout.
         config.memory_budget sizes every chunk."""
         return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",), pipeline=PipelineSplit(
             pre=("msa_in", "target_to_msa", "target_to_pair_i", "target_to_pair_j", "relative_position",
                  "recycled_msa_norm", "recycled_pair_norm", "recycled_distance"),
-            post=("single", "structure", "distogram_head", "plddt_head",
-                                                       "secondary_structure_head", "profile_head")), chunk_memory="memory_budget")
+            post=("single", "structure", "distogram_head", "plddt_head", "secondary_structure_head", "profile_head",
+                  "confidence_readout")), chunk_memory="memory_budget")
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: seeds the draw of the recycles."""

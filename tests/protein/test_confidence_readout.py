@@ -152,11 +152,14 @@ def test_the_fitting_chains_are_neither_scored_nor_benchmarked():
         fitting_chains(CHAINS_FILE, 5, skip=1000)
 
 
-def test_the_card_line_ends_the_opening_list_and_replaces_an_earlier_one():
-    card = "# m\n\nIntro.\n\n- Made by: x\n  more\n- Fit: y\n\n## Memory\n\ntable\n"
+def test_the_card_line_follows_how_the_model_was_made_and_replaces_an_earlier_one():
+    card = "# m\n\nIntro.\n\n- Made by: x\n  more\n- Fit: y\n\n| a |\n|---|\n\n## Memory\n\ntable\n"
     once = with_card_line(card, "- Confidence readout fitted on 3 chains")
-    assert once == "# m\n\nIntro.\n\n- Made by: x\n  more\n- Fit: y\n- Confidence readout fitted on 3 chains\n\n## Memory\n\ntable\n"
+    assert once == ("# m\n\nIntro.\n\n- Made by: x\n  more\n- Confidence readout fitted on 3 chains\n- Fit: y\n\n"
+                    "| a |\n|---|\n\n## Memory\n\ntable\n")
     assert with_card_line(once, "- Confidence readout fitted on 4 chains") == once.replace("3 chains", "4 chains")
+    assert with_card_line("# m\n\nIntro.\n\n## Memory\n", "- Confidence readout fitted") == \
+        "# m\n\nIntro.\n- Confidence readout fitted\n\n## Memory\n"
     assert with_card_line("# m\n", "- Confidence readout fitted") == "# m\n- Confidence readout fitted\n"
 
 
@@ -179,4 +182,4 @@ def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
     assert (f"- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 2 validation chains "
             f"({sum(len(c.sequence) for c in chains):,} residues)") in text
     assert f"`python -m protein.fit_confidence {tmp_path / 'tiny'} --chains-file {CHAINS_FILE.name} --chains 2`" in text
-    assert text.index("Confidence readout") < text.index("## Memory")
+    assert text.index("- Made by: a test") < text.index("Confidence readout") < text.index("## Memory")
