@@ -148,7 +148,7 @@ class ConfidenceReadout(nn.Module):
         mean, scale = x.mean(0), x.std(0)
         scale = torch.where(scale > 1e-6, scale, torch.ones_like(scale))  # a constant feature gets weight 0
         standard = (x - mean) / scale
-        gram = standard.T @ standard + ridge * len(x) * torch.eye(len(FEATURES), dtype=torch.float64)
+        gram = standard.T @ standard + ridge * len(x) * torch.eye(len(FEATURES), dtype=torch.float64, device=x.device)
         weight = torch.linalg.solve(gram, standard.T @ (y - y.mean()))
         for name, value in (("mean", mean), ("scale", scale), ("weight", weight), ("bias", y.mean())):
             getattr(self, name).copy_(value)

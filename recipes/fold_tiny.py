@@ -74,9 +74,10 @@ class FoldTinyConfig:
     """Fold this many of the held-out real chains (protein.heldout), evenly spaced in name order
     (0: all of them, -1: none)."""
     confidence_chains: int = 64
-    """Fit the confidence readout (protein.confidence_readout) on realised folds of this many
-    validation chains past the scored ones (protein.fit_confidence.fitting_chains) before scoring;
-    0: keep the unfitted readout, the distogram's expected lDDT."""
+    """Fit the confidence readout (protein.confidence_readout) on realised folds of up to this many
+    validation chains past the scored ones and outside the benchmarks' (protein.fit_confidence.
+    fitting_chains; the shipped 2,000-chain set has 34 such) before scoring; 0: keep the unfitted
+    readout, the distogram's expected lDDT."""
     init_from: str = ""
     """A folding model (zoo name or folder) whose weights training starts from, to fine-tune or train
     on with a fresh schedule; it must have the shape `model` gives. Empty: random weights."""
