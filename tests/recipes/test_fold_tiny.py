@@ -65,7 +65,8 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
     assert f"Started from the weights of `{tmp_path / 'start'}` (7 steps, 1.5 s of training)" in card
-    assert "(protein.confidence_readout, fitted on 3 validation chains that are not scored: r " in card
+    fitted = "- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 3 validation chains ("
+    assert card.index("- Made by: ") < card.index(fitted) < card.index("- Evaluated on whole chains")
 
     done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr
