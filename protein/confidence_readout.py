@@ -1,8 +1,9 @@
 """The realised fold's pLDDT as a fitted linear readout of per-residue features of the distogram,
-the realised Cα trace and the sequence.
+the realised Cα trace, the sequence and the burial network's prediction.
 
-    features = readout_features(logits (L, L, bins), ca (L, 3), sequence, module_plddt (L,))   (L, F)
-    plddt = model.confidence_readout(features)                                                 (L,) in [0, 1]
+    features = readout_features(logits (L, L, bins), ca (L, 3), sequence, module_plddt (L,),
+                                model.burial.predict(sequence) (L, 4))                    (L, F)
+    plddt = model.confidence_readout(features)                                            (L,) in [0, 1]
 
 `ConfidenceReadout` holds the readout as buffers of the folding model, so a checkpoint carries it.
 Unfitted, it returns feature 0, `protein.confidence.distogram_lddt` (the expected lDDT-Cα under
@@ -14,7 +15,9 @@ Why: every reading of the distogram alone stops near Pearson r 0.40 on validatio
 (benchmarks/fold_confidence_readings.py), and what it misses is burial: residues with many true
 neighbours lose lDDT to wrong long-range distances. The features below carry what the model says of
 a residue's surroundings (expected and realised neighbour counts, the distance histogram of its
-distant pairs, contacts predicted 12 or more residues apart), which no single reading combines.
+distant pairs, contacts predicted 12 or more residues apart), which no single reading combines, and
+what the burial network (`protein.burial`) predicts of the true neighbour counts from the sequence,
+which the distogram of a small model tells poorly.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import math
 import torch
 from torch import nn
 
+from protein.burial import BURIAL_TARGETS, DISTANT_SEPARATION
 from protein.confidence import INCLUSION_RADIUS, TEMPERATURE, cumulative, pair_terms
 from protein.losses import distogram_bin_bounds, distogram_bin_centres
 from protein.residues import KYTE_DOOLITTLE
 
-FAR = 6
-"""Residues at least this far apart in sequence form a "distant" pair."""
+FAR = DISTANT_SEPARATION
+"""Residues at least this far apart in sequence form a "distant" pair (6, as for the burial network)."""
 CONTACT_SEPARATION = 12
 """Residues at least this far apart count towards the predicted long-range contacts."""
 DISTANCE_GROUPS = 8
@@ -40,7 +44,7 @@ FEATURES = ("distogram_lddt", "distogram_lddt_distant", "distogram_lddt_near", "
             "hydrophobicity", "module_plddt",
             *(f"predicted_distant_group_{g}" for g in range(DISTANCE_GROUPS)),
             *(f"realised_distant_group_{g}" for g in range(DISTANCE_GROUPS)),
-            "long_range_contacts_8", "long_range_contacts_12")
+            "long_range_contacts_8", "long_range_contacts_12", *(f"predicted_{name}" for name in BURIAL_TARGETS))
 """The readout's features per residue i (sums over residues j != i; "distant": |i - j| >= FAR;
 probabilities at temperature 1 unless said):
 - distogram_lddt[_distant, _near]: the expected lDDT-Cα of protein.confidence (temperature 0.7)
@@ -53,22 +57,24 @@ probabilities at temperature 1 unless said):
 - hydrophobicity: Kyte-Doolittle; module_plddt: the pLDDT head's estimate for the structure module;
 - predicted_distant_group_g: P(D_ij in the g-th group of bins) averaged over distant j;
   realised_distant_group_g: the fraction of distant j whose realised distance falls in that group;
-- long_range_contacts_8 / _12: Σ_{|i - j| >= CONTACT_SEPARATION} P(D_ij < 8 / 12 Å)."""
+- long_range_contacts_8 / _12: Σ_{|i - j| >= CONTACT_SEPARATION} P(D_ij < 8 / 12 Å);
+- predicted_*: the burial network's log(1 + neighbour counts) from the sequence (protein.burial)."""
 RIDGE = 1e-3
 """Ridge penalty per fitted residue on the standardised features' weights."""
 
 
 def readout_features(logits: torch.Tensor, ca: torch.Tensor, sequence: str, module_plddt: torch.Tensor,
-                     rows: int = 64) -> torch.Tensor:
+                     burial: torch.Tensor, rows: int = 64) -> torch.Tensor:
     """logits (L, L, bins) of the distogram head, ca (L, 3) Å the realised Cα, the (normalised)
-    sequence, module_plddt (L,) -> (L, len(FEATURES)) float32, `rows` rows of the distogram at a
-    time: no (L, L, bins) probabilities exist whole."""
+    sequence, module_plddt (L,), burial (L, len(BURIAL_TARGETS)) the burial network's prediction ->
+    (L, len(FEATURES)) float32, `rows` rows of the distogram at a time: no (L, L, bins) probabilities
+    exist whole."""
     length, bins = ca.shape[0], logits.shape[-1]
     if logits.shape != (length, length, bins) or ca.shape != (length, 3) or len(sequence) != length \
-            or module_plddt.shape != (length,):
-        raise ValueError(f"readout_features needs logits (L, L, bins), ca (L, 3), a sequence of L letters and "
-                         f"module_plddt (L,); got {tuple(logits.shape)}, {tuple(ca.shape)}, {len(sequence)} letters, "
-                         f"{tuple(module_plddt.shape)}")
+            or module_plddt.shape != (length,) or burial.shape != (length, len(BURIAL_TARGETS)):
+        raise ValueError(f"readout_features needs logits (L, L, bins), ca (L, 3), a sequence of L letters, "
+                         f"module_plddt (L,) and burial (L, {len(BURIAL_TARGETS)}); got {tuple(logits.shape)}, "
+                         f"{tuple(ca.shape)}, {len(sequence)} letters, {tuple(module_plddt.shape)}, {tuple(burial.shape)}")
     if bins % DISTANCE_GROUPS:
         raise ValueError(f"the distogram's {bins} bins do not split into {DISTANCE_GROUPS} groups")
     device = logits.device
@@ -114,7 +120,7 @@ def readout_features(logits: torch.Tensor, ca: torch.Tensor, sequence: str, modu
             module_plddt[start : start + len(block)].double().to(device)], -1),
             (groups * distant[..., None]).sum(1) / distant_count,
             (realised_groups * distant[..., None]).sum(1) / distant_count,
-            (contacts * contact_pairs[..., None]).sum(1)], -1))
+            (contacts * contact_pairs[..., None]).sum(1), burial[start : start + len(block)].double().to(device)], -1))
     return torch.cat(blocks).float()
 
 

@@ -116,7 +116,8 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
         ca = module_backbone[:, 1]
         realised = realise(ca, distances, realisation)
         backbone = module_backbone + (realised - ca)[:, None]
-        features = readout_features(logits, realised.to(logits.device), sequence, module_plddt.to(logits.device))
+        features = readout_features(logits, realised.to(logits.device), sequence, module_plddt.to(logits.device),
+                                    folding.burial.predict(sequence).to(logits.device))
         plddt = folding.confidence_readout(features).cpu()
         features = features.cpu()
     return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances, features)

@@ -17,6 +17,10 @@ training the number of recycles is drawn uniformly from 0..max_recycles by a gen
 the training step (the trainer calls `set_training_step`), so every rank runs the same passes and
 their collectives match.
 The plan names each Evoformer block as a shard and recompute unit.
+
+The model also holds what `protein.fold` reads the realised fold's pLDDT from, fitted after training
+and never run by forward: the sequence-only burial network (`protein.burial`, frozen parameters)
+and the confidence readout (`protein.confidence_readout`, buffers).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from protein.chunking import chunk_size_for
+from protein.burial import BurialConfig, BurialNet
 from protein.confidence_readout import ConfidenceReadout
 from protein.evoformer import Evoformer, EvoformerConfig
 from protein.features import MSA_FEATURES, msa_features, relative_positions, target_features
@@ -49,6 +54,8 @@ class FoldConfig:
     """Evoformer widths and depth."""
     structure: StructureConfig = field(default_factory=StructureConfig)
     """Structure module shape."""
+    burial: BurialConfig = field(default_factory=BurialConfig)
+    """Shape of the sequence-only burial network the confidence readout reads (protein.burial)."""
     relative_position_clip: int = 32
     """Residue offsets beyond ± this share one relative-position class."""
     max_recycles: int = 3
@@ -83,6 +90,8 @@ class FoldConfig:
             self.evoformer = EvoformerConfig(**self.evoformer)
         if isinstance(self.structure, dict):
             self.structure = StructureConfig(**self.structure)
+        if isinstance(self.burial, dict):
+            self.burial = BurialConfig(**self.burial)
         if self.max_recycles < 0 or self.relative_position_clip < 1 or min(self.recycle_bins, self.distogram_bins,
                                                                            self.plddt_bins) < 2:
             raise ValueError(f"FoldConfig needs max_recycles >= 0, relative_position_clip >= 1 and >= 2 bins; got "
@@ -121,7 +130,9 @@ class FoldingModel(nn.Module):
                                         nn.ReLU(), nn.Linear(width, config.plddt_bins))
         self.secondary_structure_head = nn.Sequential(LayerNorm(width), nn.Linear(width, SECONDARY_STRUCTURE_STATES))
         self.profile_head = nn.Sequential(LayerNorm(e.msa_dim), nn.Linear(e.msa_dim, len(AMINO_ACIDS)))
-        self.confidence_readout = ConfidenceReadout()  # read by protein.fold on the realised fold, not by forward
+        # Read by protein.fold on the realised fold, not by forward; fitted after training (protein.fit_confidence).
+        self.burial = BurialNet(config.burial).requires_grad_(False)
+        self.confidence_readout = ConfidenceReadout()
 
     PLAN_CROP = 256
     """Residues per crop in `example_batch` (AlphaFold's initial-training crop)."""
@@ -151,14 +162,14 @@ class FoldingModel(nn.Module):
     def parallel_plan(self) -> ModelPlan:
         """Each Evoformer block is one shard and recompute unit; under tensor parallelism the
         Evoformer runs with dynamic axial parallelism (MSA split by rows, pair by residues). A
-        pipeline's first stage holds the input embeddings, its last the structure module, the heads
-        and the confidence readout.
+        pipeline's first stage holds the input embeddings, its last the structure module, the heads,
+        the burial network and the confidence readout.
         config.memory_budget sizes every chunk."""
         return ModelPlan(blocks=("evoformer.blocks.*",), axial=("evoformer",), pipeline=PipelineSplit(
             pre=("msa_in", "target_to_msa", "target_to_pair_i", "target_to_pair_j", "relative_position",
                  "recycled_msa_norm", "recycled_pair_norm", "recycled_distance"),
             post=("single", "structure", "distogram_head", "plddt_head", "secondary_structure_head", "profile_head",
-                  "confidence_readout")), chunk_memory="memory_budget")
+                  "burial", "confidence_readout")), chunk_memory="memory_budget")
 
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: seeds the draw of the recycles."""

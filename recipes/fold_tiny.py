@@ -7,8 +7,9 @@
 
 Trains on random crops of the training chains (MSA rows sampled from each chain's HHblits profile,
 the profile withheld from half of the crops, where the profile head learns to predict it; DSSP
-states as an auxiliary target), fits the confidence readout on realised folds of validation chains
-that are not scored (protein.fit_confidence), then folds whole chains from the sequence alone: the
+states as an auxiliary target), trains the sequence-only burial network on the training chains' true
+structures and fits the confidence readout on realised folds of validation chains that are not
+scored (protein.fit_confidence), then folds whole chains from the sequence alone: the
 first 24 of the validation and test splits and 24 held-out real chains (protein.heldout) by
 default, and reports lDDT-Cα, TM-score, GDT-TS and pLDDT's agreement with the true lDDT against the three
 trivial baselines (protein.evaluation). Writes the model into the user's zoo as `fold-tiny`.
@@ -31,7 +32,7 @@ from protein.heldout import heldout_chains
 from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
-from protein.fit_confidence import card_line, fit_readout, fitting_chains, readout_example
+from protein.fit_confidence import card_line, fit_burial, fit_readout, fitting_chains, readout_example
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
@@ -78,6 +79,9 @@ class FoldTinyConfig:
     validation chains past the scored ones and outside the benchmarks' (protein.fit_confidence.
     fitting_chains; the shipped 2,000-chain set has 34 such) before scoring; 0: keep the unfitted
     readout, the distogram's expected lDDT."""
+    burial_epochs: int = 6
+    """Epochs of the burial network (protein.burial) over the training chains, trained with the
+    readout's fit (confidence_chains > 0); 0: it stays as initialised."""
     init_from: str = ""
     """A folding model (zoo name or folder) whose weights training starts from, to fine-tune or train
     on with a fresh schedule; it must have the shape `model` gives. Empty: random weights."""
@@ -89,6 +93,8 @@ class FoldTinyConfig:
             raise ValueError(f"confidence_chains must be >= 0, and 0 when evaluation_chains is 0 (every validation "
                              f"chain scored, none left to fit on); got {self.confidence_chains} with evaluation_chains "
                              f"{self.evaluation_chains}")
+        if self.burial_epochs < 0:
+            raise ValueError(f"burial_epochs must be >= 0; got {self.burial_epochs}")
         if self.heldout_chains < -1:
             raise ValueError(f"heldout_chains must be >= -1 (-1: none, 0: all); got {self.heldout_chains}")
 
@@ -163,10 +169,14 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
     model.load_state_dict(from_main_rank(trainer.full_state_dict()))
     model.eval()
     confidence = {}
-    if config.confidence_chains:  # every rank folds a share of the chains; every rank fits on all
-        examples = map_over_ranks(lambda chain: readout_example(model, chain),
-                                  fitting_chains(path, config.confidence_chains, config.evaluation_chains))
-        confidence = fit_readout(model, examples)
+    if config.confidence_chains:
+        fitting = fitting_chains(path, config.confidence_chains, config.evaluation_chains)
+        if config.burial_epochs:  # trained on the main rank, then copied to every rank
+            burial = fit_burial(model, train_chains, config.burial_epochs, fitting) if trainer.env.is_main else {}
+            model.burial.load_state_dict(from_main_rank(model.burial.state_dict()))
+            confidence = from_main_rank(burial)
+        # Every rank folds a share of the chains and fits the readout on all of them.
+        confidence |= fit_readout(model, map_over_ranks(lambda chain: readout_example(model, chain), fitting))
     metrics = scored_splits(model, train_chains, path, config)  # every rank folds a share of the chains
     if not trainer.env.is_main:
         return {}
@@ -200,6 +210,7 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
     confidence = ", ".join(f"{split} {metrics[split]['plddt_pearson']:.3f} ({metrics[split]['plddt_pearson_module']:.3f})"
                            for split in EVALUATED if split in metrics)
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
+    burial = sum(p.numel() for p in model.burial.parameters()) / 1e6
     e, s = model.config.evoformer, model.config.structure
     readout = metrics["confidence_readout"]
     fit = f"\n{card_line(readout, command)}" if readout else ""
@@ -208,7 +219,8 @@ def _card(name: str, model: FoldingModel, config: FoldTinyConfig, metrics: dict[
 
 An AlphaFold-style folding model: {e.blocks} Evoformer blocks (MSA width {e.msa_dim}, pair width {e.pair_dim}),
 a {s.layers}-layer structure module with invariant point attention, backbone frames without torsions,
-distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max_recycles} recycles; {parameters:.2f} M parameters. Trained on
+distogram, pLDDT, secondary-structure and profile heads, up to {model.config.max_recycles} recycles, and a sequence-only
+burial network that the confidence readout reads; {parameters:.2f} M parameters ({burial:.2f} M of them the burial network). Trained on
 {metrics['train_chains']:,} non-redundant PDB chains of the ProMod3 structure database (CC0), crops of
 {config.crop.crop_size} residues, MSA rows sampled from HHblits profiles (profile withheld from
 {config.crop.withhold_profile:.0%} of the crops).

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 
@@ -93,14 +93,24 @@ class _ForwardModTracker(ModTracker):
 class _CategoryTracker(MemTracker):
     """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
     allow one forward per module between backwards, where pipeline schedules run several. Each
-    module's parameters (swapped in by FSDP when gathered) are still tracked, with their gradients."""
+    module's parameters (swapped in by FSDP when gathered) are still tracked, with the gradients of
+    those that take one: the stock tracker hangs a gradient hook on every parameter, which a frozen
+    one (requires_grad False) refuses."""
 
     def __init__(self) -> None:
         super().__init__()
         self._mod_tracker = _ForwardModTracker()
 
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
-        self._track_module_params_and_buffers(module, install_grad_hooks=True)
+        self._track_module_params_and_buffers(module, install_grad_hooks=False)
+        for param in module.parameters():
+            if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                self._param_to_grad_hook_handles[param] = (
+                    param.register_hook(self._track_gradient),
+                    param.register_post_accumulate_grad_hook(lambda p: self._track_gradient(p.grad)))
+
+    def _track_gradient(self, grad: torch.Tensor) -> None:
+        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
 
 
 
@@ -207,7 +217,9 @@ def zero_model_states(model_or_numel: nn.Module | int, strategy: Strategy, world
     With Psi parameters and N data-parallel ranks: fp32 training keeps 4 Psi parameter, 4 Psi gradient
     and K = 8 Psi Adam bytes; mixed precision (bf16/fp16) keeps 2 Psi + 2 Psi and K = 12 Psi (fp32
     master copy and both moments). Stage 1 divides the optimizer term by N, stage 2 also the
-    gradients, stage 3 also the parameters. Offloaded terms move from "device" to "cpu".
+    gradients, stage 3 also the parameters. Offloaded terms move from "device" to "cpu". A module's
+    frozen parameters (requires_grad False) count as parameters only: no gradient or optimizer state
+    is kept for them.
 
     Under tensor parallelism N = world_size / strategy.tp and Psi counts one tensor-parallel rank's
     parameters: a parallelised model's split parameters count 1/tp of their elements (an int
@@ -222,9 +234,11 @@ def zero_model_states(model_or_numel: nn.Module | int, strategy: Strategy, world
         what = f"Strategy.tp={strategy.tp}" if strategy.pp == 1 else f"Strategy.tp x Strategy.pp = {degree}"
         raise ValueError(f"world_size must be a positive multiple of {what}; got {world_size}")
     if isinstance(model_or_numel, int):
-        numel = model_or_numel
+        numel = trained = model_or_numel
     else:
-        numel = sum(-(-p.numel() // strategy.tp) if _split_over_tp(p) else p.numel() for p in model_or_numel.parameters())
+        shares = [(-(-p.numel() // strategy.tp) if _split_over_tp(p) else p.numel(), p.requires_grad)
+                  for p in model_or_numel.parameters()]
+        numel, trained = sum(n for n, _ in shares), sum(n for n, trainable in shares if trainable)
     world_size //= degree
     param_bytes, grad_bytes, optim_bytes = (4, 4, 8) if strategy.precision == "fp32" else (2, 2, 12)
     shards = {
@@ -234,8 +248,8 @@ def zero_model_states(model_or_numel: nn.Module | int, strategy: Strategy, world
     }
     estimate = {
         "parameters": numel * param_bytes / shards["parameters"],
-        "gradients": numel * grad_bytes / shards["gradients"],
-        "optimizer": numel * optim_bytes / shards["optimizer"],
+        "gradients": trained * grad_bytes / shards["gradients"],
+        "optimizer": trained * optim_bytes / shards["optimizer"],
     }
     off_device = ("parameters", "gradients", "optimizer")  # "chunks": between host memory and files
     on_cpu = {"none": (), "optimizer": ("optimizer",), "params": off_device, "chunks": off_device}[strategy.offload]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining._backward import stage_backward_input
 
@@ -189,13 +190,13 @@ class Pipeline:
             if stage.is_first:
                 saved.grads = grads  # the "W" pass runs the whole backward
                 return
-            _, saved.weight_pass = stage_backward_input(saved.outputs, grads, saved.inputs, stage.parameters())
+            _, saved.weight_pass = stage_backward_input(saved.outputs, grads, saved.inputs, _trainable(stage))
             self._send_input_grads(stage, action.micro, saved.inputs)
         else:  # "W"
             if stage.is_first:
                 torch.autograd.backward(saved.outputs, saved.grads)
             else:
-                weight_pass(stage.parameters(), saved.weight_pass)
+                weight_pass(_trainable(stage), saved.weight_pass)
             del pending[key]
 
     def _send_input_grads(self, stage: StageModule, micro: int, inputs: list[torch.Tensor]) -> None:
@@ -223,3 +224,8 @@ class Pipeline:
         """`tensor` as the rank of the last stage holds it (a loss), on every pipeline rank."""
         return self.link.broadcast(tensor, stage_rank(self.num_stages - 1, self.pp))
 
+
+def _trainable(stage: nn.Module) -> list[nn.Parameter]:
+    """The stage's parameters that take a gradient: the split backward's passes refuse a frozen one
+    (a model's post-training readout, requires_grad False)."""
+    return [param for param in stage.parameters() if param.requires_grad]

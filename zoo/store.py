@@ -60,9 +60,11 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
     return json.loads((locate(name_or_path) / CONFIG_FILE).read_text())
 
 
-def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") -> nn.Module:
+def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", refit: tuple[str, ...] = ()) -> nn.Module:
     """Build the model a folder (or zoo name) describes and load its safetensors weights. A
-    Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`)."""
+    Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`). refit:
+    prefixes of weight names the caller fits anew (a folding model's confidence readout): their
+    saved values are not read, and a folder made before they existed loads."""
     folder = locate(name_or_path)
     config = read_config(folder)
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
@@ -73,8 +75,10 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") ->
         return load_hf(source).to(device).eval()
     architecture = get_architecture(config["arch"])
     model = architecture.model_class(architecture.config_class(**config["config"]))
-    state = read_safetensors(folder / WEIGHTS_FILE, device=str(device))
+    state = {name: value for name, value in read_safetensors(folder / WEIGHTS_FILE, device=str(device)).items()
+             if not name.startswith(refit)}
     missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not name.startswith(refit)]
     if missing or unexpected:
         raise ValueError(f"weights in {str(folder)!r} do not fit {config['arch']!r}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(device).eval()

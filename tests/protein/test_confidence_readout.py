@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import zoo
+from protein.burial import BURIAL_TARGETS
 from protein.confidence import distogram_lddt
 from protein.confidence_readout import (CONTACT_SEPARATION, DISTANCE_GROUPS, FAR, FEATURES, ConfidenceReadout,
                                         readout_features)
@@ -30,7 +31,8 @@ LENGTH = 15
 SEQUENCE = "MKTAYIAKQRQISFX"
 
 
-def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: torch.Tensor) -> dict[str, torch.Tensor]:
+def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: torch.Tensor, burial: torch.Tensor
+                       ) -> dict[str, torch.Tensor]:
     """Features of FEATURES' docstring, residue by residue and pair by pair in float64."""
     probabilities = logits.double().softmax(-1)
     bounds = distogram_bin_bounds(BINS).tolist()
@@ -70,6 +72,8 @@ def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: tor
         for cutoff in (8, 12):
             out[f"long_range_contacts_{cutoff}"].append(
                 sum(below(i, j, cutoff) for j in others if abs(i - j) >= CONTACT_SEPARATION))
+        for k, name in enumerate(BURIAL_TARGETS):
+            out[f"predicted_{name}"].append(burial[i, k].item())
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in out.items() if values}
 
 
@@ -78,11 +82,12 @@ def test_features_match_the_pair_by_pair_sums_in_float64():
     ca = torch.randn(LENGTH, 3, generator=generator, dtype=torch.float64) * 7.0  # distances of ~2 to ~30 Å
     logits = torch.randn(LENGTH, LENGTH, BINS, generator=generator) * 3.0
     module_plddt = torch.rand(LENGTH, generator=generator)
-    ours = readout_features(logits, ca, SEQUENCE, module_plddt)
+    burial = torch.rand(LENGTH, len(BURIAL_TARGETS), generator=generator) * 4
+    ours = readout_features(logits, ca, SEQUENCE, module_plddt, burial)
     assert ours.shape == (LENGTH, len(FEATURES)) and ours.dtype == torch.float32
-    assert torch.equal(ours, readout_features(logits, ca, SEQUENCE, module_plddt, rows=4))
+    assert torch.equal(ours, readout_features(logits, ca, SEQUENCE, module_plddt, burial, rows=4))
     assert torch.equal(ours[:, 0], distogram_lddt(logits, ca))
-    reference = reference_features(logits, ca, module_plddt)
+    reference = reference_features(logits, ca, module_plddt, burial)
     assert len(reference) == len(FEATURES) - 3  # the three distogram_lddt readings are protein.confidence's
     for name, expected in reference.items():
         assert relative_error(ours[:, FEATURES.index(name)], expected) < 1e-5, name
@@ -91,17 +96,20 @@ def test_features_match_the_pair_by_pair_sums_in_float64():
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(5, 3\), 4 letters, \(4,\)"):
-        readout_features(torch.zeros(4, 4, BINS), torch.zeros(5, 3), "MKTA", torch.zeros(4))
+    burial = torch.zeros(4, len(BURIAL_TARGETS))
+    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(5, 3\), 4 letters, \(4,\), \(4, 4\)"):
+        readout_features(torch.zeros(4, 4, BINS), torch.zeros(5, 3), "MKTA", torch.zeros(4), burial)
+    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(4, 3\), 4 letters, \(4,\), \(4, 3\)"):
+        readout_features(torch.zeros(4, 4, BINS), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial[:, :3])
     with pytest.raises(ValueError, match="the distogram's 60 bins do not split into 8 groups"):
-        readout_features(torch.zeros(4, 4, 60), torch.zeros(4, 3), "MKTA", torch.zeros(4))
+        readout_features(torch.zeros(4, 4, 60), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial)
     readout = ConfidenceReadout()
-    with pytest.raises(ValueError, match=r"features must have 32 columns \(FEATURES\); got \(3, 5\)"):
+    with pytest.raises(ValueError, match=r"features must have 36 columns \(FEATURES\); got \(3, 5\)"):
         readout(torch.zeros(3, 5))
-    with pytest.raises(ValueError, match=r"fit needs features \(N, 32\) and targets \(N,\); got \(70, 32\) and \(69,\)"):
-        readout.fit(torch.zeros(70, 32), torch.zeros(69))
-    with pytest.raises(ValueError, match="fit needs at least 64 residues; got 10"):
-        readout.fit(torch.zeros(10, 32), torch.zeros(10))
+    with pytest.raises(ValueError, match=r"fit needs features \(N, 36\) and targets \(N,\); got \(80, 36\) and \(79,\)"):
+        readout.fit(torch.zeros(80, 36), torch.zeros(79))
+    with pytest.raises(ValueError, match="fit needs at least 72 residues; got 10"):
+        readout.fit(torch.zeros(10, 36), torch.zeros(10))
 
 
 def test_the_fit_recovers_a_linear_target_and_ignores_a_constant_feature():
@@ -135,6 +143,7 @@ def test_a_fitted_readout_survives_the_checkpoint_and_gives_folds_their_plddt(tm
                for k, v in model.confidence_readout.state_dict().items())
     fitted = fold(loaded, sequence)
     assert torch.equal(fitted.confidence_features, features)
+    assert torch.equal(features[:, -len(BURIAL_TARGETS):], model.burial.predict(sequence))
     assert torch.equal(fitted.plddt, model.confidence_readout(features)) and not torch.equal(fitted.plddt, unfitted.plddt)
     assert fold(loaded, sequence, realisation=None).confidence_features is None
 
@@ -170,16 +179,21 @@ def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
     card = "# tiny\n\n- Made by: a test\n\n## Memory\n\nnone\n"
     zoo.save(model, tmp_path / "tiny", card=card, extra={"metrics": {"steps": 3}}, files={"train.log": b"step 1\n"})
     result = subprocess.run([sys.executable, "-m", "protein.fit_confidence", str(tmp_path / "tiny"), "--chains", "2",
-                             "--threads", "1"], capture_output=True, text=True, timeout=280,
+                             "--burial-epochs", "1", "--threads", "1"], capture_output=True, text=True, timeout=280,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     fitted = zoo.load(tmp_path / "tiny")
     assert not torch.equal(fitted.confidence_readout.weight, model.confidence_readout.weight)
+    assert not torch.equal(fitted.burial.out.weight, model.burial.out.weight)
+    assert all(torch.equal(value, model.state_dict()[name]) for name, value in fitted.state_dict().items()
+               if not name.startswith(("burial.", "confidence_readout.")))
     assert (tmp_path / "tiny" / "train.log").read_bytes() == b"step 1\n"
     assert zoo.store.read_config(tmp_path / "tiny")["metrics"] == {"steps": 3}
     text = (tmp_path / "tiny" / "README.md").read_text()
     chains = fitting_chains(CHAINS_FILE, 2)
     assert (f"- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 2 validation chains "
             f"({sum(len(c.sequence) for c in chains):,} residues)") in text
-    assert f"`python -m protein.fit_confidence {tmp_path / 'tiny'} --chains-file {CHAINS_FILE.name} --chains 2`" in text
+    assert (f"`python -m protein.fit_confidence {tmp_path / 'tiny'} --chains-file {CHAINS_FILE.name} --burial-epochs 1 "
+            f"--chains 2`") in text
+    assert f"burial network (`protein.burial`) trained on {len(load_chains('train')):,} training chains for 1 epoch," in text
     assert text.index("- Made by: a test") < text.index("Confidence readout") < text.index("## Memory")

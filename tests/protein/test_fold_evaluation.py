@@ -10,6 +10,7 @@ import torch
 
 import protein.folding
 from protein.baselines import extended_chain
+from protein.burial import BurialConfig
 from protein.data import load_chains
 from protein.evaluation import METRICS, PREDICTORS, baseline_predictors, evaluate_chain, pearson, summary
 from protein.evoformer import EvoformerConfig
@@ -20,7 +21,8 @@ from protein.structure_module import StructureConfig
 
 TINY = FoldConfig(evoformer=EvoformerConfig(msa_dim=16, pair_dim=16, blocks=1, msa_heads=2, pair_heads=2, head_dim=8,
                                             outer_product_dim=4, triangle_dim=16),
-                  structure=StructureConfig(single_dim=32, layers=2, heads=2, head_dim=8), max_recycles=1)
+                  structure=StructureConfig(single_dim=32, layers=2, heads=2, head_dim=8),
+                  burial=BurialConfig(width=8, dilations=(1, 2)), max_recycles=1)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
                "--crop.crop_size", "16", "--crop.msa_rows", "4", "--train.max_steps", "2", "--train.global_batch_size", "2",
                "--train.micro_batch_size", "1", "--train.eval_every", "2", "--train.eval_batches", "1",
                "--train.progress", "false", "--evaluation_chains", "1", "--heldout_chains", "1", "--confidence_chains", "3",
-               "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model"),
+               "--burial_epochs", "1", "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model"),
                "--init_from", str(tmp_path / "start")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -60,13 +60,16 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     assert config["metrics"]["heldout"]["removed_as_similar"] >= 1  # the shipped chains keep some held-out families
     readout = config["metrics"]["confidence_readout"]
     assert readout["chains"] == 3 and readout["residues"] == sum(len(c.sequence) for c in fitting_chains(CHAINS_FILE, 3, 1))
-    assert -1.0 <= readout["pearson_before"] < readout["pearson_fitted"] <= 1.0  # 32 features fitted to ~300 residues
+    assert -1.0 <= readout["pearson_before"] < readout["pearson_fitted"] <= 1.0  # 36 features fitted to ~300 residues
+    assert readout["burial_chains"] == len(load_chains("train")) and readout["burial_epochs"] == 1
+    assert readout["burial_pearson"] > 0.2  # one epoch over the shipped chains already tells buried from exposed
     assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
     card = (tmp_path / "model" / "README.md").read_text()
     assert all(f" {words} " in card for words in ("--nproc 2", "--strategy.zero 2", "--strategy.recompute blocks"))
     assert f"Started from the weights of `{tmp_path / 'start'}` (7 steps, 1.5 s of training)" in card
     fitted = "- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 3 validation chains ("
     assert card.index("- Made by: ") < card.index(fitted) < card.index("- Evaluated on whole chains")
+    assert f"burial network (`protein.burial`) trained on {len(load_chains('train')):,} training chains for 1 epoch," in card
 
     done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr

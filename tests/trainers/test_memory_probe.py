@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from trainers import Strategy, zero_model_states
 from trainers.memory import StepMemoryProbe
 
 WIDTH, ROWS = 64, 256
@@ -48,3 +49,27 @@ def test_split_backward_keeps_no_micro_batch_alive():
     assert one_peak >= 4 * ACTIVATION  # the measurement sees the stage's activations
     assert eight_peak == one_peak  # each micro batch is freed after its weight pass
     assert one_alive == eight_alive == 0
+
+
+def test_a_frozen_parameter_is_counted_and_only_the_trainable_ones_have_gradients():
+    torch.manual_seed(0)
+    stage = nn.Sequential(Block(), Block())
+    stage[0].requires_grad_(False)  # as a model's post-training readout, held but never trained
+    probe = StepMemoryProbe(stage, None, [], torch.device("cpu"))
+    with probe:
+        stage(torch.randn(ROWS, WIDTH)).sum().backward()
+        probe.after_backward()
+    report = probe.report(rank=0)
+    block_bytes = sum(p.numel() * 4 for p in stage[1].parameters())
+    assert report.parameters == 2 * block_bytes
+    assert report.gradients == block_bytes and stage[0].up.weight.grad is None
+
+
+def test_the_zero_formula_keeps_no_gradient_or_optimizer_state_for_frozen_parameters():
+    stage = nn.Sequential(Block(), Block())
+    stage[0].requires_grad_(False)
+    total = sum(p.numel() for p in stage.parameters())
+    trained = sum(p.numel() for p in stage[1].parameters())
+    estimate = zero_model_states(stage, Strategy(zero=2), world_size=2)
+    assert estimate["parameters"] == 4 * total
+    assert estimate["gradients"] == 4 * trained / 2 and estimate["optimizer"] == 8 * trained / 2

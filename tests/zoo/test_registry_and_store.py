@@ -57,6 +57,24 @@ def test_load_refuses_weights_of_another_shape(tmp_path):
         zoo.load(folder)
 
 
+def test_refit_weights_are_neither_read_nor_required(tmp_path):
+    """What a caller fits anew (zoo.load's refit prefixes) may be missing or stale in the folder."""
+    folder = zoo.save(tiny_gpt(), tmp_path / "m", card="")
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["n_layer"] = 3  # a block the saved weights lack, as a module added after training
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(5)
+    built = GPT(GPTConfig(**config["config"]))
+    torch.manual_seed(5)
+    loaded = zoo.load(folder, refit=("blocks.2.", "blocks.0.mlp."))
+    saved = tiny_gpt().state_dict()
+    for name, value in loaded.state_dict().items():
+        expected = built.state_dict()[name] if name.startswith(("blocks.2.", "blocks.0.mlp.")) else saved[name]
+        assert torch.equal(value, expected), name
+    with pytest.raises(ValueError, match="missing \\['blocks.2"):
+        zoo.load(folder, refit=("blocks.0.",))
+
+
 def test_unknown_model_says_how_to_make_it(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMZOO_HOME", str(tmp_path))
     with pytest.raises(ValueError, match="no model 'gpt-shakespeare-gpt2'"):
