@@ -5,9 +5,10 @@
     prediction.write("out.pdb")              or "out.cif"; pLDDT x 100 in the B-factor column
 
 The Cα trace is then realised from the model's distogram (`protein.realisation`): each residue's N,
-CA and C move with its Cα, and the pLDDT is the model's confidence readout of that trace
-(`protein.confidence_readout`: fitted on chains never trained on, or else the trace's lDDT-Cα
-expected under the distogram, `protein.confidence`). `realisation=None` keeps the structure
+CA and C move with its Cα, and the pLDDT is the model's confidence readout of that trace and of
+the burial network's prediction from the sequence (`protein.confidence_readout`, `protein.burial`:
+fitted on chains never trained on, or else the trace's lDDT-Cα expected under the distogram,
+`protein.confidence`). `realisation=None` keeps the structure
 module's own backbone and the pLDDT head's estimate for it, which `Prediction.module_backbone` and
 `module_plddt` hold either way.
 
