@@ -137,10 +137,10 @@ class BurialTraining:
                              f"weight_decay >= 0; got {self}")
 
 
-def _batches(ids: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], residues: int,
-             generator: torch.Generator | None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(input_ids (B, L), mask (B, L), targets (B, L, T)) of chains of similar length, padded; shuffled
-    unless generator is None."""
+def _batches(ids: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], residues: int
+             ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(input_ids (B, L), mask (B, L), targets (B, L, T)) of chains of similar length, padded, in
+    order of length."""
     order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
     groups, current = [], []
     for k in order:
@@ -149,8 +149,6 @@ def _batches(ids: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], resid
             groups.append(current)
             current = []
     groups += [current] if current else []
-    if generator is not None:
-        groups = [groups[k] for k in torch.randperm(len(groups), generator=generator).tolist()]
     batches = []
     for group in groups:
         length = max(len(ids[k]) for k in group)
@@ -172,7 +170,7 @@ def train_burial(net: BurialNet, chains: Sequence[StructuredChain], training: Bu
     device = net.out.weight.device
     ids = [sequence_ids(chain.sequence) for chain in chains]
     targets = [neighbour_counts(chain.coordinates[:, 1], getattr(chain, "ca_mask", None)) for chain in chains]
-    batch_count = len(_batches(ids, targets, training.residues_per_batch, None))
+    batches = _batches(ids, targets, training.residues_per_batch)  # padded once, shuffled every epoch
     generator = torch.Generator().manual_seed(training.seed)
     with torch.no_grad():  # start from the targets' mean rather than from 0, some 3 below it
         net.out.bias.copy_(torch.cat(targets).mean(0))
@@ -180,21 +178,22 @@ def train_burial(net: BurialNet, chains: Sequence[StructuredChain], training: Bu
     net.train()
     optimiser = torch.optim.AdamW(net.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, training.learning_rate,
-                                                   total_steps=training.epochs * batch_count)
+                                                   total_steps=training.epochs * len(batches))
     losses = []
     try:
         with torch.enable_grad():
             for _ in range(training.epochs):
-                total = 0.0
-                for input_ids, mask, target in _batches(ids, targets, training.residues_per_batch, generator):
+                total = torch.zeros((), device=device)  # summed on the device: no sync per step
+                for index in torch.randperm(len(batches), generator=generator).tolist():
+                    input_ids, mask, target = batches[index]
                     mask, target = mask.to(device), target.to(device)
                     loss = (net(input_ids.to(device), mask) - target)[mask].square().mean()
                     optimiser.zero_grad()
                     loss.backward()
                     optimiser.step()
                     schedule.step()
-                    total += loss.item()
-                losses.append(total / batch_count)
+                    total += loss.detach()
+                losses.append(total.item() / len(batches))
     finally:
         net.requires_grad_(False)
         net.eval()

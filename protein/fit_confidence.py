@@ -8,9 +8,10 @@ network (`protein.burial`) on the training chains' true structures, then the con
 trains the burial network on the chains file's training split (no fold needed; --burial-epochs 0
 keeps the model's own), folds each fitting chain from the sequence alone (`protein.fold`,
 realised), fits the readout to the folds' true per-residue lDDT-Cα, and writes the model (to
-MODEL's own folder unless --output) with a line in its card. The chains (`fitting_chains`) are validation chains past the first
-`SCORED_CHAINS` (the recipe `fold_tiny` scores those) and none of `benchmark_chains` (the folding
-benchmarks read those), so no figure reported elsewhere is of a fitted chain.
+MODEL's own folder unless --output) with a line in its card. The chains (`fitting_chains`) are
+validation chains past the first `SCORED_CHAINS` (the recipe `fold_tiny` scores those) and none
+of `benchmark_chains` (the folding benchmarks read those), so no figure reported elsewhere is of a
+fitted chain.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protein.chunking import chunk_size_for
 from protein.burial import BurialConfig, BurialNet
+from protein.chunking import chunk_size_for
 from protein.confidence_readout import ConfidenceReadout
 from protein.evoformer import Evoformer, EvoformerConfig
 from protein.features import MSA_FEATURES, msa_features, relative_positions, target_features
