@@ -152,6 +152,28 @@ def test_module_matches_float64_reference_values_and_gradients(name):
             assert relative_error(p.grad, p64.grad) < 1e-5, pname
 
 
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize("name", [name for name in CASES if "attention" in name])
+def test_attention_without_gradients_takes_sdpa_fused_kernel_and_matches_float64_reference(name, padded):
+    """Folding runs without gradients: there the attentions' (B, rows, H, L, c) inputs are merged to
+    4-D, so CPU SDPA takes its flash kernel, not the math path that materialises the logits; with
+    every key present (padded=False) the pair bias goes in broadcast, without the mask added."""
+    build, reference, kind = CASES[name]
+    module = randomised(build(), seed=5)
+    msa, pair, msa_mask, pair_mask = inputs(6)
+    if not padded:
+        msa_mask, pair_mask = torch.ones_like(msa_mask), torch.ones_like(pair_mask)
+    args = arguments(kind, msa, pair, msa_mask, pair_mask)
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        out = module(*args)
+    kernels = {event.key for event in profile.key_averages() if "scaled_dot_product" in event.key}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels, kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels, kernels
+    expected = reference(copy.deepcopy(module).double(), *(a.double() for a in args))
+    present = (pair_mask if out.shape[1:3] == (L, L) else msa_mask)[..., None]
+    assert relative_error(out * present, expected * present) < 1e-5
+
+
 @pytest.mark.parametrize("chunk", [1, 2, 4])
 def test_chunked_block_equals_unchunked(chunk):
     block = randomised(EvoformerBlock(CONFIG), seed=3).eval()
