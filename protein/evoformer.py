@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protein.attention import GatedAttention, mask_bias, with_key_mask
+from protein.attention import GatedAttention
 from protein.chunking import chunked, per_chunk
 from protein.precision import LayerNorm, float32_einsum
 from zoo import axial
@@ -121,7 +121,7 @@ class MSARowAttention(nn.Module):
         source, norm = per_chunk(self.pair_norm, pair, chunk_size)
         bias = chunked(lambda rows: self.pair_bias(norm(rows)), (source,), 1, chunk_size)
         bias = axial.gather(bias, 1).permute(0, 3, 1, 2).contiguous()[:, None]  # (B, 1, H, L, L)
-        return chunked(lambda m, mask, pair_bias: self.attention(self.norm(m), with_key_mask(pair_bias, mask)),
+        return chunked(lambda m, mask, pair_bias: self.attention(self.norm(m), pair_bias, mask),
                        (msa, msa_mask), 1, chunk_size, whole=(bias,))
 
 
@@ -135,7 +135,7 @@ class MSAColumnAttention(nn.Module):
 
     def forward(self, msa, msa_mask, chunk_size=None):
         columns, mask = (axial.reshard(t.transpose(1, 2), 2, 1) for t in (msa, msa_mask))  # (B, L, S, Cm)
-        update = chunked(lambda m, k: self.attention(self.norm(m), mask_bias(k)), (columns, mask), 1, chunk_size)
+        update = chunked(lambda m, k: self.attention(self.norm(m), key_mask=k), (columns, mask), 1, chunk_size)
         return axial.reshard(update, 1, 2).transpose(1, 2)
 
 
@@ -224,7 +224,7 @@ class TriangleAttention(nn.Module):
         source, norm = per_chunk(self.norm, pair, chunk_size)
         triangle_bias = chunked(lambda rows: self.bias(norm(rows)), (source,), 1, chunk_size)
         triangle_bias = axial.gather(triangle_bias, 1).permute(0, 3, 1, 2).contiguous()[:, None]  # (B, 1, H, L, L): b_jk for every i
-        update = chunked(lambda rows, mask, bias: self.attention(norm(rows), with_key_mask(bias, mask)),
+        update = chunked(lambda rows, mask, bias: self.attention(norm(rows), bias, mask),
                          (source, pair_mask), 1, chunk_size, whole=(triangle_bias,))
         return update if self.starting else axial.reshard(update, 1, 2).transpose(1, 2)
 

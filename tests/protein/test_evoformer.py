@@ -156,8 +156,8 @@ def test_module_matches_float64_reference_values_and_gradients(name):
 @pytest.mark.parametrize("name", [name for name in CASES if "attention" in name])
 def test_attention_without_gradients_takes_sdpa_fused_kernel_and_matches_float64_reference(name, padded):
     """Folding runs without gradients: there the attentions' (B, rows, H, L, c) inputs are merged to
-    4-D, so CPU SDPA takes its flash kernel, not the math path that materialises the logits; with
-    every key present (padded=False) the pair bias goes in broadcast, without the mask added."""
+    4-D, so CPU SDPA takes its flash kernel, not the math path that materialises the logits, with
+    keys masked (padded) or not."""
     build, reference, kind = CASES[name]
     module = randomised(build(), seed=5)
     msa, pair, msa_mask, pair_mask = inputs(6)
