@@ -12,7 +12,7 @@ four dimensions (N, H, L, c) only; with more, SDPA falls back to its math path, 
 the logits and the softmax. The Evoformer's attentions have five ((B, rows, H, L, c)), so their
 leading dimensions are merged into N first, and the pair bias goes in broadcast along the rows
 rather than materialised with the key mask added (`biased_attention`): folding 256 residues with
-fold-tiny on 2 cores went from 19.3 s and 1,416 MiB peak RSS to 5.6 s and 500 MiB (BENCHMARKS.md,
+fold-tiny on 2 cores went from 18 s and 1,350 MiB peak RSS to 5.6 s and 515 MiB (BENCHMARKS.md,
 "Evoformer attention through SDPA's fused kernel").
 """
 
