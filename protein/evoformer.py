@@ -120,6 +120,7 @@ class MSARowAttention(nn.Module):
     def forward(self, msa, pair, msa_mask, chunk_size=None):
         source, norm = per_chunk(self.pair_norm, pair, chunk_size)
         bias = chunked(lambda rows: self.pair_bias(norm(rows)), (source,), 1, chunk_size)
+        # Made contiguous once (it is (B, H, L, L)): SDPA's flash kernel would copy a strided bias, per row.
         bias = axial.gather(bias, 1).permute(0, 3, 1, 2).contiguous()[:, None]  # (B, 1, H, L, L)
         return chunked(lambda m, mask, pair_bias: self.attention(self.norm(m), pair_bias, mask),
                        (msa, msa_mask), 1, chunk_size, whole=(bias,))
@@ -223,7 +224,8 @@ class TriangleAttention(nn.Module):
             pair, pair_mask = (axial.reshard(t.transpose(1, 2), 2, 1) for t in (pair, pair_mask))
         source, norm = per_chunk(self.norm, pair, chunk_size)
         triangle_bias = chunked(lambda rows: self.bias(norm(rows)), (source,), 1, chunk_size)
-        triangle_bias = axial.gather(triangle_bias, 1).permute(0, 3, 1, 2).contiguous()[:, None]  # (B, 1, H, L, L): b_jk for every i
+        # (B, 1, H, L, L): b_jk for every i, contiguous as in MSARowAttention
+        triangle_bias = axial.gather(triangle_bias, 1).permute(0, 3, 1, 2).contiguous()[:, None]
         update = chunked(lambda rows, mask, bias: self.attention(norm(rows), bias, mask),
                          (source, pair_mask), 1, chunk_size, whole=(triangle_bias,))
         return update if self.starting else axial.reshard(update, 1, 2).transpose(1, 2)
