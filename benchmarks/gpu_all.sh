@@ -112,6 +112,11 @@ fold() {
     # 64 MiB chunks: the CPU-sized 1 MiB ones took 9.57 s a step at crop 256 on the H100, 64 MiB 0.46 s on the H200.
     record python3 benchmarks/fold_memory.py --device cuda --crops 64 128 256 --budget-crop 128 --max-crop 2048 \
         --chunk-budget-mib 64
+    # Inference: which SDPA kernel the Evoformer's attentions take on CUDA (with the key-mask channel
+    # their head width is 17), and the time and peak of folding 256 and 1,024 residues.
+    section "fold_inference"
+    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 256 || true
+    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 1024 || true
 }
 
 trainer() {
