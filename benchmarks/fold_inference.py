@@ -1,5 +1,5 @@
 """Folding one random sequence with a model, on CPU or GPU: seconds (the second of three folds), peak
-memory (CUDA's max_memory_allocated, or the process's peak RSS on CPU, before the third fold) and
+memory (CUDA's max_memory_allocated, or the process's peak RSS, VmHWM, on CPU, before the third fold) and
 the SDPA kernels the Evoformer's attentions ran in the third (the profiler's op names: flash,
 efficient or math).
 
@@ -9,7 +9,6 @@ efficient or math).
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,11 @@ import torch  # noqa: E402
 from protein.folding import fold  # noqa: E402
 from protein.residues import AMINO_ACIDS  # noqa: E402
 from zoo.store import load  # noqa: E402
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak resident set (VmHWM; getrusage's ru_maxrss would keep its parent's across exec)."""
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")).split()[1]) / 1024
 
 
 def main() -> None:
@@ -45,7 +49,7 @@ def main() -> None:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     peak = (f"{torch.cuda.max_memory_allocated() / 2**20:,.0f} MiB max_memory_allocated" if cuda else
-            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB peak RSS")
+            f"{peak_rss_mib():,.0f} MiB peak RSS")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:  # after the peak
         fold(model, sequence)
     kernels = sorted({e.key for e in profile.key_averages() if e.key.startswith("aten::_scaled_dot_product")})
