@@ -40,17 +40,12 @@ def tm_align_score(pred: torch.Tensor, true: torch.Tensor, sequence: str) -> flo
 
 
 def fold_cost(model: str, threads: int) -> dict[str, float]:
-    """Seconds and peak RSS (MiB) of `zoo fold`'s work on a random 256-residue sequence, in a fresh process.
-    The peak is the process's own high-water mark (VmHWM): getrusage's ru_maxrss keeps, across exec,
-    the peak of the process that forked it (this one, which holds every training chain)."""
-    code = ("import time, torch, protein, zoo; torch.manual_seed(0); torch.set_num_threads(%d); "
-            "s = ''.join('ACDEFGHIKLMNPQRSTVWY'[i] for i in torch.randint(20, (256,)).tolist()); "
-            "m = zoo.load(%r); t = time.perf_counter(); protein.fold(m, s); "
-            "print(time.perf_counter() - t, int(next(line for line in open('/proc/self/status') "
-            "if line.startswith('VmHWM')).split()[1]) / 1024)") % (threads, model)
-    seconds, peak = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                   text=True).stdout.split()
-    return {"seconds": float(seconds), "peak_rss_mib": float(peak)}
+    """Seconds and peak RSS (MiB) of folding a random 256-residue sequence in a fresh process:
+    benchmarks/fold_inference.py's figures (the second of its folds; the process's own VmHWM)."""
+    script = Path(__file__).resolve().with_name("fold_inference.py")
+    figures = json.loads(subprocess.run([sys.executable, str(script), model, "--threads", str(threads), "--json"],
+                                        check=True, capture_output=True, text=True).stdout)
+    return {"seconds": figures["seconds"], "peak_rss_mib": figures["peak_mib"]}
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ import warnings
 
 import torch
 
+from measure import status_bytes
+
 warnings.filterwarnings("ignore")
 
 SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128), "vit-base": (8, 3, 224, 224), "vit-digits": (64, 1, 56, 56)}
@@ -109,14 +111,6 @@ def loss_of(model, model_name: str, implementation: str, inputs: dict[str, torch
     return model(inputs["input_ids"], labels=inputs["labels"])["loss"]
 
 
-def _status_bytes(field: str) -> int:
-    """A field of /proc/self/status (VmRSS, VmHWM) in bytes."""
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise ValueError(f"/proc/self/status has no {field}")
-
-
 def start_peak(device: torch.device) -> int:
     """Reset the peak counter; returns the memory in use now."""
     if device.type == "cuda":
@@ -125,11 +119,11 @@ def start_peak(device: torch.device) -> int:
         return torch.cuda.memory_allocated()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # resets VmHWM, the peak resident set size
-    return _status_bytes("VmRSS")
+    return status_bytes("VmRSS")
 
 
 def peak(device: torch.device) -> int:
-    return torch.cuda.max_memory_allocated() if device.type == "cuda" else _status_bytes("VmHWM")
+    return torch.cuda.max_memory_allocated() if device.type == "cuda" else status_bytes("VmHWM")
 
 
 def worker(model_name: str, implementation: str, device_name: str, dtype_name: str, steps: int) -> dict:

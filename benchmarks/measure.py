@@ -17,6 +17,15 @@ from trainers.memory import cuda_workspace_bytes
 from trainers.tensor_peak import TensorPeak
 
 
+def status_bytes(field: str) -> int:
+    """A field of this process's /proc/self/status (VmRSS, or VmHWM: its own peak resident set, which
+    getrusage's ru_maxrss is not: that keeps, across exec, the peak of the process that forked it) in bytes."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"/proc/self/status has no {field}")
+
+
 def timed_peak(run: Callable[[], Any], device: torch.device) -> tuple[Any, float, int]:
     """(run()'s result, seconds, peak bytes of the tensors it created that were alive at once):
     `torch.cuda.max_memory_allocated` above the allocation before it on CUDA, `TensorPeak` elsewhere.
