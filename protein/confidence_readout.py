@@ -1,11 +1,13 @@
 """The realised fold's pLDDT as a fitted linear readout of per-residue features of the distogram,
-the realised Cα trace, the sequence and the burial network's prediction.
+the realised Cα trace, the sequence, the burial network's prediction and a per-pair network's.
 
-    features = readout_features(logits (L, L, bins), ca (L, 3), sequence, module_plddt (L,),
-                                model.burial.predict(sequence) (L, 4))                    (L, F)
+    features = model.confidence_readout.features(logits (L, L, bins), ca (L, 3), sequence,
+                                                 module_plddt (L,), model.burial.predict(sequence) (L, 4))
+             = readout_features(..., pairs=model.confidence_readout.pairs.residue_features(logits, ca))  (L, F)
     plddt = model.confidence_readout(features)                                            (L,) in [0, 1]
 
-`ConfidenceReadout` holds the readout as buffers of the folding model, so a checkpoint carries it.
+`ConfidenceReadout` holds the readout as buffers of the folding model, and the per-pair network
+(`protein.pair_confidence`) as a frozen submodule, so a checkpoint carries both.
 Unfitted, it returns feature 0, `protein.confidence.distogram_lddt` (the expected lDDT-Cα under
 the distogram), clamped to [0, 1]; `fit` sets it by ridge regression on realised folds of chains
 the model never trained on, against their true per-residue lDDT-Cα (recipe `fold_tiny`,
@@ -17,7 +19,8 @@ neighbours lose lDDT to wrong long-range distances. The features below carry wha
 a residue's surroundings (expected and realised neighbour counts, the distance histogram of its
 distant pairs, contacts predicted 12 or more residues apart), which no single reading combines, and
 what the burial network (`protein.burial`) predicts of the true neighbour counts from the sequence,
-which the distogram of a small model tells poorly.
+which the distogram of a small model tells poorly, and what the per-pair network, fitted to
+realised folds, expects lDDT-Cα to score of each pair, where the distogram is miscalibrated.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch import nn
 from protein.burial import BURIAL_TARGETS, DISTANT_SEPARATION
 from protein.confidence import INCLUSION_RADIUS, TEMPERATURE, cumulative, pair_terms
 from protein.losses import distogram_bin_bounds, distogram_bin_centres
+from protein.pair_confidence import RESIDUE_FEATURES, PairConfidence
 from protein.residues import KYTE_DOOLITTLE
 
 FAR = DISTANT_SEPARATION
@@ -44,7 +48,8 @@ FEATURES = ("distogram_lddt", "distogram_lddt_distant", "distogram_lddt_near", "
             "hydrophobicity", "module_plddt",
             *(f"predicted_distant_group_{g}" for g in range(DISTANCE_GROUPS)),
             *(f"realised_distant_group_{g}" for g in range(DISTANCE_GROUPS)),
-            "long_range_contacts_8", "long_range_contacts_12", *(f"predicted_{name}" for name in BURIAL_TARGETS))
+            "long_range_contacts_8", "long_range_contacts_12", *(f"predicted_{name}" for name in BURIAL_TARGETS),
+            *RESIDUE_FEATURES)
 """The readout's features per residue i (sums over residues j != i; "distant": |i - j| >= FAR;
 probabilities at temperature 1 unless said):
 - distogram_lddt[_distant, _near]: the expected lDDT-Cα of protein.confidence (temperature 0.7)
@@ -58,23 +63,27 @@ probabilities at temperature 1 unless said):
 - predicted_distant_group_g: P(D_ij in the g-th group of bins) averaged over distant j;
   realised_distant_group_g: the fraction of distant j whose realised distance falls in that group;
 - long_range_contacts_8 / _12: Σ_{|i - j| >= CONTACT_SEPARATION} P(D_ij < 8 / 12 Å);
-- predicted_*: the burial network's log(1 + neighbour counts) from the sequence (protein.burial)."""
+- predicted_*: the burial network's log(1 + neighbour counts) from the sequence (protein.burial);
+- pair_*: the per-pair network's expected lDDT-Cα and log(1 + expected neighbours and preserved
+  pairs) (protein.pair_confidence.RESIDUE_FEATURES)."""
 RIDGE = 1e-3
 """Ridge penalty per fitted residue on the standardised features' weights."""
 
 
 def readout_features(logits: torch.Tensor, ca: torch.Tensor, sequence: str, module_plddt: torch.Tensor,
-                     burial: torch.Tensor, rows: int = 64) -> torch.Tensor:
+                     burial: torch.Tensor, pairs: torch.Tensor, rows: int = 64) -> torch.Tensor:
     """logits (L, L, bins) of the distogram head, ca (L, 3) Å the realised Cα, the (normalised)
-    sequence, module_plddt (L,), burial (L, len(BURIAL_TARGETS)) the burial network's prediction ->
-    (L, len(FEATURES)) float32, `rows` rows of the distogram at a time: no (L, L, bins) probabilities
-    exist whole."""
+    sequence, module_plddt (L,), burial (L, len(BURIAL_TARGETS)) the burial network's prediction,
+    pairs (L, len(RESIDUE_FEATURES)) the per-pair network's -> (L, len(FEATURES)) float32, `rows`
+    rows of the distogram at a time: no (L, L, bins) probabilities exist whole."""
     length, bins = ca.shape[0], logits.shape[-1]
     if logits.shape != (length, length, bins) or ca.shape != (length, 3) or len(sequence) != length \
-            or module_plddt.shape != (length,) or burial.shape != (length, len(BURIAL_TARGETS)):
+            or module_plddt.shape != (length,) or burial.shape != (length, len(BURIAL_TARGETS)) \
+            or pairs.shape != (length, len(RESIDUE_FEATURES)):
         raise ValueError(f"readout_features needs logits (L, L, bins), ca (L, 3), a sequence of L letters, "
-                         f"module_plddt (L,) and burial (L, {len(BURIAL_TARGETS)}); got {tuple(logits.shape)}, "
-                         f"{tuple(ca.shape)}, {len(sequence)} letters, {tuple(module_plddt.shape)}, {tuple(burial.shape)}")
+                         f"module_plddt (L,), burial (L, {len(BURIAL_TARGETS)}) and pairs (L, {len(RESIDUE_FEATURES)}); "
+                         f"got {tuple(logits.shape)}, {tuple(ca.shape)}, {len(sequence)} letters, "
+                         f"{tuple(module_plddt.shape)}, {tuple(burial.shape)}, {tuple(pairs.shape)}")
     if bins % DISTANCE_GROUPS:
         raise ValueError(f"the distogram's {bins} bins do not split into {DISTANCE_GROUPS} groups")
     device = logits.device
@@ -120,21 +129,32 @@ def readout_features(logits: torch.Tensor, ca: torch.Tensor, sequence: str, modu
             module_plddt[start : start + len(block)].double().to(device)], -1),
             (groups * distant[..., None]).sum(1) / distant_count,
             (realised_groups * distant[..., None]).sum(1) / distant_count,
-            (contacts * contact_pairs[..., None]).sum(1), burial[start : start + len(block)].double().to(device)], -1))
+            (contacts * contact_pairs[..., None]).sum(1), burial[start : start + len(block)].double().to(device),
+            pairs[start : start + len(block)].double().to(device)], -1))
     return torch.cat(blocks).float()
 
 
 class ConfidenceReadout(nn.Module):
     """forward(features (L, F)) -> (L,) float32 pLDDT in [0, 1]: clamp(((features - mean) / scale) @
-    weight + bias). Buffers, not parameters: no optimiser touches them, `fit` sets them."""
+    weight + bias). Buffers, not parameters: no optimiser touches them, `fit` sets them. `pairs`, the
+    per-pair network whose residue features the readout reads, is frozen and fitted before it
+    (protein.pair_confidence.train_pair_confidence)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.pairs = PairConfidence().requires_grad_(False)
         count = len(FEATURES)
         self.register_buffer("mean", torch.zeros(count))
         self.register_buffer("scale", torch.ones(count))
         self.register_buffer("weight", nn.functional.one_hot(torch.tensor(0), count).float())  # distogram_lddt alone
         self.register_buffer("bias", torch.zeros(()))
+
+    @torch.no_grad()
+    def features(self, logits: torch.Tensor, ca: torch.Tensor, sequence: str, module_plddt: torch.Tensor,
+                 burial: torch.Tensor) -> torch.Tensor:
+        """readout_features of a realised fold (the arguments as there) with `pairs`' residue
+        features -> (L, len(FEATURES)) float32."""
+        return readout_features(logits, ca, sequence, module_plddt, burial, self.pairs.residue_features(logits, ca))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.shape[-1] != len(FEATURES):

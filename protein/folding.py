@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from protein.confidence_readout import readout_features
 from protein.features import msa_features
 from protein.model import FoldingModel
 from protein.pdb_io import write_structure
@@ -61,6 +60,9 @@ class Prediction:
     confidence_features: torch.Tensor | None = None
     """(L, F) float32: what the confidence readout read (`protein.confidence_readout.FEATURES`); None
     with realisation=None."""
+    distogram_logits: torch.Tensor | None = None
+    """(L, L, bins) float32: the distogram head's logits when folded with keep_logits=True, else None
+    (what the confidence fit reads: `protein.fit_confidence`)."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the backbone as PDB (.pdb) or mmCIF (.cif), pLDDT x 100 as B-factors."""
@@ -86,11 +88,12 @@ def checked_recycles(recycles: int | None) -> None:
 @torch.no_grad()
 def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.Tensor | None = None,
          recycles: int | None = None, msa_rows: int = 8,
-         realisation: RealisationConfig | None = RealisationConfig()) -> Prediction:
+         realisation: RealisationConfig | None = RealisationConfig(), keep_logits: bool = False) -> Prediction:
     """Predict the backbone of `sequence` (one-letter codes; see protein.residues for what is read;
     at most MAX_RESIDUES). profile: (L, 20) amino-acid frequencies when one is known (else the
     model folds from the sequence alone); recycles: None = the model's max_recycles; realisation:
-    how the Cα trace is realised from the distogram (None: the structure module's backbone as it is)."""
+    how the Cα trace is realised from the distogram (None: the structure module's backbone as it is);
+    keep_logits: also return the distogram's logits (L * L * bins floats)."""
     checked_recycles(recycles)
     sequence = checked_sequence(sequence)
     folding = model if isinstance(model, FoldingModel) else load(model)
@@ -117,8 +120,10 @@ def fold(model: FoldingModel | str | os.PathLike, sequence: str, profile: torch.
         ca = module_backbone[:, 1]
         realised = realise(ca, distances, realisation)
         backbone = module_backbone + (realised - ca)[:, None]
-        features = readout_features(logits, realised.to(logits.device), sequence, module_plddt.to(logits.device),
-                                    folding.burial.predict(sequence).to(logits.device))
+        features = folding.confidence_readout.features(logits, realised.to(logits.device), sequence,
+                                                       module_plddt.to(logits.device),
+                                                       folding.burial.predict(sequence).to(logits.device))
         plddt = folding.confidence_readout(features).cpu()
         features = features.cpu()
-    return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances, features)
+    return Prediction(sequence, backbone, plddt, module_backbone, module_plddt, distances, features,
+                      logits.float().cpu() if keep_logits else None)

@@ -20,7 +20,8 @@ The plan names each Evoformer block as a shard and recompute unit.
 
 The model also holds what `protein.fold` reads the realised fold's pLDDT from, fitted after training
 and never run by forward: the sequence-only burial network (`protein.burial`, frozen parameters)
-and the confidence readout (`protein.confidence_readout`, buffers).
+and the confidence readout (`protein.confidence_readout`: buffers, and the per-pair network of
+`protein.pair_confidence` with frozen parameters).
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ from protein.heldout import heldout_chains
 from protein.identity import SimilaritySearch
 from protein.data import CHAINS_FILE, CropConfig, FoldingExamples, ProteinChain, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
-from protein.fit_confidence import card_line, fit_burial, fit_readout, fitting_chains, readout_example
+from protein.fit_confidence import (card_line, fit_burial, fit_pairs, fit_readout, fitting_chains, fitting_fold,
+                                    fold_digest, pair_sample, readout_example)
 from protein.model import FoldConfig, FoldingModel
+from protein.pair_confidence import PairTraining
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
@@ -175,8 +177,20 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
             burial = fit_burial(model, train_chains, config.burial_epochs, fitting) if trainer.env.is_main else {}
             model.burial.load_state_dict(from_main_rank(model.burial.state_dict()))
             confidence = from_main_rank(burial)
-        # Every rank folds a share of the chains and fits the readout on all of them.
-        confidence |= fit_readout(model, map_over_ranks(lambda chain: readout_example(model, chain), fitting))
+        # Every rank folds a share of the chains and keeps its folds; the main rank trains the per-pair
+        # network on pairs drawn from them all; every rank then fits the readout on them all.
+        digest, training, folds = fold_digest(model), PairTraining(), {}
+
+        def fold_and_sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+            folds[index] = fitting_fold(model, fitting[index], digest)
+            return pair_sample(folds[index], training, index)
+
+        samples = map_over_ranks(fold_and_sample, range(len(fitting)))
+        pairs = model.confidence_readout.pairs
+        confidence |= from_main_rank(fit_pairs(model, samples, training) if trainer.env.is_main else {})
+        pairs.load_state_dict(from_main_rank(pairs.state_dict()))
+        confidence |= fit_readout(model, map_over_ranks(lambda index: readout_example(model, folds[index]),
+                                                        range(len(fitting))))
     metrics = scored_splits(model, train_chains, path, config)  # every rank folds a share of the chains
     if not trainer.env.is_main:
         return {}

@@ -71,5 +71,6 @@ def test_training_on_real_chains_predicts_burial_on_chains_it_never_saw():
 def test_the_folding_model_holds_the_network_frozen_for_the_trainer():
     model = FoldingModel(TINY)
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-    assert frozen == {f"burial.{name}" for name, _ in model.burial.named_parameters()} and frozen
+    assert frozen == {f"burial.{name}" for name, _ in model.burial.named_parameters()} | \
+        {f"confidence_readout.pairs.{name}" for name, _ in model.confidence_readout.pairs.named_parameters()}
     assert "burial" in model.parallel_plan().pipeline.post

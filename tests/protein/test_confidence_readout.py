@@ -22,6 +22,7 @@ from protein.fit_confidence import SCORED_CHAINS, benchmark_chains, fitting_chai
 from protein.folding import fold
 from protein.losses import distogram_bin_bounds, distogram_bin_centres
 from protein.model import FoldingModel
+from protein.pair_confidence import RESIDUE_FEATURES
 from protein.residues import KYTE_DOOLITTLE
 from tests.protein.test_fold_evaluation import TINY
 from zoo.parity import relative_error
@@ -31,8 +32,8 @@ LENGTH = 15
 SEQUENCE = "MKTAYIAKQRQISFX"
 
 
-def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: torch.Tensor, burial: torch.Tensor
-                       ) -> dict[str, torch.Tensor]:
+def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: torch.Tensor, burial: torch.Tensor,
+                       pairs: torch.Tensor) -> dict[str, torch.Tensor]:
     """Features of FEATURES' docstring, residue by residue and pair by pair in float64."""
     probabilities = logits.double().softmax(-1)
     bounds = distogram_bin_bounds(BINS).tolist()
@@ -74,6 +75,8 @@ def reference_features(logits: torch.Tensor, ca: torch.Tensor, module_plddt: tor
                 sum(below(i, j, cutoff) for j in others if abs(i - j) >= CONTACT_SEPARATION))
         for k, name in enumerate(BURIAL_TARGETS):
             out[f"predicted_{name}"].append(burial[i, k].item())
+        for k, name in enumerate(RESIDUE_FEATURES):
+            out[name].append(pairs[i, k].item())
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in out.items() if values}
 
 
@@ -83,11 +86,12 @@ def test_features_match_the_pair_by_pair_sums_in_float64():
     logits = torch.randn(LENGTH, LENGTH, BINS, generator=generator) * 3.0
     module_plddt = torch.rand(LENGTH, generator=generator)
     burial = torch.rand(LENGTH, len(BURIAL_TARGETS), generator=generator) * 4
-    ours = readout_features(logits, ca, SEQUENCE, module_plddt, burial)
+    pairs = torch.rand(LENGTH, len(RESIDUE_FEATURES), generator=generator)
+    ours = readout_features(logits, ca, SEQUENCE, module_plddt, burial, pairs)
     assert ours.shape == (LENGTH, len(FEATURES)) and ours.dtype == torch.float32
-    assert torch.equal(ours, readout_features(logits, ca, SEQUENCE, module_plddt, burial, rows=4))
+    assert torch.equal(ours, readout_features(logits, ca, SEQUENCE, module_plddt, burial, pairs, rows=4))
     assert torch.equal(ours[:, 0], distogram_lddt(logits, ca))
-    reference = reference_features(logits, ca, module_plddt, burial)
+    reference = reference_features(logits, ca, module_plddt, burial, pairs)
     assert len(reference) == len(FEATURES) - 3  # the three distogram_lddt readings are protein.confidence's
     for name, expected in reference.items():
         assert relative_error(ours[:, FEATURES.index(name)], expected) < 1e-5, name
@@ -96,20 +100,22 @@ def test_features_match_the_pair_by_pair_sums_in_float64():
 
 
 def test_bad_input_is_refused():
-    burial = torch.zeros(4, len(BURIAL_TARGETS))
-    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(5, 3\), 4 letters, \(4,\), \(4, 4\)"):
-        readout_features(torch.zeros(4, 4, BINS), torch.zeros(5, 3), "MKTA", torch.zeros(4), burial)
-    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(4, 3\), 4 letters, \(4,\), \(4, 3\)"):
-        readout_features(torch.zeros(4, 4, BINS), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial[:, :3])
+    burial, pairs = torch.zeros(4, len(BURIAL_TARGETS)), torch.zeros(4, len(RESIDUE_FEATURES))
+    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(5, 3\), 4 letters, \(4,\), \(4, 4\), \(4, 3\)"):
+        readout_features(torch.zeros(4, 4, BINS), torch.zeros(5, 3), "MKTA", torch.zeros(4), burial, pairs)
+    with pytest.raises(ValueError, match=r"readout_features needs .* got \(4, 4, 64\), \(4, 3\), 4 letters, \(4,\), \(4, 3\), \(4, 3\)"):
+        readout_features(torch.zeros(4, 4, BINS), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial[:, :3], pairs)
+    with pytest.raises(ValueError, match=r"readout_features needs .* and pairs \(L, 3\); got .*, \(4, 4\), \(4, 2\)"):
+        readout_features(torch.zeros(4, 4, BINS), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial, pairs[:, :2])
     with pytest.raises(ValueError, match="the distogram's 60 bins do not split into 8 groups"):
-        readout_features(torch.zeros(4, 4, 60), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial)
+        readout_features(torch.zeros(4, 4, 60), torch.zeros(4, 3), "MKTA", torch.zeros(4), burial, pairs)
     readout = ConfidenceReadout()
-    with pytest.raises(ValueError, match=r"features must have 36 columns \(FEATURES\); got \(3, 5\)"):
+    with pytest.raises(ValueError, match=r"features must have 39 columns \(FEATURES\); got \(3, 5\)"):
         readout(torch.zeros(3, 5))
-    with pytest.raises(ValueError, match=r"fit needs features \(N, 36\) and targets \(N,\); got \(80, 36\) and \(79,\)"):
-        readout.fit(torch.zeros(80, 36), torch.zeros(79))
-    with pytest.raises(ValueError, match="fit needs at least 72 residues; got 10"):
-        readout.fit(torch.zeros(10, 36), torch.zeros(10))
+    with pytest.raises(ValueError, match=r"fit needs features \(N, 39\) and targets \(N,\); got \(80, 39\) and \(79,\)"):
+        readout.fit(torch.zeros(80, 39), torch.zeros(79))
+    with pytest.raises(ValueError, match="fit needs at least 78 residues; got 10"):
+        readout.fit(torch.zeros(10, 39), torch.zeros(10))
 
 
 def test_the_fit_recovers_a_linear_target_and_ignores_a_constant_feature():
@@ -130,7 +136,8 @@ def test_the_fit_recovers_a_linear_target_and_ignores_a_constant_feature():
 def test_a_fitted_readout_survives_the_checkpoint_and_gives_folds_their_plddt(tmp_path):
     torch.manual_seed(0)
     model = FoldingModel(TINY).eval()
-    assert not any(name.startswith("confidence_readout") for name, _ in model.named_parameters())
+    readout_parameters = [p for name, p in model.named_parameters() if name.startswith("confidence_readout.")]
+    assert readout_parameters and not any(p.requires_grad for p in readout_parameters)  # the per-pair network, frozen
     sequence = "MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ"
     unfitted = fold(model, sequence)
     features = unfitted.confidence_features
@@ -143,7 +150,11 @@ def test_a_fitted_readout_survives_the_checkpoint_and_gives_folds_their_plddt(tm
                for k, v in model.confidence_readout.state_dict().items())
     fitted = fold(loaded, sequence)
     assert torch.equal(fitted.confidence_features, features)
-    assert torch.equal(features[:, -len(BURIAL_TARGETS):], model.burial.predict(sequence))
+    burial = FEATURES.index(f"predicted_{BURIAL_TARGETS[0]}")
+    assert torch.equal(features[:, burial : burial + len(BURIAL_TARGETS)], model.burial.predict(sequence))
+    assert torch.equal(features[:, -len(RESIDUE_FEATURES):],
+                       model.confidence_readout.pairs.residue_features(fold(model, sequence, keep_logits=True)
+                                                                       .distogram_logits, fitted.backbone[:, 1]))
     assert torch.equal(fitted.plddt, model.confidence_readout(features)) and not torch.equal(fitted.plddt, unfitted.plddt)
     assert fold(loaded, sequence, realisation=None).confidence_features is None
 
@@ -178,13 +189,27 @@ def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
     model = FoldingModel(TINY)
     card = "# tiny\n\n- Made by: a test\n\n## Memory\n\nnone\n"
     zoo.save(model, tmp_path / "tiny", card=card, extra={"metrics": {"steps": 3}}, files={"train.log": b"step 1\n"})
-    result = subprocess.run([sys.executable, "-m", "protein.fit_confidence", str(tmp_path / "tiny"), "--chains", "2",
-                             "--burial-epochs", "1", "--threads", "1"], capture_output=True, text=True, timeout=280,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
+    folds = tmp_path / "folds"
+
+    def fit(*arguments: str) -> None:
+        result = subprocess.run([sys.executable, "-m", "protein.fit_confidence", str(tmp_path / "tiny"), "--chains", "2",
+                                 "--threads", "1", "--folds", str(folds), *arguments], capture_output=True, text=True,
+                                timeout=90, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    fit("--burial-epochs", "1")
+    burial = f"burial network (`protein.burial`) trained on {len(load_chains('train')):,} training chains for 1 epoch,"
+    assert burial in (tmp_path / "tiny" / "README.md").read_text()
     fitted = zoo.load(tmp_path / "tiny")
     assert not torch.equal(fitted.confidence_readout.weight, model.confidence_readout.weight)
+    assert not torch.equal(fitted.confidence_readout.pairs.net[0].weight, model.confidence_readout.pairs.net[0].weight)
     assert not torch.equal(fitted.burial.out.weight, model.burial.out.weight)
+    kept = {path.name: path.stat().st_mtime_ns for path in folds.iterdir()}
+    assert sorted(kept) == sorted(f"{chain.name}.pt" for chain in fitting_chains(CHAINS_FILE, 2))
+    fit("--burial-epochs", "0")  # the same model: its folds are read back, and the same fit comes out
+    assert {path.name: path.stat().st_mtime_ns for path in folds.iterdir()} == kept
+    refitted = zoo.load(tmp_path / "tiny")
+    assert all(torch.equal(value, fitted.state_dict()[name]) for name, value in refitted.state_dict().items())
     assert all(torch.equal(value, model.state_dict()[name]) for name, value in fitted.state_dict().items()
                if not name.startswith(("burial.", "confidence_readout.")))
     assert (tmp_path / "tiny" / "train.log").read_bytes() == b"step 1\n"
@@ -193,7 +218,14 @@ def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
     chains = fitting_chains(CHAINS_FILE, 2)
     assert (f"- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 2 validation chains "
             f"({sum(len(c.sequence) for c in chains):,} residues)") in text
-    assert (f"`python -m protein.fit_confidence {tmp_path / 'tiny'} --chains-file {CHAINS_FILE.name} --burial-epochs 1 "
-            f"--chains 2`") in text
-    assert f"burial network (`protein.burial`) trained on {len(load_chains('train')):,} training chains for 1 epoch," in text
+    assert (f"`python -m protein.fit_confidence {tmp_path / 'tiny'} --chains-file {CHAINS_FILE.name} --burial-epochs 0 "
+            f"--chains 2 --check-every 4`") in text
+    assert "the per-pair network (`protein.pair_confidence`) it reads trained first on 12,000 pairs" in text
+    assert "; fitted first without 1 of the chains, it scored those at Pearson r " in text
+    assert text.count("- Confidence readout fitted") == 1
     assert text.index("- Made by: a test") < text.index("Confidence readout") < text.index("## Memory")
+    other = FoldingModel(TINY)  # another trunk: the kept folds are not its own, so it folds anew
+    zoo.save(other, tmp_path / "tiny", card=card)
+    fit("--burial-epochs", "0")
+    assert all(path.stat().st_mtime_ns > kept[path.name] for path in folds.iterdir())
+    assert not torch.equal(zoo.load(tmp_path / "tiny").confidence_readout.weight, fitted.confidence_readout.weight)

@@ -60,7 +60,10 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     assert config["metrics"]["heldout"]["removed_as_similar"] >= 1  # the shipped chains keep some held-out families
     readout = config["metrics"]["confidence_readout"]
     assert readout["chains"] == 3 and readout["residues"] == sum(len(c.sequence) for c in fitting_chains(CHAINS_FILE, 3, 1))
-    assert -1.0 <= readout["pearson_before"] < readout["pearson_fitted"] <= 1.0  # 36 features fitted to ~300 residues
+    assert -1.0 <= readout["pearson_before"] < readout["pearson_fitted"] <= 1.0  # 39 features fitted to ~300 residues
+    fitting = fitting_chains(CHAINS_FILE, 3, 1)  # each rank folded its share; the pairs came from all three
+    assert readout["pair_examples"] == sum(min(6000, len(c.sequence) * (len(c.sequence) - 1)) for c in fitting)
+    assert readout["pair_epochs"] == 8 and 0.0 < readout["pair_loss"] < 0.6
     assert readout["burial_chains"] == len(load_chains("train")) and readout["burial_epochs"] == 1
     assert readout["burial_pearson"] > 0.2  # one epoch over the shipped chains already tells buried from exposed
     assert isinstance(zoo.load(tmp_path / "model"), FoldingModel)
@@ -70,6 +73,7 @@ def test_two_ranks_zero2_recompute_train_a_folding_model_that_writes_pdb(tmp_pat
     fitted = "- Confidence readout fitted (`protein.confidence_readout`) on realised folds of 3 validation chains ("
     assert card.index("- Made by: ") < card.index(fitted) < card.index("- Evaluated on whole chains")
     assert f"burial network (`protein.burial`) trained on {len(load_chains('train')):,} training chains for 1 epoch," in card
+    assert f"the per-pair network (`protein.pair_confidence`) it reads trained first on {readout['pair_examples']:,} pairs" in card
 
     done = zoo_in_process(capsys, "fold", str(tmp_path / "model"), "MKTAYIAKQRQISFVKSHFSRQ", "-o", str(tmp_path / "out.pdb"))
     assert done.returncode == 0, done.stderr
