@@ -115,8 +115,8 @@ fold() {
     # Inference: which SDPA kernel the Evoformer's attentions take on CUDA (with the key-mask channel
     # their head width is 17), and the time and peak of folding 256 and 1,024 residues.
     section "fold_inference"
-    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 256 || true
-    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 1024 || true
+    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 256 --profile 8 || true
+    record python3 benchmarks/fold_inference.py fold-tiny --device cuda --length 1024 --profile 8 || true
 }
 
 trainer() {
