@@ -154,7 +154,8 @@ class ConfidenceReadout(nn.Module):
                  burial: torch.Tensor) -> torch.Tensor:
         """readout_features of a realised fold (the arguments as there) with `pairs`' residue
         features -> (L, len(FEATURES)) float32."""
-        return readout_features(logits, ca, sequence, module_plddt, burial, self.pairs.residue_features(logits, ca))
+        return readout_features(logits, ca, sequence, module_plddt, burial,
+                                self.pairs.residue_features(logits, ca, burial.to(logits.device)))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if features.shape[-1] != len(FEATURES):

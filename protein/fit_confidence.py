@@ -133,11 +133,13 @@ def stored_fold(model: FoldingModel, chain: ProteinChain, digest: str, folder: P
     return path
 
 
-def pair_sample(folded: FittingFold, training: PairTraining, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """pair_examples of fitting chain `index`'s fold, drawn with a generator seeded by the training's
-    seed and the index (the same draw whichever rank or run makes it)."""
+def pair_sample(model: FoldingModel, folded: FittingFold, training: PairTraining, index: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """pair_examples of fitting chain `index`'s fold with the model's burial prediction, drawn with a
+    generator seeded by the training's seed and the index (the same draw whichever rank or run makes it)."""
     generator = torch.Generator().manual_seed(training.seed * 1_000_003 + index)
-    return pair_examples(folded.logits, folded.ca, folded.true_ca, training.pairs_per_chain, generator)
+    return pair_examples(folded.logits, folded.ca, folded.true_ca, model.burial.predict(folded.sequence).cpu(),
+                         training.pairs_per_chain, generator)
 
 
 def fit_pairs(model: FoldingModel, examples: list[tuple[torch.Tensor, torch.Tensor]], training: PairTraining
@@ -274,7 +276,7 @@ def main() -> None:
         digest, paths, samples, training = fold_digest(model), [], [], PairTraining()
         for index, chain in enumerate(chains):
             paths.append(stored_fold(model, chain, digest, kept))
-            samples.append(pair_sample(read_fold(paths[-1]), training, index))
+            samples.append(pair_sample(model, read_fold(paths[-1]), training, index))
             print(f"  {index + 1}/{len(chains)} {chain.name} L={len(chain.sequence)}", flush=True)
         check = held_out_check(model, paths, samples, training, args.check_every) if args.check_every else {}
         if check:

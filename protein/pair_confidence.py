@@ -1,16 +1,17 @@
 """A learned estimate, pair by pair, of what lDDT-Cα will score on a realised fold, pooled per residue
 for the confidence readout.
 
-    inputs = pair_inputs(logits (R, L, bins), distances (R, L), separation (R, L))        (R, L, PAIR_INPUTS)
+    inputs = pair_inputs(logits (R, L, bins), distances (R, L), separation (R, L),
+                         burial_i (R, L, 4), burial_j (R, L, 4))                           (R, L, PAIR_INPUTS)
     contact, preserved = PairConfidence()(inputs).sigmoid().unbind(-1)                    (R, L) each
-    features = PairConfidence().residue_features(logits (L, L, bins), ca (L, 3))          (L, 3)
-    train_pair_confidence(net, [pair_examples(logits, ca, true_ca, generator), ...])
+    features = PairConfidence().residue_features(logits (L, L, bins), ca (L, 3), burial (L, 4))  (L, 3)
+    train_pair_confidence(net, [pair_examples(logits, ca, true_ca, burial, pairs, generator), ...])
 
 lDDT-Cα scores residue i over the residues j whose true distance is under 15 Å, each by the
 fraction of its thresholds within which the realised distance d_ij lies. For each pair the network
 reads what the model says of it (the distogram pooled into PAIR_GROUPS groups of bins, the realised
-distance, the lDDT terms expected under the distogram at temperature 1 and 0.7, the sequence
-separation, the entropy) and predicts two probabilities: `contact`, that the true distance is under
+distance, the burial network's prediction for i and for j, the lDDT terms expected under the
+distogram at temperature 1 and 0.7, the sequence separation, the entropy) and predicts two probabilities: `contact`, that the true distance is under
 15 Å, and `preserved`, contact times the fraction of thresholds met (PAIR_OUTPUTS). Summed over j they
 give residue i's lDDT-Cα and neighbour count as the network expects them (RESIDUE_FEATURES), which the
 confidence readout reads (`protein.confidence_readout`).
@@ -30,6 +31,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from protein.burial import BURIAL_TARGETS
 from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, TEMPERATURE, pair_terms
 
 PAIR_GROUPS = 16
@@ -41,8 +43,11 @@ SEPARATION_EDGES = (2, 3, 4, 5, 7, 9, 13, 17, 25, 49)
 PAIR_NUMBERS = ("realised_distance", "preserved", "near", "sharp_preserved", "sharp_near", "log_separation", "entropy")
 """The inputs after the one-hots: min(d, 40 Å) / 20, pair_terms' two terms at temperature 1 and at
 protein.confidence.TEMPERATURE, log(1 + |i - j|) / 5, the distogram's entropy (nats)."""
-PAIR_INPUTS = PAIR_GROUPS + len(REALISED_EDGES) + 1 + len(SEPARATION_EDGES) + 1 + len(PAIR_NUMBERS)
-"""Inputs per pair (pair_inputs): the pooled distogram, the two one-hots, PAIR_NUMBERS."""
+PAIR_INPUTS = PAIR_GROUPS + len(REALISED_EDGES) + 1 + len(SEPARATION_EDGES) + 1 + 2 * len(BURIAL_TARGETS) \
+    + len(PAIR_NUMBERS)
+"""Inputs per pair (pair_inputs): the pooled distogram, the two one-hots, the burial network's
+prediction for i and for j (protein.burial; where the distogram errs depends on how buried the two
+residues are), PAIR_NUMBERS."""
 PAIR_OUTPUTS = ("contact", "preserved")
 """The network's two logits per pair: P(true distance < 15 Å), and that times the fraction of lDDT's
 thresholds the realised distance meets."""
@@ -52,14 +57,18 @@ HIDDEN = 128
 """Width of the network's two hidden layers."""
 
 
-def pair_inputs(logits: torch.Tensor, distances: torch.Tensor, separation: torch.Tensor) -> torch.Tensor:
+def pair_inputs(logits: torch.Tensor, distances: torch.Tensor, separation: torch.Tensor, burial_i: torch.Tensor,
+                burial_j: torch.Tensor) -> torch.Tensor:
     """logits (R, L, bins) of R rows of the distogram, distances (R, L) Å of the realised fold,
-    separation (R, L) |i - j| -> (R, L, PAIR_INPUTS) float32 (see the module docstring)."""
-    bins = logits.shape[-1]
-    if bins % PAIR_GROUPS or distances.shape != logits.shape[:-1] or separation.shape != distances.shape:
+    separation (R, L) |i - j|, burial_i and burial_j (R, L, len(BURIAL_TARGETS)) the burial network's
+    prediction for each pair's i and j -> (R, L, PAIR_INPUTS) float32 (see the module docstring)."""
+    bins, context = logits.shape[-1], (*distances.shape, len(BURIAL_TARGETS))
+    if bins % PAIR_GROUPS or distances.shape != logits.shape[:-1] or separation.shape != distances.shape \
+            or burial_i.shape != context or burial_j.shape != context:
         raise ValueError(f"pair_inputs needs logits (R, L, bins) with bins a multiple of {PAIR_GROUPS}, distances and "
-                         f"separation (R, L); got {tuple(logits.shape)}, {tuple(distances.shape)}, "
-                         f"{tuple(separation.shape)}")
+                         f"separation (R, L), burial_i and burial_j (R, L, {len(BURIAL_TARGETS)}); got "
+                         f"{tuple(logits.shape)}, {tuple(distances.shape)}, {tuple(separation.shape)}, "
+                         f"{tuple(burial_i.shape)}, {tuple(burial_j.shape)}")
     probabilities = logits.float().softmax(-1)
     preserved, near = pair_terms(probabilities, distances)
     sharp_preserved, sharp_near = pair_terms((logits.float() / TEMPERATURE).softmax(-1), distances)
@@ -71,6 +80,7 @@ def pair_inputs(logits: torch.Tensor, distances: torch.Tensor, separation: torch
         probabilities.unflatten(-1, (PAIR_GROUPS, -1)).sum(-1),
         nn.functional.one_hot(torch.bucketize(capped, realised), len(REALISED_EDGES) + 1).float(),
         nn.functional.one_hot(torch.bucketize(separation, apart, right=True), len(SEPARATION_EDGES) + 1).float(),
+        burial_i.float(), burial_j.float(),
         torch.stack([capped / 20, preserved.float(), near.float(), sharp_preserved.float(), sharp_near.float(),
                      separation.float().log1p() / 5, entropy], -1)], -1)
 
@@ -91,19 +101,22 @@ def separations(rows: slice, length: int, device: torch.device | str = "cpu") ->
     return (index[rows, None] - index[None]).abs()
 
 
-def pair_examples(logits: torch.Tensor, ca: torch.Tensor, true_ca: torch.Tensor, pairs: int,
+def pair_examples(logits: torch.Tensor, ca: torch.Tensor, true_ca: torch.Tensor, burial: torch.Tensor, pairs: int,
                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One realised fold: logits (L, L, bins), ca (L, 3) realised, true_ca (L, 3) -> (inputs (P,
+    """One realised fold: logits (L, L, bins), ca (L, 3) realised, true_ca (L, 3), burial (L,
+    len(BURIAL_TARGETS)) the burial network's prediction -> (inputs (P,
     PAIR_INPUTS), targets (P, 2)) of P = min(pairs, L * (L - 1)) pairs i != j drawn without
     replacement by `generator`."""
     length = len(ca)
-    if logits.shape[:2] != (length, length) or ca.shape != (length, 3) or true_ca.shape != (length, 3):
-        raise ValueError(f"pair_examples needs logits (L, L, bins), ca and true_ca (L, 3); got {tuple(logits.shape)}, "
-                         f"{tuple(ca.shape)}, {tuple(true_ca.shape)}")
+    if logits.shape[:2] != (length, length) or ca.shape != (length, 3) or true_ca.shape != (length, 3) \
+            or burial.shape != (length, len(BURIAL_TARGETS)):
+        raise ValueError(f"pair_examples needs logits (L, L, bins), ca and true_ca (L, 3), burial (L, "
+                         f"{len(BURIAL_TARGETS)}); got {tuple(logits.shape)}, {tuple(ca.shape)}, {tuple(true_ca.shape)}, "
+                         f"{tuple(burial.shape)}")
     off_diagonal = (~torch.eye(length, dtype=torch.bool)).nonzero()
     i, j = off_diagonal[torch.randperm(len(off_diagonal), generator=generator)[:pairs]].T
     distances = (ca[i].double() - ca[j].double()).norm(dim=-1)
-    inputs = pair_inputs(logits[i, j][None], distances[None], (i - j).abs()[None])[0]
+    inputs = pair_inputs(logits[i, j][None], distances[None], (i - j).abs()[None], burial[i][None], burial[j][None])[0]
     return inputs, pair_targets(ca, true_ca)[i, j]
 
 
@@ -122,19 +135,24 @@ class PairConfidence(nn.Module):
         return self.net((inputs - self.mean) / self.scale)
 
     @torch.no_grad()
-    def residue_features(self, logits: torch.Tensor, ca: torch.Tensor, rows: int = 64) -> torch.Tensor:
-        """logits (L, L, bins) of the distogram, ca (L, 3) Å realised -> (L, len(RESIDUE_FEATURES))
+    def residue_features(self, logits: torch.Tensor, ca: torch.Tensor, burial: torch.Tensor, rows: int = 64
+                         ) -> torch.Tensor:
+        """logits (L, L, bins) of the distogram, ca (L, 3) Å realised, burial (L, len(BURIAL_TARGETS)) the
+        burial network's prediction -> (L, len(RESIDUE_FEATURES))
         float32, `rows` rows at a time: no (L, L, PAIR_INPUTS) tensor exists whole."""
         length = len(ca)
-        if logits.shape[:2] != (length, length) or ca.shape != (length, 3):
-            raise ValueError(f"residue_features needs logits (L, L, bins) and ca (L, 3); got {tuple(logits.shape)} "
-                             f"and {tuple(ca.shape)}")
+        if logits.shape[:2] != (length, length) or ca.shape != (length, 3) or burial.shape != (length, len(BURIAL_TARGETS)):
+            raise ValueError(f"residue_features needs logits (L, L, bins), ca (L, 3) and burial (L, {len(BURIAL_TARGETS)}); "
+                             f"got {tuple(logits.shape)}, {tuple(ca.shape)} and {tuple(burial.shape)}")
         distances = torch.cdist(ca.double(), ca.double())
         sums = []
         for start in range(0, length, rows):
             block = slice(start, min(start + rows, length))
             separation = separations(block, length, logits.device)
-            expected = self(pair_inputs(logits[block], distances[block], separation)).sigmoid() * (separation > 0)[..., None]
+            context = (len(separation), length, burial.shape[-1])
+            inputs = pair_inputs(logits[block], distances[block], separation, burial[block, None].expand(context),
+                                 burial[None].expand(context))
+            expected = self(inputs).sigmoid() * (separation > 0)[..., None]
             sums.append(expected.sum(1))
         contact, preserved = torch.cat(sums).double().unbind(-1)
         return torch.stack([preserved / contact.clamp_min(1e-6), contact.log1p(), preserved.log1p()], -1).float()

@@ -183,7 +183,7 @@ def run(config: FoldTinyConfig) -> dict[str, Any]:
 
         def fold_and_sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
             folds[index] = fitting_fold(model, fitting[index], digest)
-            return pair_sample(folds[index], training, index)
+            return pair_sample(model, folds[index], training, index)
 
         samples = map_over_ranks(fold_and_sample, range(len(fitting)))
         pairs = model.confidence_readout.pairs

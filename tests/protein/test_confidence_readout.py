@@ -152,9 +152,9 @@ def test_a_fitted_readout_survives_the_checkpoint_and_gives_folds_their_plddt(tm
     assert torch.equal(fitted.confidence_features, features)
     burial = FEATURES.index(f"predicted_{BURIAL_TARGETS[0]}")
     assert torch.equal(features[:, burial : burial + len(BURIAL_TARGETS)], model.burial.predict(sequence))
-    assert torch.equal(features[:, -len(RESIDUE_FEATURES):],
-                       model.confidence_readout.pairs.residue_features(fold(model, sequence, keep_logits=True)
-                                                                       .distogram_logits, fitted.backbone[:, 1]))
+    logits = fold(model, sequence, keep_logits=True).distogram_logits
+    assert torch.equal(features[:, -len(RESIDUE_FEATURES):], model.confidence_readout.pairs.residue_features(
+        logits, fitted.backbone[:, 1], model.burial.predict(sequence)))
     assert torch.equal(fitted.plddt, model.confidence_readout(features)) and not torch.equal(fitted.plddt, unfitted.plddt)
     assert fold(loaded, sequence, realisation=None).confidence_features is None
 

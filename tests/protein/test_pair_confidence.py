@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from protein.burial import BURIAL_TARGETS, neighbour_counts
 from protein.confidence import pair_terms
 from protein.data import ProteinChain, load_chains
 from protein.losses import distogram_bin_centres
@@ -23,17 +24,20 @@ BINS = 64
 LENGTH = 11
 
 
-def random_fold(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (LENGTH, LENGTH, BINS), ca (LENGTH, 3) with distances of ~2 to ~40 Å)."""
+def random_fold(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (LENGTH, LENGTH, BINS), ca (LENGTH, 3) with distances of ~2 to ~40 Å, burial (LENGTH, 4))."""
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(LENGTH, LENGTH, BINS, generator=generator) * 3.0,
-            torch.randn(LENGTH, 3, generator=generator, dtype=torch.float64) * 9.0)
+            torch.randn(LENGTH, 3, generator=generator, dtype=torch.float64) * 9.0,
+            torch.rand(LENGTH, len(BURIAL_TARGETS), generator=generator) * 4.0)
 
 
 def test_inputs_match_a_pair_by_pair_reference_in_float64():
-    logits, ca = random_fold(0)
+    logits, ca, burial = random_fold(0)
     distances = torch.cdist(ca, ca)
-    ours = pair_inputs(logits, distances, separations(slice(0, LENGTH), LENGTH))
+    context = (LENGTH, LENGTH, len(BURIAL_TARGETS))
+    ours = pair_inputs(logits, distances, separations(slice(0, LENGTH), LENGTH), burial[:, None].expand(context),
+                       burial[None].expand(context))
     assert ours.shape == (LENGTH, LENGTH, PAIR_INPUTS) and ours.dtype == torch.float32
     width = BINS // PAIR_GROUPS
     for i in range(LENGTH):
@@ -45,12 +49,18 @@ def test_inputs_match_a_pair_by_pair_reference_in_float64():
             expected = [p[g * width : (g + 1) * width].sum().item() for g in range(PAIR_GROUPS)]
             expected += [float(k == sum(min(d, 40.0) > e for e in REALISED_EDGES)) for k in range(len(REALISED_EDGES) + 1)]
             expected += [float(k == sum(s >= e for e in SEPARATION_EDGES)) for k in range(len(SEPARATION_EDGES) + 1)]
+            expected += burial[i].tolist() + burial[j].tolist()
             expected += [min(d, 40.0) / 20, preserved.item(), near.item(), sharp_preserved.item(), sharp_near.item(),
                          math.log1p(s) / 5, -sum(q * math.log(q) for q in p.tolist() if q > 0)]
             assert relative_error(ours[i, j], torch.tensor(expected, dtype=torch.float64)) < 1e-5, (i, j)
+    rows = (2, LENGTH, len(BURIAL_TARGETS))
     with pytest.raises(ValueError, match=r"pair_inputs needs logits \(R, L, bins\) with bins a multiple of 16, .* got "
-                                         r"\(2, 11, 60\), \(2, 11\), \(2, 11\)"):
-        pair_inputs(logits[:2, :, :60], distances[:2], separations(slice(0, 2), LENGTH))
+                                         r"\(2, 11, 60\), \(2, 11\), \(2, 11\), \(2, 11, 4\), \(2, 11, 4\)"):
+        pair_inputs(logits[:2, :, :60], distances[:2], separations(slice(0, 2), LENGTH), burial[:2, None].expand(rows),
+                    burial[None].expand(rows))
+    with pytest.raises(ValueError, match=r"pair_inputs needs .* got .*, \(2, 11, 4\), \(2, 11, 3\)"):
+        pair_inputs(logits[:2], distances[:2], separations(slice(0, 2), LENGTH), burial[:2, None].expand(rows),
+                    burial[None, :, :3].expand(2, LENGTH, 3))
 
 
 def test_the_targets_are_the_terms_lddt_sums():
@@ -64,23 +74,26 @@ def test_the_targets_are_the_terms_lddt_sums():
 
 
 def test_residue_features_pool_the_network_over_every_other_residue():
-    logits, ca = random_fold(2)
+    logits, ca, burial = random_fold(2)
     torch.manual_seed(0)
     net = PairConfidence()
     with torch.no_grad():
         net.mean.normal_()
         net.scale.uniform_(0.5, 2.0)
-    ours = net.residue_features(logits, ca)
-    assert ours.shape == (LENGTH, len(RESIDUE_FEATURES)) and torch.equal(ours, net.residue_features(logits, ca, rows=3))
+    ours = net.residue_features(logits, ca, burial)
+    assert ours.shape == (LENGTH, len(RESIDUE_FEATURES))
+    assert torch.equal(ours, net.residue_features(logits, ca, burial, rows=3))
+    context = (LENGTH, LENGTH, len(BURIAL_TARGETS))
     with torch.no_grad():
-        probabilities = net(pair_inputs(logits, torch.cdist(ca, ca), separations(slice(0, LENGTH), LENGTH))).sigmoid()
+        probabilities = net(pair_inputs(logits, torch.cdist(ca, ca), separations(slice(0, LENGTH), LENGTH),
+                                        burial[:, None].expand(context), burial[None].expand(context))).sigmoid()
     probabilities = probabilities.double() * (1 - torch.eye(LENGTH, dtype=torch.float64))[..., None]
     contact, preserved = probabilities.sum(1).unbind(-1)
     expected = torch.stack([preserved / contact, contact.log1p(), preserved.log1p()], -1)
     assert relative_error(ours, expected) < 1e-5
-    with pytest.raises(ValueError, match=r"residue_features needs logits \(L, L, bins\) and ca \(L, 3\); got "
-                                         r"\(11, 11, 64\) and \(10, 3\)"):
-        net.residue_features(logits, ca[:10])
+    with pytest.raises(ValueError, match=r"residue_features needs logits \(L, L, bins\), ca \(L, 3\) and burial "
+                                         r"\(L, 4\); got \(11, 11, 64\), \(10, 3\) and \(11, 4\)"):
+        net.residue_features(logits, ca[:10], burial)
 
 
 def miscalibrated_fold(chain: ProteinChain, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +114,8 @@ def test_trained_on_folds_it_learns_what_their_distogram_gets_wrong():
     examples = []
     for chain in load_chains("validation")[:8]:
         logits, realised = miscalibrated_fold(chain, generator)
-        examples.append(pair_examples(logits, realised.float(), chain.coordinates[:, 1], 3000, generator))
+        examples.append(pair_examples(logits, realised.float(), chain.coordinates[:, 1],
+                                      neighbour_counts(chain.coordinates[:, 1]), 3000, generator))
     net = PairConfidence()
     losses = train_pair_confidence(net, examples[:6], PairTraining(epochs=6, batch=1024))
     assert losses[-1] < 0.8 * losses[0] and not any(p.requires_grad for p in net.parameters()) and not net.training
