@@ -26,9 +26,7 @@ from __future__ import annotations
 import torch
 
 from protein.losses import distogram_bin_bounds
-
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
-"""Å: the distance errors lDDT tolerates (protein.metrics)."""
+from protein.metrics import LDDT_THRESHOLDS
 INCLUSION_RADIUS = 15.0
 """Å: lDDT's cutoff on the true distance of a counted pair."""
 TEMPERATURE = 0.7

@@ -208,11 +208,12 @@ def held_out_check(model: FoldingModel, paths: list[Path], samples: list[tuple[t
 
 def card_line(stats: dict[str, float], command: str) -> str:
     """The model card's line about the fit (fit_readout's stats, with fit_burial's when the burial
-    network was trained)."""
+    network was trained; else the line says the model's own burial network was kept)."""
     epochs = stats.get("burial_epochs", 0)
     burial = (f"; burial network (`protein.burial`) trained on {stats['burial_chains']:,} training chains for {epochs} "
               f"epoch{'s' if epochs != 1 else ''}, its predicted neighbour count at Pearson r "
-              f"{stats['burial_pearson']:.3f} with the true one on those validation chains" if "burial_chains" in stats else "")
+              f"{stats['burial_pearson']:.3f} with the true one on those validation chains" if "burial_chains" in stats
+              else "; the burial network (`protein.burial`) is the model's own, kept from an earlier fit")
     pairs = (f"; the per-pair network (`protein.pair_confidence`) it reads trained first on {stats['pair_examples']:,} "
              f"pairs drawn from those folds for {stats['pair_epochs']} epochs (binary cross-entropy "
              f"{stats['pair_loss']:.4f})" if "pair_examples" in stats else "")

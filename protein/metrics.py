@@ -32,20 +32,30 @@ def rmsd(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None = Non
     return (moved - true[mask].double()).pow(2).sum(-1).mean().sqrt()
 
 
+def lddt_pair_terms(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None = None,
+                    cutoff: float = 15.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """lDDT's terms of every pair of pred (..., N, 3) against true: (counted, preserved), both (..., N,
+    N) float64. counted is 1 for the pairs lDDT scores (distinct present residues closer than `cutoff`
+    Å in true), else 0; preserved is counted times the fraction of the thresholds (0.5, 1, 2, 4 Å)
+    within which pred keeps that pair's distance."""
+    mask = _checked(pred, true, mask)
+    true_distances = torch.cdist(true.double(), true.double())
+    error = (torch.cdist(pred.double(), pred.double()) - true_distances).abs()
+    counted = mask[..., :, None] & mask[..., None, :] & (true_distances < cutoff)
+    counted &= ~torch.eye(true.shape[-2], dtype=torch.bool, device=true.device)
+    kept = sum((error < t).double() for t in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
+    return counted.double(), kept * counted
+
+
 def lddt(pred: torch.Tensor, true: torch.Tensor, mask: torch.Tensor | None = None, cutoff: float = 15.0,
          per_residue: bool = False) -> torch.Tensor:
     """Local distance difference test (Mariani et al., 2013) of pred (..., N, 3) against true: over
     the pairs of distinct present residues closer than `cutoff` Å in true, the fraction of distances
-    pred preserves within 0.5, 1, 2 and 4 Å, averaged over the thresholds. No superposition.
-    Returns (...) pooled over all pairs, or (..., N) per residue; in [0, 1]."""
-    mask = _checked(pred, true, mask)
-    true_distances = torch.cdist(true.double(), true.double())
-    error = (torch.cdist(pred.double(), pred.double()) - true_distances).abs()
-    pairs = mask[..., :, None] & mask[..., None, :] & (true_distances < cutoff)
-    pairs &= ~torch.eye(true.shape[-2], dtype=torch.bool, device=true.device)
-    preserved = sum((error < t).double() for t in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
+    pred preserves within 0.5, 1, 2 and 4 Å, averaged over the thresholds (`lddt_pair_terms`). No
+    superposition. Returns (...) pooled over all pairs, or (..., N) per residue; in [0, 1]."""
+    counted, preserved = lddt_pair_terms(pred, true, mask, cutoff)
     dims = (-1,) if per_residue else (-2, -1)
-    return (preserved * pairs).sum(dims) / pairs.sum(dims).clamp_min(1)
+    return preserved.sum(dims) / counted.sum(dims).clamp_min(1)
 
 
 def tm_d0(length: int) -> float:

@@ -11,10 +11,11 @@ lDDT-Cα scores residue i over the residues j whose true distance is under 15 Å
 fraction of its thresholds within which the realised distance d_ij lies. For each pair the network
 reads what the model says of it (the distogram pooled into PAIR_GROUPS groups of bins, the realised
 distance, the burial network's prediction for i and for j, the lDDT terms expected under the
-distogram at temperature 1 and 0.7, the sequence separation, the entropy) and predicts two probabilities: `contact`, that the true distance is under
-15 Å, and `preserved`, contact times the fraction of thresholds met (PAIR_OUTPUTS). Summed over j they
-give residue i's lDDT-Cα and neighbour count as the network expects them (RESIDUE_FEATURES), which the
-confidence readout reads (`protein.confidence_readout`).
+distogram at temperature 1 and 0.7, the sequence separation, the entropy) and predicts two
+probabilities: `contact`, that the true distance is under 15 Å, and `preserved`, contact times the
+fraction of thresholds met (PAIR_OUTPUTS). Summed over j they give residue i's lDDT-Cα and neighbour
+count as the network expects them (RESIDUE_FEATURES), which the confidence readout reads
+(`protein.confidence_readout`).
 
 Why: `protein.confidence.distogram_lddt` takes the distogram at its word, and a small model's
 distogram is miscalibrated in ways that depend on the distance, the separation and the realisation
@@ -32,7 +33,8 @@ import torch
 from torch import nn
 
 from protein.burial import BURIAL_TARGETS
-from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, TEMPERATURE, pair_terms
+from protein.confidence import INCLUSION_RADIUS, TEMPERATURE, pair_terms
+from protein.metrics import lddt_pair_terms
 
 PAIR_GROUPS = 16
 """The distogram's bins are pooled into this many groups of consecutive bins for the network."""
@@ -87,12 +89,8 @@ def pair_inputs(logits: torch.Tensor, distances: torch.Tensor, separation: torch
 
 def pair_targets(ca: torch.Tensor, true_ca: torch.Tensor) -> torch.Tensor:
     """ca (L, 3) Å realised, true_ca (L, 3) Å -> (L, L, 2) float32 (contact, preserved) of every pair,
-    as lDDT-Cα scores it (protein.metrics.lddt): 0 on the diagonal."""
-    true = torch.cdist(true_ca.double(), true_ca.double())
-    error = (torch.cdist(ca.double(), ca.double()) - true).abs()
-    contact = (true < INCLUSION_RADIUS) & ~torch.eye(len(ca), dtype=torch.bool, device=ca.device)
-    met = sum((error < t).double() for t in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
-    return torch.stack([contact.double(), contact * met], -1).float()
+    lDDT-Cα's own terms (`protein.metrics.lddt_pair_terms`): 0 on the diagonal."""
+    return torch.stack(lddt_pair_terms(ca, true_ca, cutoff=INCLUSION_RADIUS), -1).float()
 
 
 def separations(rows: slice, length: int, device: torch.device | str = "cpu") -> torch.Tensor:

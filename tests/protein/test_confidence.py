@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from protein.confidence import INCLUSION_RADIUS, LDDT_THRESHOLDS, distogram_lddt
+from protein.confidence import INCLUSION_RADIUS, distogram_lddt
 from protein.data import load_chains
 from protein.folding import fold
 from protein.losses import distogram_bin_bounds, distogram_bin_centres, distogram_targets
-from protein.metrics import lddt
+from protein.metrics import LDDT_THRESHOLDS, lddt
 from protein.model import FoldingModel
 from tests.protein.test_fold_evaluation import TINY
 from zoo.parity import relative_error

@@ -222,6 +222,8 @@ def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
             f"--chains 2 --check-every 4`") in text
     assert "the per-pair network (`protein.pair_confidence`) it reads trained first on 12,000 pairs" in text
     assert "; fitted first without 1 of the chains, it scored those at Pearson r " in text
+    assert "; the burial network (`protein.burial`) is the model's own, kept from an earlier fit." in text
+    assert burial not in text
     assert text.count("- Confidence readout fitted") == 1
     assert text.index("- Made by: a test") < text.index("Confidence readout") < text.index("## Memory")
     other = FoldingModel(TINY)  # another trunk: the kept folds are not its own, so it folds anew
