@@ -410,15 +410,17 @@ class DurationBuckets(torch.utils.data.Dataset):
 
 def collate_speech(examples: list) -> dict[str, torch.Tensor]:
     """Examples (or lists of them, from DurationBuckets) -> {"input_features" (B, T, F) zero-padded,
-    "attention_mask" (B, T) 1 = frame, "labels" (B, U) padded with -100}."""
+    "attention_mask" (B, T) 1 = frame, "labels" (B, U) padded with -100}; examples of encoder outputs
+    (`asr.encoder_cache`) give "encoder_outputs" (B, T', E) in place of "input_features"."""
     flat = [e for item in examples for e in (item if isinstance(item, list) else [item])]
-    frames = max(e["input_features"].shape[0] for e in flat)
+    key = "input_features" if "input_features" in flat[0] else "encoder_outputs"
+    frames = max(e[key].shape[0] for e in flat)
     symbols = max(e["labels"].numel() for e in flat)
-    features = torch.zeros(len(flat), frames, flat[0]["input_features"].shape[1])
+    features = torch.zeros(len(flat), frames, flat[0][key].shape[1])
     mask = torch.zeros(len(flat), frames, dtype=torch.long)
     labels = torch.full((len(flat), symbols), IGNORE_INDEX, dtype=torch.long)
     for row, example in enumerate(flat):
-        length = example["input_features"].shape[0]
-        features[row, :length], mask[row, :length] = example["input_features"], 1
+        length = example[key].shape[0]
+        features[row, :length], mask[row, :length] = example[key], 1
         labels[row, : example["labels"].numel()] = example["labels"]
-    return {"input_features": features, "attention_mask": mask, "labels": labels}
+    return {key: features, "attention_mask": mask, "labels": labels}

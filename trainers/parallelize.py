@@ -51,6 +51,14 @@ def recompute_units(model: nn.Module) -> list[str]:
     return plan.block_names(model) + resolve(model, plan.recompute, "recompute")
 
 
+def trains(module: nn.Module) -> bool:
+    """Whether any parameter of `module` trains. A block with none is left to its parent's
+    data-parallel unit: as a unit of its own it would be gathered and reduced for nothing, and one
+    that a forward skips (a frozen encoder whose outputs were computed once, beforehand) would
+    fail FSDP2's post-backward, which expects every unit it wrapped to have run."""
+    return any(p.requires_grad for p in module.parameters())
+
+
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
                 microbatches: int = 1, recompute: RecomputePolicy | None = None) -> tuple[nn.Module, PipelineParts | None]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
@@ -108,7 +116,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
     stages = [] if layout is None else build_stages(model, layout)
     for name in block_names:
-        wrap(model.get_submodule(name))
+        if trains(model.get_submodule(name)):
+            wrap(model.get_submodule(name))
     for root in stages or [model]:
         wrap(root)
 

@@ -91,7 +91,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                "--bucket_size", "4", "--train.max_steps", "2", "--train.global_batch_size", "2", "--train.eval_every", "2",
                "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2", "--beam", "4",
                "--augment.speeds", "0.9,1.0,1.1", "--augment.noise", "0.5", "--augment.reverb", "0.3",
-               "--lm_text", "training_text", "--lm_weights", "0.0,0.3",
+               "--lm_text", "training_text", "--lm_weights", "0.0,0.3", "--head_steps", "2", "--head_views", "2",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -109,6 +109,11 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert len(recorded) == 2 and all(f"| librivox | {u['reference']} | {u['hypothesis']} |" in card for u in recorded)
     card = (tmp_path / "model" / "README.md").read_text()
     assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card and "test_synthesiser: piper" in card
+    # The head's 2 steps ran first, on the frozen encoder's cached outputs, in a run folder of their own.
+    assert config["metrics"]["head_steps"] == 2 and config["metrics"]["steps"] == 2
+    head_steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "head" / "metrics.jsonl").read_text().splitlines()]
+    assert head_steps and max(head_steps) == 2
+    assert "first 2 steps of the decoder and joiner on the frozen encoder's outputs (2 encoded passes" in " ".join(card.split())
     # Two steps at the warm-up's learning rate move the pretrained encoder only a little.
     from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 

@@ -231,3 +231,37 @@ def test_a_model_with_set_training_step_follows_the_optimizer_step(tmp_path):
     Trainer(model, config(tmp_path, max_steps=3, global_batch_size=8, micro_batch_size=2), Strategy(zero=0)).fit(data)
     assert model.announced == [0, 1, 2]
     assert model.forward_steps == [0] * 4 + [1] * 4 + [2] * 4  # four micro batches per step
+
+
+class FrozenFrontRegression(Regression):
+    """A frozen block declared in the plan before the trained head; a batch with `features` already
+    computed skips it (as a transducer fed its frozen encoder's cached outputs does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.front = torch.nn.Linear(4, 4)
+        self.front.requires_grad_(False)
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("front", "net"))
+
+    def forward(self, y: torch.Tensor, x: torch.Tensor | None = None, features: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+        return super().forward(self.front(x) if features is None else features, y)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_a_frozen_block_the_forward_skips_is_left_out_of_training(tmp_path, zero):
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = FrozenFrontRegression()
+    with torch.no_grad():
+        xs = torch.randn(64, 4, generator=generator)
+        data = [{"features": f, "y": f.sum()} for f in model.front(xs)]
+    frozen = model.front.weight.clone()
+    trainer = Trainer(model, config(tmp_path, max_steps=20, lr=1e-2, warmup_steps=2), Strategy(zero=zero))
+    history = trainer.fit(data)
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+    state = trainer.full_state_dict()
+    assert torch.equal(state["front.weight"], frozen)
