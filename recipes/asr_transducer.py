@@ -240,10 +240,13 @@ def train_head(config: ASRTransducerConfig, model: Transducer, train: SpeechExam
                validation: SpeechExamples) -> Transducer:
     """Train model's decoder, joiner and the pruned loss's linears for config.head_steps on the
     frozen encoder's outputs of config.head_views views of `train` (`asr.encoder_cache`; validation
-    encoded plainly), then return a model of the trained weights on every rank, all trainable. Skipped
-    (model returned) when resuming a run whose whole-model phase has a checkpoint already."""
+    encoded plainly), then return a model of the trained weights on every rank, all trainable, whose
+    pruned loss starts warm (warm_steps 0: its warm-up ran in the head steps). The head steps are
+    skipped (model's weights kept) when resuming a run whose whole-model phase has a checkpoint."""
+    warm = Transducer(dataclasses.replace(model.config, warm_steps=0))
     if config.train.resume and config.train.checkpoint_dir and resume_candidates(Path(config.train.checkpoint_dir)):
-        return model
+        warm.load_state_dict(model.state_dict())
+        return warm
     rank = int(os.environ.get("RANK", "0"))
     encoded = EncodedExamples.build(model, train, config.head_views, seed=config.train.seed, first_view=rank)
     encoded_validation = EncodedExamples.build(model, validation, augmented=False, seed=config.train.seed)
@@ -253,10 +256,8 @@ def train_head(config: ASRTransducerConfig, model: Transducer, train: SpeechExam
                                                       config.train.micro_batch_size, collate_speech))
     trainer.fit(DurationBuckets(encoded, config.bucket_size, config.train.seed),
                 DurationBuckets(encoded_validation, config.bucket_size), collate_fn=collate_speech)
-    state = from_main_rank(trainer.full_state_dict())
-    trained = Transducer(model.config)
-    trained.load_state_dict(state)
-    return trained
+    warm.load_state_dict(from_main_rank(trainer.full_state_dict()))
+    return warm
 
 
 def run(config: ASRTransducerConfig) -> dict[str, Any]:

@@ -111,6 +111,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert "started from Whisper tiny.en's" in card and "test_domain: amazon" in card and "test_synthesiser: piper" in card
     # The head's 2 steps ran first, on the frozen encoder's cached outputs, in a run folder of their own.
     assert config["metrics"]["head_steps"] == 2 and config["metrics"]["steps"] == 2
+    assert config["config"]["warm_steps"] == 0  # the pruned loss warmed up in the head steps
     head_steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "head" / "metrics.jsonl").read_text().splitlines()]
     assert head_steps and max(head_steps) == 2
     assert "first 2 steps of the decoder and joiner on the frozen encoder's outputs (2 encoded passes" in " ".join(card.split())
