@@ -100,7 +100,8 @@ class EncodedExamples(torch.utils.data.Dataset):
             index = np.load(folder / INDEX_FILE)
             if len(index) != len(examples):
                 raise ValueError(f"{folder} holds {len(index)} utterances; the examples are {len(examples)}")
-            frames = np.memmap(folder / FRAMES_FILE, dtype=np.float16, mode="r", shape=(shape["frames"], shape["width"]))
+            frames = np.memmap(folder / FRAMES_FILE, dtype=np.float16, mode="r",
+                               shape=(shape["frames"], shape["width"]))
             self.views.append((frames, index))
         self.seconds = list(examples.seconds) * len(folders)
 
@@ -114,7 +115,8 @@ class EncodedExamples(torch.utils.data.Dataset):
         if views < 1:
             raise ValueError(f"views must be >= 1; got {views}")
         root = data_dir() if root is None else root
-        folders = [root / f"encoded_{view_digest(model, examples, augmented, seed, view)[:16]}" for view in range(views)]
+        folders = [root / f"encoded_{view_digest(model, examples, augmented, seed, view)[:16]}"
+                   for view in range(views)]
         for view in [(first_view + k) % views for k in range(views)]:
             if not folders[view].is_dir():
                 log.info("encoding %d utterances with the frozen encoder (view %d of %d, once; later runs reuse it)",

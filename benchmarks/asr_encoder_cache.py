@@ -54,7 +54,7 @@ def main() -> None:
     model = build_model(ASRTransducerConfig(encoder="whisper-tiny.en"), tokenizer.vocab_size).train()
     with tempfile.TemporaryDirectory() as root:
         encoded = EncodedExamples.build(model, examples, root=Path(root))
-        print(f"{args.threads} threads, buckets of {BUCKET} utterances, {PIECES} BPE pieces, median of {args.repeats} "
+        print(f"{args.threads} thread(s), buckets of {BUCKET} utterances, {PIECES} BPE pieces, median of {args.repeats} "
               "(forward + backward, seconds)\n")
         print("| bucket | seconds of audio per utterance | encoder trains | encoder frozen, run | cached outputs |")
         print("|---|---|---|---|---|")
