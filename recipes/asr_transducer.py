@@ -2,8 +2,9 @@
 
     zoo train asr_transducer                              the default: tiny Conformer, characters, pruned loss (1,800 steps; 0.73-0.91 s a step on 2 cores)
     zoo train asr_transducer --nproc 2 --strategy.zero 2 --model.loss samplewise
-    zoo train asr_transducer --encoder whisper-tiny.en --corpus.text modern --tokens bpe --lm_unit token
+    zoo train asr_transducer --encoder whisper-tiny.en --corpus.text modern --tokens bpe --lm_unit token --head_steps 2500
                                                           Whisper tiny.en's encoder, fine-tuned on modern English
+                                                          after the head trained alone on its frozen outputs
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words (or, with
 --corpus.text modern, the open-vocabulary sentences of six text sources, `asr.training_text`), each
