@@ -69,7 +69,7 @@ def encode_view(model: Transducer, examples: SpeechExamples, augmented: bool, se
     drawing the examples' augmentation and, when `augmented`, SpecAugment from `seed`."""
     order = sorted(range(len(examples)), key=lambda i: examples.seconds[i])
     index = np.zeros((len(examples), 2), dtype=np.int64)
-    written, was_training = 0, model.training
+    written, was_training, device = 0, model.training, next(model.parameters()).device
     model.train(augmented)
     try:
         with torch.random.fork_rng(), open(folder / FRAMES_FILE, "wb") as frames:
@@ -77,7 +77,6 @@ def encode_view(model: Transducer, examples: SpeechExamples, augmented: bool, se
             for start in range(0, len(order), ENCODE_BATCH):
                 rows = order[start : start + ENCODE_BATCH]
                 batch = collate_speech([examples[i] for i in rows])
-                device = next(model.parameters()).device
                 out, lengths = model.encode(batch["input_features"].to(device), batch["attention_mask"].to(device))
                 for row, length, encoded in zip(rows, lengths.tolist(), out.half().cpu()):
                     frames.write(encoded[:length].contiguous().numpy().tobytes())
