@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiered_memory import BLOCK, gpt_and_data  # noqa: E402
 
+from trainers.metrics import METRICS_FILE  # noqa: E402
+
 MODES = ("gpu", "fsdp-offload", "chunks")
 """States on the GPU; FSDP2 static CPU offload; chunks in three tiers."""
 
@@ -131,14 +133,20 @@ def launch(mode: str, layers: int, args: argparse.Namespace, budget: int, host_b
                              "stderr_tail": done.stderr[-4000:], "allocator_state": state}
         return json.loads(done.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
-        return failed | {"error": f"over --run-timeout {args.run_timeout} s"}
+        # The steps it finished, from the Trainer's metrics file, so that a long run stopped still says how far it got.
+        metrics = folder / "out" / METRICS_FILE
+        steps = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        seconds = ", ".join(f"{record['step_seconds']:.2f}" for record in steps) or "none"
+        losses = ", ".join(f"{record['loss']:.4f}" for record in steps) or "none"
+        return failed | {"error": f"over --run-timeout {args.run_timeout} s after {len(steps)} of {args.steps} steps "
+                                  f"(step seconds {seconds}; losses {losses})"}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def describe(row: dict) -> str:
     if "error" in row:
-        return f"| {row['mode']} | {row['layers']} x {row['width']} | failed: {row['error'][:140]} |"
+        return f"| {row['mode']} | {row['layers']} x {row['width']} | failed: {row['error'][:300]} |"
     moves = ""
     if row["mode"] == "chunks":
         up, down = row["device_up_bytes"][-1], row["device_down_bytes"][-1]
