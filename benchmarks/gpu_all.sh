@@ -142,7 +142,8 @@ tiered() {
     section "tiered memory on the GPU"
     MEMZOO_DEVICE=cuda record python3 benchmarks/gpu_tiered_memory.py --budget 4GiB --steps 4 --run-timeout 200 \
         --out "$out/gpu_tiered_memory.jsonl"
-    # Past the ladder's top, chunks only (1.26B parameters at 96: 4 min on the H200, step reruns included).
+    # Past the ladder's top, chunks only (1.26B parameters at 96: 4 min on the H200, step reruns included;
+    # 1.66B at 128: 8 min 15 s with an 87 s build, so alone in its own call).
     MEMZOO_DEVICE=cuda record python3 benchmarks/gpu_tiered_memory.py --budget 4GiB --modes chunks --layers 64 96 \
         --steps 4 --run-timeout 300 --out "$out/gpu_tiered_memory.jsonl"
 }
