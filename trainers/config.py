@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -32,6 +32,12 @@ class TrainConfig:
 
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, applied to matrices (tensors of 2 or more dimensions) only."""
+
+    lr_scales: dict[str, float] = field(default_factory=dict)
+    """Learning-rate multipliers by parameter-name prefix, e.g. {"encoder.": 0.1} to fine-tune a
+    pretrained encoder more gently than a new head: a parameter's learning rate is the schedule's
+    times the scale of the longest prefix its name starts with (1 where none does). On the command
+    line `--train.lr_scales encoder.=0.1,joiner.=2`."""
 
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW (beta1, beta2)."""
@@ -95,15 +101,24 @@ class TrainConfig:
             values = value if isinstance(value, tuple) else (value,)
             if not all(math.isfinite(v) and accepts(v) for v in values):
                 raise ValueError(f"TrainConfig.{name} must be {expected}; got {value!r}")
+        for prefix, scale in self.lr_scales.items():
+            if not prefix or not math.isfinite(scale) or scale <= 0:
+                raise ValueError(f"TrainConfig.lr_scales must map non-empty parameter-name prefixes to finite scales > 0 "
+                                 f"(freeze a part with requires_grad=False instead of a scale of 0); got {self.lr_scales!r}")
+
+    def lr_scale(self, name: str) -> float:
+        """The learning-rate multiplier of the parameter called `name` (`lr_scales`' longest prefix of it)."""
+        prefix = max((p for p in self.lr_scales if name.startswith(p)), key=len, default=None)
+        return 1.0 if prefix is None else float(self.lr_scales[prefix])
 
 
 _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
-          "warmup_steps": int, "weight_decay": float, "betas": "pair", "eps": float, "grad_clip": float, "seed": int,
+          "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "betas": "pair", "eps": float, "grad_clip": float, "seed": int,
           "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
           "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
           "measure_memory": bool}
 _KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",
-               "path": "a str or None"}
+               "path": "a str or None", "scales": "a dict of str prefixes to numbers"}
 _POSITIVE = (lambda v: v > 0, "> 0")
 _NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
 _RULES = {
@@ -128,4 +143,6 @@ def _is_kind(value, kind) -> bool:
         return isinstance(value, str)
     if kind == "path":
         return value is None or isinstance(value, str)
+    if kind == "scales":
+        return isinstance(value, dict) and all(isinstance(k, str) and _is_kind(v, float) for k, v in value.items())
     return isinstance(value, tuple) and len(value) == 2 and all(_is_kind(v, float) for v in value)

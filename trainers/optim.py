@@ -56,6 +56,23 @@ class _Slot:
     its storage), or its fp32 CPU master copy when offloaded. None on the other ranks."""
 
 
+def check_lr_scales(model: nn.Module, config: TrainConfig, chunked: bool) -> None:
+    """Refuse `config.lr_scales` where it cannot hold: a prefix that names no trainable parameter of
+    `model` (a typo would silently train at the full rate), or chunked states (`chunked`), whose
+    update runs a whole chunk at one learning rate."""
+    if not config.lr_scales:
+        return
+    if chunked:
+        raise ValueError(f"TrainConfig.lr_scales scales parameters apart, but Strategy(offload='chunks') updates a whole "
+                         f"chunk at one learning rate; got lr_scales={config.lr_scales!r} with offload='chunks'")
+    names = [clean_fqn(name) for name, p in model.named_parameters() if p.requires_grad]
+    unmatched = [prefix for prefix in config.lr_scales if not any(name.startswith(prefix) for name in names)]
+    if unmatched:
+        tops = sorted({name.split(".")[0] + "." for name in names})
+        raise ValueError(f"TrainConfig.lr_scales prefixes {unmatched} start no trainable parameter name of "
+                         f"{type(model).__name__} (its top-level names: {', '.join(tops)})")
+
+
 def partition_by_size(numels: list[int], world_size: int) -> list[int]:
     """Owner rank of each tensor: largest first onto the least-loaded rank (balanced bytes)."""
     load = [0] * world_size
@@ -92,10 +109,14 @@ class TrainOptimizer:
             _Slot(fqn, p, owner, (self._master_copy(p) if offload else self._local_leaf(p)) if owner == self.rank else None)
             for (fqn, p), owner in zip(named, owners)
         ]
-        decay = [s.work for s in self._owned() if s.param.ndim >= 2]
-        no_decay = [s.work for s in self._owned() if s.param.ndim < 2]
-        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        groups = [group for group in groups if group["params"]]
+        # One group per (weight decay, learning-rate scale): matrices decay, and TrainConfig.lr_scales
+        # sets each parameter's share of the schedule's learning rate.
+        grouped: dict[tuple[float, float], list[torch.Tensor]] = {}
+        for slot in self._owned():
+            decay = config.weight_decay if slot.param.ndim >= 2 else 0.0
+            grouped.setdefault((decay, config.lr_scale(slot.fqn)), []).append(slot.work)
+        groups = [{"params": works, "weight_decay": decay, "lr_scale": scale}
+                  for (decay, scale), works in grouped.items()]
         # Under ZeRO-1 a rank may own no parameter at all (more ranks than parameters). Fused: one
         # kernel over all tensors of a group on CPU as on GPU, the arithmetic chunked states run too.
         self.inner = (torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True)
@@ -121,7 +142,8 @@ class TrainOptimizer:
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
-        """One AdamW update at learning rate `lr` from the parameters' current gradients."""
+        """One AdamW update at learning rate `lr` (times each parameter's `TrainConfig.lr_scale`) from
+        the parameters' current gradients."""
         if self.inner is not None:
             self._local_step(lr)
         if self.shard_state:
@@ -130,7 +152,7 @@ class TrainOptimizer:
 
     def _local_step(self, lr: float) -> None:
         for group in self.inner.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         separate = [slot for slot in self._owned() if slot.work is not slot.param]  # masters, local tensors
         for slot in separate:
             if not self.offload:  # FSDP2 may give a parameter a new local tensor (at its lazy init)

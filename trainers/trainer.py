@@ -34,7 +34,7 @@ from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
 from trainers.gradients import clip_factor, scale_gradients, total_norm
-from trainers.optim import TrainOptimizer
+from trainers.optim import TrainOptimizer, check_lr_scales
 from trainers.parallelize import parallelize, recompute_units
 from trainers.pipeline_schedules import check_schedule
 from trainers.pipeline_step import build_pipeline, pipeline_passes
@@ -146,6 +146,7 @@ class Trainer:
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
+        check_lr_scales(model, config, chunked=strategy.offload == "chunks")
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
         self.budget_plan: BudgetPlan | None = None

@@ -67,6 +67,11 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
             except ValueError:
                 pass
         return _convert(text, candidates[-1], where)
+    if origin is dict:  # key=value,key=value
+        pairs = [part.split("=", 1) for part in text.split(",") if part]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"--{where} needs comma-separated key=value pairs; got {text!r}")
+        return {_convert(key, args[0], where): _convert(value, args[1], where) for key, value in pairs}
     if origin is tuple and args[1:] == (Ellipsis,):
         return tuple(_convert(p, args[0], where) for p in text.split(",") if p)
     if origin is tuple:
@@ -137,5 +142,8 @@ def _differences(config: Any, default: Any, prefix: str) -> list[tuple[str, Any]
 
 
 def _as_word(value: Any) -> str:
-    text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, dict):
+        text = ",".join(f"{key}={item}" for key, item in value.items())
+    else:
+        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else str(value)
     return repr(text) if not text or any(c.isspace() for c in text) else text

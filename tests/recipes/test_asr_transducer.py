@@ -5,6 +5,7 @@ accent."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -24,7 +25,10 @@ from asr.voices import speak, voices
 from asr.wer import error_counts
 from helpers import zoo_in_process
 from zoo.store import read_config
-from recipes.asr_transducer import ASRTransducerConfig
+from asr.data import training_text_sentences
+from asr.text import TranscriptTokenizer
+from recipes.asr_transducer import ASRTransducerConfig, initial_model
+from zoo.recipes import apply_overrides
 
 ZOO = str(Path(sys.executable).parent / "zoo")
 SHIPPED_WER = {"test_sentences": 0.07, "test_voices": 0.10, "test_accent": 0.26, "fresh_voices": 0.10}
@@ -92,6 +96,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                "--train.eval_batches", "1", "--train.progress", "false", "--evaluation_utterances", "2", "--beam", "4",
                "--augment.speeds", "0.9,1.0,1.1", "--augment.noise", "0.5", "--augment.reverb", "0.3",
                "--lm_text", "training_text", "--lm_weights", "0.0,0.3", "--head_steps", "2", "--head_views", "2",
+               "--train.lr_scales", "encoder.=0.5",
                "--train.output_dir", str(tmp_path / "run"), "--output", str(tmp_path / "model")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -123,6 +128,22 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     for name in ("conv1.weight", "blocks.3.mlp.fc2.weight"):
         change = ((tuned[name] - pretrained[name]).norm() / pretrained[name].norm()).item()
         assert 0 < change < 0.01, name
+    assert "--train.lr_scales encoder.=0.5" in card  # the head steps trained without the frozen encoder's scale
+
+    # --init: a later run starts from this model, refused where its tokens or architecture differ.
+    options = {flag.removeprefix("--"): value for flag, value in zip(command[3::2], command[4::2])}
+    later = apply_overrides(ASRTransducerConfig(), options | {"init": str(tmp_path / "model")})
+    tokenizer = TranscriptTokenizer.train_bpe(training_text_sentences(later.corpus), later.bpe_vocab_size)
+    started, saved = initial_model(later, tokenizer), zoo.load(tmp_path / "model").state_dict()
+    assert started.state_dict().keys() == saved.keys()
+    assert all(torch.equal(value, saved[name]) for name, value in started.state_dict().items())
+    assert started.config.warm_steps == 0
+    with pytest.raises(ValueError, match=r"writes other output units than this run's --tokens bpe \(--bpe_vocab_size 64, "):
+        initial_model(dataclasses.replace(later, bpe_vocab_size=64),
+                      TranscriptTokenizer.train_bpe(training_text_sentences(later.corpus), 64))
+    with pytest.raises(ValueError, match="another architecture than this run's --encoder whisper-tiny.en and --model: "
+                                         "context_size: 5 there, 3 here"):
+        initial_model(dataclasses.replace(later, model=dataclasses.replace(later.model, context_size=3)), tokenizer)
 
 
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):

@@ -265,3 +265,45 @@ def test_a_frozen_block_the_forward_skips_is_left_out_of_training(tmp_path, zero
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
     state = trainer.full_state_dict()
     assert torch.equal(state["front.weight"], frozen)
+
+
+def one_step_changes(tmp_path, strategy: Strategy, lr_scales: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Each parameter's change in one optimizer step of `Regression` (the same start and data)."""
+    generator = torch.Generator().manual_seed(0)
+    xs = torch.randn(8, 4, generator=generator)
+    data = [{"x": x, "y": x.sum()} for x in xs]
+    torch.manual_seed(0)
+    model = Regression()
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer = Trainer(model, config(tmp_path, max_steps=1, warmup_steps=0, lr_scales=lr_scales), strategy)
+    trainer.fit(data)
+    return {name: value - start[name] for name, value in trainer.full_state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", [Strategy(zero=0), Strategy(zero=3), Strategy(zero=2, offload="optimizer")],
+                         ids=["zero0", "zero3", "offload-optimizer"])
+def test_lr_scales_scale_each_prefix_s_update(tmp_path, strategy):
+    # AdamW's first update (its weight decay included) is linear in the learning rate, and the
+    # gradients of the first step do not depend on it: a prefix's scale scales its update exactly.
+    plain = one_step_changes(tmp_path / "plain", strategy, {})
+    scaled = one_step_changes(tmp_path / "scaled", strategy, {"net.0.": 0.25, "net.0.bias": 4.0})
+    assert plain["net.0.weight"].abs().min() > 0
+    assert relative_error(scaled["net.0.weight"], 0.25 * plain["net.0.weight"]) < 1e-5
+    assert relative_error(scaled["net.0.bias"], 4.0 * plain["net.0.bias"]) < 1e-5  # the longest prefix wins
+    for name in ("net.2.weight", "net.2.bias"):
+        assert relative_error(scaled[name], plain[name]) < 1e-6
+
+
+@pytest.mark.timeout(60)
+def test_lr_scales_that_cannot_hold_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"prefixes \['encoder.'\] start no trainable parameter name of Regression "
+                                         r"\(its top-level names: net.\)"):
+        Trainer(Regression(), config(tmp_path, lr_scales={"encoder.": 0.1}))
+    with pytest.raises(ValueError, match=r"Strategy\(offload='chunks'\) updates a whole chunk at one learning rate"):
+        Trainer(Regression(), config(tmp_path, lr_scales={"net.": 0.1}),
+                Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="1GiB"))
+    with pytest.raises(ValueError, match="finite scales > 0"):
+        config(tmp_path, lr_scales={"net.": 0.0})
+    with pytest.raises(TypeError, match="lr_scales must be a dict of str prefixes to numbers"):
+        config(tmp_path, lr_scales=[("net.", 0.1)])

@@ -105,6 +105,10 @@ def test_overrides_reach_nested_fields_with_types_and_validation():
     asr = get_recipe("asr_transducer").config_class()
     assert apply_overrides(asr, {"corpus.extra_accents": "en-us-nyc,en-x-yy"}).corpus.extra_accents == ("en-us-nyc", "en-x-yy")
     assert apply_overrides(asr, {"corpus.extra_accents": ""}).corpus.extra_accents == ()  # a tuple of any length
+    scales = apply_overrides(asr, {"train.lr_scales": "encoder.=0.1,joiner.=2"}).train.lr_scales
+    assert scales == {"encoder.": 0.1, "joiner.": 2.0}
+    with pytest.raises(ValueError, match="--train.lr_scales needs comma-separated key=value pairs; got 'encoder.'"):
+        apply_overrides(asr, {"train.lr_scales": "encoder."})
 
 
 def test_command_line_reproduces_the_config():
@@ -112,11 +116,12 @@ def test_command_line_reproduces_the_config():
 
     recipe = get_recipe("gpt_shakespeare")
     overrides = {"train.max_steps": "7", "strategy.zero": "1", "train.betas": "0.8,0.9", "train.progress": "false",
-                 "sample_prompt": "KING LEAR."}
+                 "sample_prompt": "KING LEAR.", "train.lr_scales": "blocks.=0.5,lm_head.=2"}
     config = apply_overrides(recipe.config_class(), overrides)
     line = command_line(recipe, config, nproc=2)
     assert line.startswith("zoo train gpt_shakespeare --nproc 2 ")
     assert "--train.max_steps 7" in line and "--strategy.zero 1" in line and "--sample_prompt 'KING LEAR.'" in line
+    assert "--train.lr_scales blocks.=0.5,lm_head.=2.0" in line
     words = line.split(" --")[2:]
     parsed = {w.split(" ", 1)[0]: w.split(" ", 1)[1].strip("'") for w in words}
     assert apply_overrides(recipe.config_class(), parsed) == config
