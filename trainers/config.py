@@ -103,8 +103,9 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be {expected}; got {value!r}")
         for prefix, scale in self.lr_scales.items():
             if not prefix or not math.isfinite(scale) or scale <= 0:
-                raise ValueError(f"TrainConfig.lr_scales must map non-empty parameter-name prefixes to finite scales > 0 "
-                                 f"(freeze a part with requires_grad=False instead of a scale of 0); got {self.lr_scales!r}")
+                raise ValueError(f"TrainConfig.lr_scales must map non-empty parameter-name prefixes to finite "
+                                 f"scales > 0 (freeze a part with requires_grad=False instead of a scale of 0); "
+                                 f"got {self.lr_scales!r}")
 
     def lr_scale(self, name: str) -> float:
         """The learning-rate multiplier of the parameter called `name` (`lr_scales`' longest prefix of it)."""
@@ -113,8 +114,8 @@ class TrainConfig:
 
 
 _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
-          "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "betas": "pair", "eps": float, "grad_clip": float, "seed": int,
-          "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
+          "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "betas": "pair", "eps": float,
+          "grad_clip": float, "seed": int, "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
           "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
           "measure_memory": bool}
 _KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",

@@ -63,8 +63,8 @@ def check_lr_scales(model: nn.Module, config: TrainConfig, chunked: bool) -> Non
     if not config.lr_scales:
         return
     if chunked:
-        raise ValueError(f"TrainConfig.lr_scales scales parameters apart, but Strategy(offload='chunks') updates a whole "
-                         f"chunk at one learning rate; got lr_scales={config.lr_scales!r} with offload='chunks'")
+        raise ValueError(f"TrainConfig.lr_scales scales parameters apart, but Strategy(offload='chunks') updates a "
+                         f"whole chunk at one learning rate; got lr_scales={config.lr_scales!r} with offload='chunks'")
     names = [clean_fqn(name) for name, p in model.named_parameters() if p.requires_grad]
     unmatched = [prefix for prefix in config.lr_scales if not any(name.startswith(prefix) for name in names)]
     if unmatched:
