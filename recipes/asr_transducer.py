@@ -44,7 +44,7 @@ from asr.text import TranscriptTokenizer
 from asr.training_text import HELD_OUT_SOURCE
 from asr.transcription import LANGUAGE_MODEL_FILE, recogniser, transcribe
 from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
-from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
+from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, packaged_whisper_tiny_en
 from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
 from recipes.report import trainer_memory_report
@@ -168,33 +168,40 @@ class ASRTransducerConfig:
             raise ValueError(f"lm_unit 'word' spells words in characters: it needs tokens='char'; got tokens={self.tokens!r}")
 
 
-def build_model(config: ASRTransducerConfig, vocab_size: int) -> Transducer:
+def model_config(config: ASRTransducerConfig, vocab_size: int) -> TransducerConfig:
     """The transducer config.model describes with `vocab_size` tokens; with encoder "whisper-tiny.en",
-    on Whisper tiny.en's encoder with its pretrained weights (the rest random)."""
+    on Whisper tiny.en's encoder shape (WhisperEncoderConfig's defaults)."""
     if config.encoder == "conformer":
-        return Transducer(dataclasses.replace(config.model, vocab_size=vocab_size))
-    pretrained = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en())
-    model = Transducer(dataclasses.replace(config.model, vocab_size=vocab_size, encoder_kind="whisper",
-                                           encoder=pretrained.config))
-    model.encoder.load_state_dict(pretrained.state_dict())
+        return dataclasses.replace(config.model, vocab_size=vocab_size)
+    return dataclasses.replace(config.model, vocab_size=vocab_size, encoder_kind="whisper", encoder=WhisperEncoderConfig())
+
+
+def build_model(config: ASRTransducerConfig, vocab_size: int) -> Transducer:
+    """A new transducer of `model_config`: with encoder "whisper-tiny.en", its encoder holds Whisper
+    tiny.en's pretrained weights (the rest random)."""
+    model = Transducer(model_config(config, vocab_size))
+    if config.encoder == "whisper-tiny.en":
+        pretrained = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en())
+        if pretrained.config != model.config.encoder:
+            raise ValueError(f"the packaged Whisper tiny.en encoder is {pretrained.config}; expected {model.config.encoder}")
+        model.encoder.load_state_dict(pretrained.state_dict())
     return model
 
 
 def initial_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer) -> Transducer:
     """The model training starts from: `build_model`'s, or with config.init the recogniser it names,
     refused (ValueError naming what differs) unless its tokens and architecture are this run's."""
-    model = build_model(config, tokenizer.vocab_size)
     if not config.init:
-        return model
-    found = recogniser(config.init)
+        return build_model(config, tokenizer.vocab_size)
+    found, expected = recogniser(config.init), model_config(config, tokenizer.vocab_size)
     if found.tokenizer.spec() != tokenizer.spec():
         raise ValueError(f"--init {config.init!r} writes other output units than this run's --tokens "
                          f"{config.tokens} (--bpe_vocab_size {config.bpe_vocab_size}, learnt from --lm_text "
                          f"{config.lm_text}): {found.tokenizer.vocab_size} tokens against {tokenizer.vocab_size}, "
                          f"or other pieces")
-    differ = [f"{name}: {getattr(found.model.config, name)!r} there, {getattr(model.config, name)!r} here"
-              for name in (f.name for f in dataclasses.fields(model.config) if f.name != "warm_steps")
-              if getattr(found.model.config, name) != getattr(model.config, name)]
+    differ = [f"{name}: {getattr(found.model.config, name)!r} there, {getattr(expected, name)!r} here"
+              for name in (f.name for f in dataclasses.fields(expected) if f.name != "warm_steps")
+              if getattr(found.model.config, name) != getattr(expected, name)]
     if differ:
         raise ValueError(f"--init {config.init!r} is another architecture than this run's --encoder {config.encoder} "
                          f"and --model: {'; '.join(differ)}")
@@ -363,7 +370,7 @@ def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: di
 
 A transducer speech recogniser: {_encoder_words(config, model)},
 stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {parameters:.1f} M parameters. Trained with the
-{model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised with espeak-ng from
+{model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised from
 {_text_words(config.corpus)}, spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
 
 - Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {metrics['train_seconds']} s of training,
@@ -393,14 +400,15 @@ Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", pa
 
 
 def _voices(names: list[str]) -> str:
-    """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's voices
-    ("flite+voice"), counted for the card."""
-    flite = sorted({n.split("+")[1] for n in names if n.startswith("flite+")})
-    espeak = [n for n in names if not n.startswith("flite+")]
+    """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's and
+    Kokoro's voices ("flite+voice", "kokoro+voice"), counted for the card."""
+    others = {title: sorted({n.split("+")[1] for n in names if n.startswith(f"{synthesiser}+")})
+              for synthesiser, title in (("flite", "flite"), ("kokoro", "Kokoro"))}
+    espeak = [n for n in names if n.split("+")[0] not in ("flite", "kokoro")]
     accents, variants = {n.split("+")[0] for n in espeak}, {n.split("+")[1] for n in espeak}
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
     return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
-            f"variants" + (f" and flite's {', '.join(flite)}" if flite else ""))
+            f"variants" + "".join(f" and {title}'s {', '.join(voices)}" for title, voices in others.items() if voices))
 
 
 def _head_words(config: ASRTransducerConfig) -> str:

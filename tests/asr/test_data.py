@@ -76,6 +76,17 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert abs(flite - config.flite_share) < 0.04 and all(v.synthesiser != "piper" for _, v in plan["train"])
     plain, _ = corpus_plan(CorpusConfig(**{**config.__dict__, "flite_share": 0.0}))
     assert [t for t, _ in plain["train"]] == [t for t, _ in plan["train"]]  # flite takes voices, not sentences
+    # Kokoro takes a share of the voices drawn before it and leaves every other draw as it was; its
+    # share is 0 by default and then not part of the key, so corpora made before it keep their folders.
+    with_kokoro = CorpusConfig(**{**config.__dict__, "kokoro_share": 0.3})
+    assert with_kokoro.key != config.key == CorpusConfig(**{**config.__dict__, "kokoro_share": 0.0}).key
+    spoken, _ = corpus_plan(with_kokoro)
+    kept = [a == b for a, b in zip(spoken["train"], plan["train"])]
+    assert all(kept[i] or (text == plan["train"][i][0] and voice.synthesiser == "kokoro")
+               for i, (text, voice) in enumerate(spoken["train"]))
+    assert abs(kept.count(False) / len(kept) - 0.3) < 0.04 and all(spoken[s] == plan[s] for s in plan if s != "train")
+    with pytest.raises(ValueError, match=r"CorpusConfig.kokoro_share must be in \[0, 1\]; got 1.5"):
+        CorpusConfig(text="modern", kokoro_share=1.5)
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
     assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
     learnt = set(training_text_sentences(config))  # what a tokenizer and language model may learn from

@@ -1,5 +1,6 @@
-"""Synthetic speakers: espeak-ng, flite and piper each speak a sentence into a 16 kHz WAV whose
-length follows the speed, and the held-out voices never meet the training ones."""
+"""Synthetic speakers: espeak-ng, flite, Kokoro and piper each speak a sentence into a 16 kHz WAV whose
+length follows the speed, Kokoro is read by Whisper, and the held-out voices never meet the training
+ones."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ import random
 import pytest
 from scipy.io import wavfile
 
-from asr.voices import FLITE_VOICES, PIPER_VOICES, Voice, flite_voice, speak, voices
+from asr import kokoro
+from asr.data import read_audio
+from asr.text import normalize
+from asr.voices import FLITE_VOICES, KOKORO_VOICES, PIPER_VOICES, Voice, flite_voice, kokoro_voice, speak, voices
+from asr.wer import error_counts
+from asr.whisper_reference import WhisperReader
 
 SENTENCE = "my neighbour takes the number nine bus to the market every tuesday"
 
 
 @pytest.mark.parametrize("voice", [Voice("en-gb", "f3", 170, 50), Voice("flite", "slt", 170, 50, "flite"),
-                                   Voice("piper", "joe", 170, 50, "piper")], ids=lambda v: v.synthesiser)
+                                   Voice("kokoro", "jm_kumo", 170, 50, "kokoro"), Voice("piper", "joe", 170, 50, "piper")],
+                         ids=lambda v: v.synthesiser)
 def test_each_synthesiser_speaks_at_16_khz_and_its_speed_sets_the_length(voice, tmp_path):
     seconds = speak(SENTENCE, voice, tmp_path / "normal.wav")
     rate, samples = wavfile.read(tmp_path / "normal.wav")
@@ -27,12 +34,42 @@ def test_each_synthesiser_speaks_at_16_khz_and_its_speed_sets_the_length(voice, 
     assert speak(SENTENCE, fast, tmp_path / "fast.wav") < 0.9 * speak(SENTENCE, slow, tmp_path / "slow.wav")
 
 
-def test_training_flite_and_held_out_piper_voices():
+def test_training_flite_and_kokoro_and_held_out_piper_voices():
     rng = random.Random(0)
     drawn = [flite_voice(rng) for _ in range(200)]
     assert {v.variant for v in drawn} == set(FLITE_VOICES) and all(v.synthesiser == "flite" for v in drawn)
+    drawn = [kokoro_voice(rng) for _ in range(200)]
+    assert {v.variant for v in drawn} == set(KOKORO_VOICES) and all(v.name == f"kokoro+{v.variant}" for v in drawn)
+    assert {v.speed for v in drawn} <= set(range(140, 201)) and len({v.speed for v in drawn}) > 30
     piper = voices("synthesiser", 50, rng)
     assert all(v.synthesiser == "piper" and v.variant in PIPER_VOICES and v.name == f"piper+{v.variant}" for v in piper)
     assert all(v.synthesiser == "espeak" for v in voices("none", 50, rng))
     with pytest.raises(ValueError, match="held_out must be one of"):
         voices("flite", 1, rng)
+
+
+KOKORO_SENTENCES = ("the kitchen light went out on thursday so we ate dinner by candlelight",
+                    "please remind your brother to return the library books before the weekend",
+                    "our neighbours painted their fence bright yellow last summer",
+                    "the bus was twenty minutes late because of the roadworks on the high street")
+
+
+@pytest.mark.timeout(300)
+def test_kokoro_has_a_letter_for_every_phoneme_espeak_writes_and_whisper_reads_its_voices(tmp_path):
+    _, vocabulary, styles = kokoro._model()
+    assert set(styles) == set(KOKORO_VOICES) and all(table.shape == (510, 1, 256) for table in styles.values())
+    for sentence in KOKORO_SENTENCES:
+        ipa = kokoro.phonemes(sentence)
+        assert not set(ipa) - set(vocabulary), f"{sentence!r} -> {ipa!r}: no token for {set(ipa) - set(vocabulary)}"
+        assert not any(pair in ipa for pair, _ in kokoro.MISAKI_LETTERS)  # diphthongs as Kokoro's single letters
+    reader = WhisperReader()
+    for variant in ("jf_alpha", "jm_kumo"):
+        paths = [tmp_path / f"{variant}_{i}.wav" for i in range(len(KOKORO_SENTENCES))]
+        for sentence, path in zip(KOKORO_SENTENCES, paths):
+            speak(sentence, Voice("kokoro", variant, 170, 50, "kokoro"), path)
+        heard = reader.read([read_audio(path, 16000).numpy() for path in paths])
+        assert error_counts([normalize(s) for s in KOKORO_SENTENCES], heard).rate <= 0.25, (variant, heard)  # jf_alpha 0.167
+    with pytest.raises(ValueError, match="Kokoro voice must be one of"):
+        kokoro.synthesise("hello", "af_heart", 1.0)
+    with pytest.raises(ValueError, match="Kokoro speaks 1 to 510 phonemes"):
+        kokoro.synthesise("hello " * 200, "jm_kumo", 1.0)

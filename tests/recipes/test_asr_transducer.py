@@ -27,7 +27,7 @@ from helpers import zoo_in_process
 from zoo.store import read_config
 from asr.data import training_text_sentences
 from asr.text import TranscriptTokenizer
-from recipes.asr_transducer import ASRTransducerConfig, initial_model
+from recipes.asr_transducer import ASRTransducerConfig, _voices, initial_model
 from zoo.recipes import apply_overrides
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -144,6 +144,12 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     with pytest.raises(ValueError, match="another architecture than this run's --encoder whisper-tiny.en and --model: "
                                          "context_size: 5 there, 3 here"):
         initial_model(dataclasses.replace(later, model=dataclasses.replace(later.model, context_size=3)), tokenizer)
+
+
+def test_the_card_counts_each_synthesisers_training_voices():
+    names = ["en-us+m1", "en-gb+f3", "en-us+f3", "flite+slt", "kokoro+jm_kumo", "kokoro+jf_alpha", "kokoro+jm_kumo"]
+    assert _voices(names) == "2 espeak-ng accents x 2 variants and flite's slt and Kokoro's jf_alpha, jm_kumo"
+    assert _voices(names[:3]) == "2 espeak-ng accents x 2 variants"
 
 
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
