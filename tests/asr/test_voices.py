@@ -4,7 +4,10 @@ ones."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 from scipy.io import wavfile
@@ -73,3 +76,20 @@ def test_kokoro_has_a_letter_for_every_phoneme_espeak_writes_and_whisper_reads_i
         kokoro.synthesise("hello", "af_heart", 1.0)
     with pytest.raises(ValueError, match="Kokoro speaks 1 to 510 phonemes"):
         kokoro.synthesise("hello " * 200, "jm_kumo", 1.0)
+
+
+@pytest.mark.timeout(120)
+def test_kokoro_loads_once_when_threads_ask_at_once_on_a_fresh_machine(tmp_path):
+    # Corpus building's first syntheses run on four threads at once; each once assembled the model's
+    # file from its part packages into the same temporary file, and all but one failed.
+    script = ("from concurrent.futures import ThreadPoolExecutor\n"
+              "from asr import kokoro\n"
+              "with ThreadPoolExecutor(4) as pool:\n"
+              "    clips = list(pool.map(lambda v: kokoro.synthesise('five buses', v, 1.0), ['jm_kumo'] * 4))\n"
+              "print(len({len(c) for c in clips}), min(len(c) for c in clips))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "KOKORO_JA_CACHE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    distinct, shortest = map(int, done.stdout.split())
+    assert distinct == 1 and shortest > 0.3 * kokoro.SAMPLE_RATE  # the same clip four times, about 1 s of speech
+    assert [path.name for path in tmp_path.iterdir()] == ["kokoro-v1.0.int8.onnx"]
