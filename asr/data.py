@@ -41,7 +41,7 @@ from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
-from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_voice, speak, voices
+from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_blend, kokoro_voice, speak, voices
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
 
@@ -101,6 +101,9 @@ class CorpusConfig:
     kokoro_share: float = 0.0
     """Share of the training sentences Kokoro's neural voices speak in place of the voice drawn
     before (text "modern"; 0: none; about 0.5 s of one core per second of speech)."""
+    kokoro_blend_share: float = 0.0
+    """Share of Kokoro's training sentences spoken by an even blend of two of its voices
+    (`asr.voices.KOKORO_BLENDS`) in place of one of them; 0: none."""
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -114,7 +117,7 @@ class CorpusConfig:
             raise ValueError(f"CorpusConfig needs synthetic_accents >= 0, synthetic_share in [0, 1] and accent_rules "
                              f">= 1; got {self.synthetic_accents}, {self.synthetic_share}, {self.accent_rules}")
         object.__setattr__(self, "extra_accents", tuple(self.extra_accents))  # a list from config.json
-        for name in ("flite_share", "kokoro_share"):
+        for name in ("flite_share", "kokoro_share", "kokoro_blend_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"CorpusConfig.{name} must be in [0, 1]; got {getattr(self, name)}")
         if self.text not in get_args(TextKind) or self.domain_sentences < 1:
@@ -127,7 +130,7 @@ class CorpusConfig:
     @property
     def key(self) -> str:
         """Short hash naming the corpus folder: of the fields and CORPUS_LAYOUT (the fields of
-        synthetic and extra accents, of the text and of Kokoro's share, are left out when they hold
+        synthetic and extra accents, of the text and of Kokoro's shares, are left out when they hold
         their defaults, as corpora made before they existed are the same)."""
         fields = asdict(self) | {"layout": CORPUS_LAYOUT}
         if not self.synthetic_accents:
@@ -137,6 +140,8 @@ class CorpusConfig:
             del fields["extra_accents"]
         if self.text == "shakespeare" or not self.kokoro_share:
             del fields["kokoro_share"]
+        if self.text == "shakespeare" or not self.kokoro_share or not self.kokoro_blend_share:
+            del fields["kokoro_blend_share"]
         if self.text == "shakespeare":
             del fields["text"], fields["domain_sentences"], fields["flite_share"]
         else:
@@ -205,9 +210,9 @@ def _drawn(rows: list[tuple[str, str]], count: int, name: str, rng: random.Rando
 
 def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]], list[SyntheticAccent]]:
     """({split: [(sentence, voice)]}, the synthetic accents) of the corpus `config` describes. The
-    extra and the synthetic accents, then flite's and then Kokoro's voices (modern text; each drawn
-    by its own generator) take over a share of the training voices, so that every other draw is the
-    same with them or without."""
+    extra and the synthetic accents, then flite's and then Kokoro's voices, then blends of Kokoro's
+    (modern text; each drawn by its own generator) take over a share of the training voices, so
+    that every other draw is the same with them or without."""
     rng = random.Random(config.seed)
     train, validation, test = split_sentences(config, rng)
     plan = {"train": list(zip(train, voices("none", len(train), rng))),
@@ -237,6 +242,10 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
         kokoro_rng = random.Random(f"{config.seed}-kokoro")
         plan["train"] = [(text, kokoro_voice(kokoro_rng) if kokoro_rng.random() < config.kokoro_share else voice)
                          for text, voice in plan["train"]]
+    if config.text == "modern" and config.kokoro_share and config.kokoro_blend_share:
+        blend_rng = random.Random(f"{config.seed}-kokoro-blend")
+        plan["train"] = [(text, kokoro_blend(blend_rng) if voice.synthesiser == "kokoro"
+                          and blend_rng.random() < config.kokoro_blend_share else voice) for text, voice in plan["train"]]
     return plan, accents
 
 

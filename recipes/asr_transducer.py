@@ -33,6 +33,7 @@ import torch
 
 import zoo
 from asr.accents import VOICE_FOLDER
+from asr.kokoro import BLEND
 from asr.augmentation import WaveformAugment
 from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, load_manifest,
                       read_audio, recorded_speech, training_text_sentences)
@@ -401,7 +402,7 @@ Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", pa
 
 def _voices(names: list[str]) -> str:
     """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's and
-    Kokoro's voices ("flite+voice", "kokoro+voice"), counted for the card."""
+    Kokoro's voices ("flite+voice", "kokoro+voice"; Kokoro's blends of two counted), for the card."""
     titles = {"flite": "flite", "kokoro": "Kokoro"}
     others = {title: sorted({n.split("+")[1] for n in names if n.startswith(f"{synthesiser}+")})
               for synthesiser, title in titles.items()}
@@ -409,7 +410,16 @@ def _voices(names: list[str]) -> str:
     accents, variants = {n.split("+")[0] for n in espeak}, {n.split("+")[1] for n in espeak}
     synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
     return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
-            f"variants" + "".join(f" and {title}'s {', '.join(voices)}" for title, voices in others.items() if voices))
+            f"variants" + "".join(f" and {title}'s {_listed(voices)}" for title, voices in others.items() if voices))
+
+
+def _listed(voices: list[str]) -> str:
+    """"a, b" of the voices, then "and N blends of two of them" for those named "a~b"."""
+    plain, blends = [v for v in voices if BLEND not in v], [v for v in voices if BLEND in v]
+    words = [", ".join(plain)] if plain else []
+    if blends:
+        words.append(f"{len(blends)} blends of two {'of them' if plain else 'voices'}")
+    return " and ".join(words)
 
 
 def _head_words(config: ASRTransducerConfig) -> str:

@@ -17,7 +17,7 @@ from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, Dur
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
-from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS, Voice, speak, voices
+from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS, KOKORO_BLENDS, Voice, speak, voices
 
 
 def test_sentences_are_normalised_and_within_the_vocabulary():
@@ -87,6 +87,15 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert abs(kept.count(False) / len(kept) - 0.3) < 0.04 and all(spoken[s] == plan[s] for s in plan if s != "train")
     with pytest.raises(ValueError, match=r"CorpusConfig.kokoro_share must be in \[0, 1\]; got 1.5"):
         CorpusConfig(text="modern", kokoro_share=1.5)
+    # Blends of two Kokoro voices take a share of Kokoro's sentences, nothing else; no share, same key.
+    blended = CorpusConfig(**{**with_kokoro.__dict__, "kokoro_blend_share": 0.5})
+    assert blended.key != with_kokoro.key == CorpusConfig(**{**with_kokoro.__dict__, "kokoro_blend_share": 0.0}).key
+    assert CorpusConfig(**{**config.__dict__, "kokoro_blend_share": 0.5}).key == config.key  # no Kokoro, no blends
+    mixed, _ = corpus_plan(blended)
+    changed = [(voice, before) for (_, voice), (_, before) in zip(mixed["train"], spoken["train"]) if voice != before]
+    assert all(before.synthesiser == voice.synthesiser == "kokoro" and "~" in voice.variant for voice, before in changed)
+    assert abs(len(changed) / kept.count(False) - 0.5) < 0.05 and {v.variant for v, _ in changed} == set(KOKORO_BLENDS)
+    assert [t for t, _ in mixed["train"]] == [t for t, _ in spoken["train"]]
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
     assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
     learnt = set(training_text_sentences(config))  # what a tokenizer and language model may learn from

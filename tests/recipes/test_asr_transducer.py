@@ -150,6 +150,8 @@ def test_the_card_counts_each_synthesisers_training_voices():
     names = ["en-us+m1", "en-gb+f3", "en-us+f3", "flite+slt", "kokoro+jm_kumo", "kokoro+jf_alpha", "kokoro+jm_kumo"]
     assert _voices(names) == "2 espeak-ng accents x 2 variants and flite's slt and Kokoro's jf_alpha, jm_kumo"
     assert _voices(names[:3]) == "2 espeak-ng accents x 2 variants"
+    blended = names + ["kokoro+jf_alpha~jm_kumo", "kokoro+jf_nezumi~jm_kumo", "kokoro+jf_alpha~jm_kumo"]
+    assert _voices(blended).endswith("Kokoro's jf_alpha, jm_kumo and 2 blends of two of them")
 
 
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
