@@ -61,7 +61,8 @@ def synthesise(text: str, voice: str, speed: float) -> np.ndarray:
 
 def style_table(voice: str) -> np.ndarray:
     """(510, 1, 256) style vectors of the Kokoro `voice`: a packaged voice's own, or for "A~B" the
-    mean of A's and B's (a speaker between the two: Kokoro's styles are vectors that blend linearly)."""
+    mean of A's and B's, a speaker between the two (Whisper tiny.en reads each blend about as well as
+    the voices themselves: benchmarks/asr_voice_intelligibility.py --match "~", BENCHMARKS.md)."""
     styles = _model()[2]
     parts = voice.split(BLEND)
     if len(parts) > 2 or len(set(parts)) != len(parts) or not set(parts) <= set(styles):

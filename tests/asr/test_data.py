@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy.io import wavfile
 
+from asr import kokoro
 from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
                       corpus_plan, load_manifest, read_audio, read_audio_pieces, recorded_speech, training_text_sentences)
 from asr.features import FeatureConfig
@@ -93,7 +94,7 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert CorpusConfig(**{**config.__dict__, "kokoro_blend_share": 0.5}).key == config.key  # no Kokoro, no blends
     mixed, _ = corpus_plan(blended)
     changed = [(voice, before) for (_, voice), (_, before) in zip(mixed["train"], spoken["train"]) if voice != before]
-    assert all(before.synthesiser == voice.synthesiser == "kokoro" and "~" in voice.variant for voice, before in changed)
+    assert all(before.synthesiser == voice.synthesiser == "kokoro" and kokoro.BLEND in voice.variant for voice, before in changed)
     assert abs(len(changed) / kept.count(False) - 0.5) < 0.05 and {v.variant for v, _ in changed} == set(KOKORO_BLENDS)
     assert [t for t, _ in mixed["train"]] == [t for t, _ in spoken["train"]]
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
