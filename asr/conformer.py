@@ -12,6 +12,12 @@ chunk_frames; a frame attends to the frames of its own chunk and of left_chunks 
 (-1: all before it), and the depthwise convolution is causal (it reads kernel - 1 frames back, none
 ahead). A frame's encoding then depends on no input after its chunk but the subsampling's look-ahead
 (the 3x3 convolutions read up to 6 input frames, 60 ms, past a subsampled frame's own four).
+
+Dynamic chunks (dynamic_chunks > 0; WeNet's U2, Zhang et al. 2020): the convolution is causal and each
+training forward draws its attention, the whole utterance with probability 1/2, else chunks of 1 to
+dynamic_chunks frames (left_chunks of them back), so that one model encodes in full context and
+streams in any chunk (`Transducer.with_chunk_frames`). Outside training it encodes with chunk_frames (0: every
+frame attends to every frame, the convolution still causal).
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class ConformerConfig:
     context (see the module docstring)."""
     left_chunks: int = 4
     """Chunk-wise mode: chunks before its own that a frame attends to (-1: all)."""
+    dynamic_chunks: int = 0
+    """Dynamic chunk training when > 0: the largest chunk, in frames, a training forward may draw
+    (WeNet's 25 = 1 s at 40 ms a frame; see the module docstring); 0: off."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subsampling_channels", tuple(self.subsampling_channels))  # a list from config.json
@@ -67,9 +76,14 @@ class ConformerConfig:
             raise ValueError(f"ConformerConfig.subsampling_channels must be two counts >= 1; got {self.subsampling_channels}")
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise ValueError(f"ConformerConfig.width must split into {self.heads} heads of even size; got {self.width}")
-        if self.chunk_frames < 0 or self.left_chunks < -1:
-            raise ValueError(f"ConformerConfig needs chunk_frames >= 0 and left_chunks >= -1; got {self.chunk_frames} "
-                             f"and {self.left_chunks}")
+        if self.chunk_frames < 0 or self.left_chunks < -1 or self.dynamic_chunks < 0:
+            raise ValueError(f"ConformerConfig needs chunk_frames >= 0, left_chunks >= -1 and dynamic_chunks >= 0; got "
+                             f"{self.chunk_frames}, {self.left_chunks} and {self.dynamic_chunks}")
+
+    @property
+    def causal(self) -> bool:
+        """Whether the depthwise convolution reads only frames before (chunk-wise or dynamic chunks)."""
+        return bool(self.chunk_frames or self.dynamic_chunks)
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
             raise ValueError(f"ConformerConfig.conv_kernel must be odd; got {self.conv_kernel}")
         if self.input_dim < 7:
@@ -146,8 +160,8 @@ class ConvModule(nn.Module):
         super().__init__()
         self.norm = Norm(config.width)
         self.pointwise_in = nn.Linear(config.width, 2 * config.width)
-        # (left, right) zero padding of the depthwise convolution: centred, or causal in chunk-wise mode
-        self.padding = (config.conv_kernel - 1, 0) if config.chunk_frames else (config.conv_kernel // 2,) * 2
+        # (left, right) zero padding of the depthwise convolution: centred, or causal
+        self.padding = (config.conv_kernel - 1, 0) if config.causal else (config.conv_kernel // 2,) * 2
         self.depthwise = nn.Conv1d(config.width, config.width, config.conv_kernel, groups=config.width)
         self.depthwise_norm = Norm(config.width)
         self.pointwise_out = nn.Linear(config.width, config.width)
@@ -201,8 +215,9 @@ class ConformerEncoder(nn.Module):
     def enter(self, features: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
         """Subsample features (B, T, F) of `lengths` (B,) frames into what every block reads:
         {"hidden": (B, T', W), "lengths": (B,) of T', "mask": (B, T') True at frames,
-        "rotary_cos", "rotary_sin": (T', head_dim / 2) rotary tables}, and in chunk-wise mode
-        "attention_mask": (B, T', T') True where a frame attends to a frame (`chunk_attention_mask`)."""
+        "rotary_cos", "rotary_sin": (T', head_dim / 2) rotary tables}, and when attention is chunk-wise
+        (chunk_frames, or a chunk drawn in dynamic chunk training) "attention_mask": (B, T', T') True
+        where a frame attends to a frame (`chunk_attention_mask`)."""
         if features.ndim != 3 or features.shape[-1] != self.config.input_dim:
             raise ValueError(f"features must be (B, T, {self.config.input_dim}); got {tuple(features.shape)}")
         shortest = 4 * self.config.frame_stack + 3
@@ -214,9 +229,17 @@ class ConformerEncoder(nn.Module):
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         cos, sin = rotary_tables(x.shape[1], self.config.width // self.config.heads, self.config.rotary_base, x.device)
         carry = {"hidden": x, "lengths": lengths, "mask": mask, "rotary_cos": cos, "rotary_sin": sin}
-        if self.config.chunk_frames:
-            carry["attention_mask"] = chunk_attention_mask(mask, self.config.chunk_frames, self.config.left_chunks)
+        chunk = self.drawn_chunk_frames() if self.training and self.config.dynamic_chunks else self.config.chunk_frames
+        if chunk:
+            carry["attention_mask"] = chunk_attention_mask(mask, chunk, self.config.left_chunks)
         return carry
+
+    def drawn_chunk_frames(self) -> int:
+        """A dynamic-chunk training forward's chunk, drawn with the global generator: 0 (full context) with
+        probability 1/2, else 1..config.dynamic_chunks frames uniformly."""
+        if torch.rand(()) < 0.5:
+            return 0
+        return int(torch.randint(1, self.config.dynamic_chunks + 1, ()))
 
     @staticmethod
     def run_block(block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

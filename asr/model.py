@@ -166,6 +166,19 @@ class Transducer(nn.Module):
                                                    "feature_std"),
                                               post=("encoder.norm", "decoder", "joiner", "simple_am", "simple_lm")))
 
+    def with_chunk_frames(self, chunk_frames: int) -> Transducer:
+        """This transducer, trained with dynamic chunks (`ConformerConfig.dynamic_chunks`), encoding in
+        chunks of chunk_frames (0: full context): a Transducer on the same storage (no weight is copied)."""
+        encoder = self.config.encoder
+        if self.config.encoder_kind != "conformer" or not encoder.dynamic_chunks:
+            raise ValueError("with_chunk_frames needs a Conformer transducer trained with dynamic chunks "
+                             "(--model.encoder.dynamic_chunks N); this one encodes in one way only")
+        with torch.device("meta"):
+            twin = Transducer(replace(self.config, encoder=replace(encoder, chunk_frames=chunk_frames)))
+        twin.load_state_dict(self.state_dict(), assign=True)
+        twin.training_step = self.training_step
+        return twin.train(self.training)
+
     def set_training_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: drives the pruned losses' warm-up."""
         self.training_step = step

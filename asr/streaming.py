@@ -1,6 +1,7 @@
-"""Streaming transcription with a chunk-wise transducer (`ConformerConfig.chunk_frames` > 0): audio
-arrives piece by piece, and the tokens of each chunk are decoded as soon as the chunk, and the
-subsampling's 60 ms look-ahead, has been heard.
+"""Streaming transcription with a chunk-wise transducer (`ConformerConfig.chunk_frames` > 0, or one
+trained with dynamic chunks, which streams in chunks of any whole number of frames): audio arrives
+piece by piece, and the tokens of each chunk are decoded as soon as the chunk, and the subsampling's
+60 ms look-ahead, has been heard.
 
     stream = StreamingTranscriber(model, tokenizer, features, chunk_ms=320)
     for piece in pieces:                      # (N,) float waveforms at features.sample_rate
@@ -58,10 +59,15 @@ class StreamingTranscriber:
     def __init__(self, model: Transducer, tokenizer: TranscriptTokenizer, features: FeatureConfig,
                  chunk_ms: int = 320, window_seconds: float = 20.0, max_symbols_per_frame: int = 3) -> None:
         encoder = model.config.encoder
-        if model.config.encoder_kind != "conformer" or not encoder.chunk_frames:
-            raise ValueError("streaming needs a chunk-wise Conformer transducer (trained with "
-                             "--model.encoder.chunk_frames N); this model encodes with full context")
+        if model.config.encoder_kind != "conformer" or not (encoder.chunk_frames or encoder.dynamic_chunks):
+            raise ValueError("streaming needs a chunk-wise Conformer transducer (trained with --model.encoder.chunk_frames "
+                             "N or --model.encoder.dynamic_chunks N); this model encodes with full context")
         frame_ms = 1000 * SUBSAMPLING * encoder.frame_stack * features.hop_length / features.sample_rate
+        if encoder.dynamic_chunks:  # any whole number of frames
+            if chunk_ms < frame_ms or round(chunk_ms / frame_ms) * frame_ms != chunk_ms:
+                raise ValueError(f"chunk_ms must be a multiple of the model's frame, {frame_ms:g} ms; got {chunk_ms}")
+            model = model.with_chunk_frames(round(chunk_ms / frame_ms))
+            encoder = model.config.encoder
         chunk_model_ms = frame_ms * encoder.chunk_frames
         if chunk_ms < 1 or round(chunk_ms / chunk_model_ms) * chunk_model_ms != chunk_ms:
             raise ValueError(f"chunk_ms must be a multiple of the model's chunk, {chunk_model_ms:g} ms "

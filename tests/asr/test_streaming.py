@@ -71,6 +71,17 @@ def test_streaming_needs_a_chunk_wise_model_and_a_whole_number_of_chunks():
         StreamingTranscriber(tiny(encoder_chunk_frames=4), TranscriptTokenizer("char"), FEATURES, chunk_ms=200)
 
 
+def test_a_dynamic_chunk_model_streams_in_any_whole_number_of_frames():
+    model = tiny(seed=2, encoder_dynamic_chunks=8).eval()
+    waveform = recording(6.0, seed=5)
+    for chunk_ms in (120, 320):  # 3 and 8 frames of 40 ms
+        expected = offline_tokens(model.with_chunk_frames(chunk_ms // 40), waveform)
+        transcriber, _ = stream(model, waveform, chunk_ms, piece_ms=100)
+        assert len(expected) > 10 and transcriber.state.hypotheses[0] == expected
+    with pytest.raises(ValueError, match="chunk_ms must be a multiple of the model's frame, 40 ms; got 100"):
+        StreamingTranscriber(model, TranscriptTokenizer("char"), FEATURES, chunk_ms=100)
+
+
 def test_zoo_transcribe_streams_a_file_and_standard_input(tmp_path):
     import subprocess
     import sys
