@@ -79,17 +79,17 @@ class ConformerConfig:
         if self.chunk_frames < 0 or self.left_chunks < -1 or self.dynamic_chunks < 0:
             raise ValueError(f"ConformerConfig needs chunk_frames >= 0, left_chunks >= -1 and dynamic_chunks >= 0; got "
                              f"{self.chunk_frames}, {self.left_chunks} and {self.dynamic_chunks}")
-
-    @property
-    def causal(self) -> bool:
-        """Whether the depthwise convolution reads only frames before (chunk-wise or dynamic chunks)."""
-        return bool(self.chunk_frames or self.dynamic_chunks)
         if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
             raise ValueError(f"ConformerConfig.conv_kernel must be odd; got {self.conv_kernel}")
         if self.input_dim < 7:
             raise ValueError(f"ConformerConfig.input_dim must be >= 7 (two stride-2 3x3 convolutions); got {self.input_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ConformerConfig.dropout must be in [0, 1); got {self.dropout}")
+
+    @property
+    def causal(self) -> bool:
+        """Whether the depthwise convolution reads only frames before (chunk-wise or dynamic chunks)."""
+        return bool(self.chunk_frames or self.dynamic_chunks)
 
 
 CONFORMER_SIZES = {

@@ -49,7 +49,7 @@ def main() -> None:
     print(f"| {args.model} | streaming, {args.chunk_ms} ms | {error_counts(references, streamed).rate:.4f} | "
           f"{_median_p90(decoded)} | {_median_p90(emitted)} |")
     audio = [row["audio"] for row in rows]
-    chunked = stream.model  # a model trained with dynamic chunks, given args.chunk_ms
+    chunked = stream.model  # the model as it streams (one trained with dynamic chunks: given args.chunk_ms)
     whole = transcribe(chunked, audio, found.tokenizer, found.features, method="greedy")
     print(f"| {args.model} | whole utterances, {args.chunk_ms} ms chunks | {error_counts(references, whole).rate:.4f} | | |")
     if found.model.config.encoder.dynamic_chunks:

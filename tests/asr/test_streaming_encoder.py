@@ -108,3 +108,5 @@ def test_a_dynamic_chunk_model_shares_its_weights_in_every_chunk():
         tiny(encoder_chunk_frames=CHUNK).with_chunk_frames(2)
     with pytest.raises(ValueError, match="dynamic_chunks >= 0"):
         tiny(encoder_dynamic_chunks=-1)
+    with pytest.raises(ValueError, match="conv_kernel must be odd"):  # the checks after it still run
+        tiny(encoder_dynamic_chunks=8, encoder_conv_kernel=4)
