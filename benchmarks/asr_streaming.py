@@ -6,7 +6,7 @@ decoded) and emitted (the word known complete), each less the position in the au
 frame its last token came from; medians and 90th percentiles.
 
     python benchmarks/asr_streaming.py STREAMING_MODEL [--full MODEL] [--text modern] [--split test_domain]
-                                       [--chunk-ms 320] [--limit 200]
+                                       [--chunk-ms 320] [--limit 200] [--kokoro-share 0.3 --kokoro-blend-share 0.5]
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ def main() -> None:
     parser.add_argument("--split", default="test_domain")
     parser.add_argument("--chunk-ms", type=int, default=320)
     parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--kokoro-share", type=float, default=0.0,
+                        help="the corpus's CorpusConfig.kokoro_share: it changes only the training split, so "
+                             "naming an already synthesised corpus's shares reuses it (default: 0)")
+    parser.add_argument("--kokoro-blend-share", type=float, default=0.0)
     args = parser.parse_args()
-    rows = list(load_manifest(build_corpus(CorpusConfig(text=args.text)) / f"{args.split}.jsonl"))[: args.limit]
+    corpus = CorpusConfig(text=args.text, kokoro_share=args.kokoro_share, kokoro_blend_share=args.kokoro_blend_share)
+    rows = list(load_manifest(build_corpus(corpus) / f"{args.split}.jsonl"))[: args.limit]
     references = [row["text"] for row in rows]
     found = recogniser(args.model)
     streamed, decoded, emitted = [], [], []
