@@ -43,10 +43,14 @@ def _parse_overrides(words: list[str]) -> dict[str, str]:
 
 
 def cmd_list(_: argparse.Namespace) -> None:
-    for name, folder in list_models().items():
-        print(f"{name:28s} {read_config(folder)['arch']:8s} {folder}")
-    for name, recipe in recipes().items():
-        print(f"recipe {name:21s} -> {', '.join(recipe.produces)}: {recipe.description}")
+    models, found_recipes = list_models(), recipes()
+    width = max(map(len, [*models, *(f"recipe {name}" for name in found_recipes)]), default=0)
+    archs = {name: read_config(folder)["arch"] for name, folder in models.items()}
+    arch_width = max(map(len, archs.values()), default=0)
+    for name, folder in models.items():
+        print(f"{name:{width}s} {archs[name]:{arch_width}s} {folder}")
+    for name, recipe in found_recipes.items():
+        print(f"{'recipe ' + name:{width}s} -> {', '.join(recipe.produces)}: {recipe.description}")
 
 
 def cmd_info(args: argparse.Namespace) -> None:

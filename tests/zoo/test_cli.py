@@ -28,6 +28,10 @@ def test_list_and_info_show_the_shipped_model(capsys):
     listing = zoo_cli("list")
     assert listing.returncode == 0, listing.stderr
     assert "gpt-shakespeare-char" in listing.stdout and "recipe gpt_shakespeare" in listing.stdout
+    models = [line for line in listing.stdout.splitlines() if not line.startswith("recipe ")]
+    recipes = [line for line in listing.stdout.splitlines() if line.startswith("recipe ")]
+    assert len({line.index(" /") for line in models}) == 1  # the folders in one column, however long a name
+    assert len({line.index(" -> ") for line in recipes}) == 1
     info = zoo_in_process(capsys, "info", "gpt-shakespeare-char")
     assert "zoo train gpt_shakespeare" in info.stdout and "perplexity" in info.stdout
 
