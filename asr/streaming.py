@@ -8,6 +8,7 @@ piece by piece, and the tokens of each chunk are decoded as soon as the chunk, a
         for word in stream.accept(piece):     # the words completed by this piece
             print(word.text, word.emitted_at)
     stream.finish()                           # the rest; stream.text is the transcript
+    stream.stream_recording(waveform)         # or: a whole recording, a chunk at a time, then finish
 
 Each step encodes the log-mel features of the last `window_seconds` of audio (the window starting on
 a chunk boundary) and keeps the encoder frames of the chunks completed since the step before. A
@@ -118,6 +119,14 @@ class StreamingTranscriber:
             self.fed = 0
             self._decode(final=False)
         return self._new_words(final=False)
+
+    def stream_recording(self, waveform: torch.Tensor) -> list[EmittedWord]:
+        """Hear a whole recording (N,) a chunk (`step_samples`) at a time, as it would arrive live, and
+        finish; returns every word it gave (`words`), with their delays as a live stream's."""
+        for start in range(0, waveform.numel(), self.step_samples):
+            self.accept(waveform[start : start + self.step_samples])
+        self.finish()
+        return self.words
 
     def finish(self) -> list[EmittedWord]:
         """The end of the stream: decode what is left; returns the words it completed."""

@@ -41,13 +41,10 @@ def main() -> None:
     for row in rows:
         waveform = read_audio(row["audio"], found.features.sample_rate)
         stream = StreamingTranscriber(found.model, found.tokenizer, found.features, args.chunk_ms)
-        step = stream.step_samples
-        for start in range(0, waveform.numel(), step):
-            stream.accept(waveform[start : start + step])
-        stream.finish()
+        words = stream.stream_recording(waveform)
         streamed.append(stream.text)
-        decoded += [w.decoded_at - w.frame_time for w in stream.words]
-        emitted += [w.emitted_at - w.frame_time for w in stream.words]
+        decoded += [w.decoded_at - w.frame_time for w in words]
+        emitted += [w.emitted_at - w.frame_time for w in words]
     print(f"{len(rows)} utterances of {args.split} ({args.text}); greedy search\n")
     print("| recogniser | mode | WER | word delay decoded, median / p90 s | word delay emitted, median / p90 s |\n"
           "|---|---|---|---|---|")

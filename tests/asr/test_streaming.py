@@ -78,6 +78,10 @@ def test_a_dynamic_chunk_model_streams_in_any_whole_number_of_frames():
         expected = offline_tokens(model.with_chunk_frames(chunk_ms // 40), waveform)
         transcriber, _ = stream(model, waveform, chunk_ms, piece_ms=100)
         assert len(expected) > 10 and transcriber.state.hypotheses[0] == expected
+    whole = StreamingTranscriber(model, TranscriptTokenizer("char"), FEATURES, chunk_ms=320)
+    words = whole.stream_recording(waveform)  # a chunk at a time: the pieces above decode the same tokens
+    assert whole.state.hypotheses[0] == transcriber.state.hypotheses[0]
+    assert [w.text for w in words] == whole.text.split() and whole.heard_samples == waveform.numel()
     with pytest.raises(ValueError, match="chunk_ms must be a multiple of the model's frame, 40 ms; got 100"):
         StreamingTranscriber(model, TranscriptTokenizer("char"), FEATURES, chunk_ms=100)
 

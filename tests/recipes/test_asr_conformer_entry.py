@@ -40,10 +40,7 @@ def test_shipped_conformer_entry_transcribes_and_streams_an_unseen_domain(tmp_pa
     streamed = []
     for path in paths:
         stream = StreamingTranscriber(found.model, found.tokenizer, found.features, chunk_ms=320)
-        waveform = read_audio(path, found.features.sample_rate)
-        for start in range(0, waveform.numel(), stream.step_samples):
-            stream.accept(waveform[start : start + stream.step_samples])
-        stream.finish()
+        stream.stream_recording(read_audio(path, found.features.sample_rate))
         streamed.append(stream.text)
     streaming = error_counts(sentences, streamed).rate
     plain = error_counts(sentences, transcribe(ENTRY, paths, lm_weight=0.0)).rate
