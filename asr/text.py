@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
+import torch
+
 CHARACTERS = " abcdefghijklmnopqrstuvwxyz'"
 """What a normalised transcript may hold."""
 BLANK = "<blank>"
@@ -83,6 +85,14 @@ class TranscriptTokenizer:
         if unknown:
             raise ValueError(f"transcript has characters outside {CHARACTERS!r}: {sorted(unknown)}; normalize() it first")
         return [CHARACTERS.index(c) + 1 for c in transcript]
+
+    def word_starts(self) -> torch.Tensor:
+        """(vocab_size,) bool: the tokens that begin a new word (BPE: the pieces that begin with the
+        word marker; characters: the space)."""
+        if self._bpe is None:
+            return torch.tensor([0] + [c == " " for c in CHARACTERS], dtype=torch.bool)
+        marker = "\u2581"
+        return torch.tensor([(self._bpe.id_to_token(i) or "").startswith(marker) for i in range(self.vocab_size)])
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids (blanks ignored) -> transcript."""

@@ -18,6 +18,7 @@ from asr.data import pcm_to_float, read_audio
 from asr.decoding import greedy_search, modified_beam_search
 from asr.features import FeatureConfig, log_mel, resample
 from asr.language_model import LanguageModel
+from asr.lexicon import LexiconPenalty, read_lexicon
 from asr.model import Transducer
 from asr.segmentation import segment_bounds
 from asr.text import TranscriptTokenizer
@@ -28,6 +29,9 @@ from zoo.store import load, locate, read_config
 LANGUAGE_MODEL_FILE = "language_model.safetensors"
 """A speech recogniser's folder may hold a language model for shallow fusion (a token n-gram model,
 or a word n-gram model with its lexicon); its config.json then gives {"decoding": {"lm_weight": ...}}."""
+LEXICON_FILE = "lexicon.txt"
+"""Beside a language model, a soft lexicon (`asr.lexicon`, one word a line): with {"decoding":
+{"lexicon_penalty": p}} (p > 0), a word beam search finishes outside it costs lm_weight x p."""
 DEFAULT_BEAM = 4
 """Beam of the beam search for a model whose config.json names none ({"decoding": {"beam": ...}})."""
 MAX_SEGMENT_SECONDS = 20.0
@@ -46,7 +50,7 @@ class Recogniser:
     tokenizer: TranscriptTokenizer
     features: FeatureConfig
     language_model: LanguageModel | None
-    """Fused into beam search (None: the folder has none)."""
+    """Fused into beam search (None: the folder has none); with the folder's lexicon penalty in it."""
     lm_weight: float
     """Its weight in the fusion."""
     ilm_weight: float
@@ -61,10 +65,15 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
     if config.get("arch") != "transducer" or "tokenizer" not in config or "features" not in config:
         raise ValueError(f"model {str(name)!r} is not a speech recogniser: expected a transducer with "
                          f"'tokenizer' and 'features' in its config.json")
-    lm_file, decoding = locate(name) / LANGUAGE_MODEL_FILE, config.get("decoding", {})
-    return Recogniser(load(name), TranscriptTokenizer.from_spec(config["tokenizer"]), FeatureConfig(**config["features"]),
-                      load_language_model(lm_file) if lm_file.exists() else None, float(decoding.get("lm_weight", 0.0)),
-                      float(decoding.get("ilm_weight", 0.0)), int(decoding.get("beam", DEFAULT_BEAM)))
+    folder, decoding = locate(name), config.get("decoding", {})
+    tokenizer = TranscriptTokenizer.from_spec(config["tokenizer"])
+    language_model = load_language_model(folder / LANGUAGE_MODEL_FILE) if (folder / LANGUAGE_MODEL_FILE).exists() else None
+    penalty = float(decoding.get("lexicon_penalty", 0.0))
+    if language_model is not None and penalty > 0:
+        language_model = LexiconPenalty(language_model, tokenizer, read_lexicon(folder / LEXICON_FILE), penalty)
+    return Recogniser(load(name), tokenizer, FeatureConfig(**config["features"]), language_model,
+                      float(decoding.get("lm_weight", 0.0)), float(decoding.get("ilm_weight", 0.0)),
+                      int(decoding.get("beam", DEFAULT_BEAM)))
 
 
 def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rate: int,

@@ -20,14 +20,15 @@ import zoo
 from asr import transcribe
 from asr.data import CorpusConfig, split_sentences
 from asr.model import Transducer
-from asr.transcription import LANGUAGE_MODEL_FILE
+from asr.lexicon import LexiconPenalty
+from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser
 from asr.voices import speak, voices
 from asr.wer import error_counts
 from helpers import zoo_in_process
 from zoo.store import read_config
 from asr.data import training_text_sentences
 from asr.text import TranscriptTokenizer
-from recipes.asr_transducer import ASRTransducerConfig, _voices, initial_model
+from recipes.asr_transducer import TRAINING_METRICS, ASRTransducerConfig, _voices, initial_model
 from zoo.recipes import apply_overrides
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -58,7 +59,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, cap
     defaults = ASRTransducerConfig()
     assert config["decoding"] == {"beam": 4, "lm_weight": defaults.lm_weight,
                                   "ilm_weight": defaults.ilm_weight, "lm_unit": "token",
-                                  "lm_order": defaults.lm_order} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
+                                  "lm_order": defaults.lm_order, "lexicon_penalty": 0.0} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
     assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "test_accent": 4,
                                           "librivox": 5, "cards": 5, "train": 48}
     assert all(config["metrics"][name]["utterances"] == 2 for name in ("validation", "librivox", "cards"))
@@ -145,6 +146,23 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                                          "context_size: 5 there, 3 here"):
         initial_model(dataclasses.replace(later, model=dataclasses.replace(later.model, context_size=3)), tokenizer)
 
+    # evaluate_only: the same weights, evaluated anew with decoding chosen on validation, here a lexicon penalty.
+    again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
+                            "--output", str(tmp_path / "evaluated")]
+    result = subprocess.run(again, capture_output=True, text=True, timeout=580,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stderr[-4000:]
+    evaluated = json.loads((tmp_path / "evaluated" / "config.json").read_text())
+    assert evaluated["decoding"]["lexicon_penalty"] == 5.0 and evaluated["metrics"]["lexicon_penalty_validation_wer"].keys() == {"5.0"}
+    assert all(evaluated["metrics"][name] == config["metrics"][name] for name in TRAINING_METRICS)
+    saved_weights = zoo.load(tmp_path / "evaluated").state_dict()
+    assert all(torch.equal(value, saved[name]) for name, value in saved_weights.items())
+    words = (tmp_path / "evaluated" / LEXICON_FILE).read_text().split()
+    assert len(words) == evaluated["metrics"]["lexicon_words"] > 100_000 and words == sorted(words) and "product" in words
+    assert isinstance(recogniser(tmp_path / "evaluated").language_model, LexiconPenalty)
+    card = " ".join((tmp_path / "evaluated" / "README.md").read_text().split())
+    assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
+
 
 def test_the_card_counts_each_synthesisers_training_voices():
     names = ["en-us+m1", "en-gb+f3", "en-us+f3", "flite+slt", "kokoro+jm_kumo", "kokoro+jf_alpha", "kokoro+jm_kumo"]
@@ -173,6 +191,10 @@ def test_transcribe_refuses_a_model_that_is_no_recogniser():
         ASRTransducerConfig(bucket_size=0)
     with pytest.raises(ValueError, match="lm_unit 'word' spells words in characters: it needs tokens='char'; got tokens='bpe'"):
         ASRTransducerConfig(tokens="bpe")
+    with pytest.raises(ValueError, match="lexicon_penalties must be >= 0 and need a token language model"):
+        ASRTransducerConfig(lexicon_penalties=(5.0,))  # the default word model's lexicon is closed
+    with pytest.raises(ValueError, match="evaluate_only evaluates the --init recogniser: give --init"):
+        ASRTransducerConfig(evaluate_only=True)
 
 
 def test_transcribe_reads_int16_and_other_rates_and_names_bad_waveforms(tmp_path):
