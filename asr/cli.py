@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=["beam", "greedy"], default="beam")
     parser.add_argument("--beam", type=int, default=None, help="beam of the beam search (default: the model's own)")
     parser.add_argument("--lm-weight", type=float, default=None,
-                        help="weight of the model's language model in beam search (default: the model's; 0: off)")
+                        help="weight of the model's language model in beam search, and of its soft lexicon's "
+                             "penalty (default: the model's; 0: both off)")
     parser.add_argument("--ilm-weight", type=float, default=None,
                         help="weight of the internal language model subtracted in the fusion (default: the model's)")
     parser.add_argument("--streaming", action="store_true",
