@@ -432,7 +432,8 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     for name in sets:
         print(f"  {name:15s} {metrics[name]['greedy_wer']:.4f} / {metrics[name]['beam_wer']:.4f} / "
               f"{metrics[name]['lm_wer']:.4f} ({metrics[name]['utterances']} utterances)")
-    print("\nmemory per rank, measured in training step 2 vs the ZeRO-paper estimate:\n" + memory)
+    heading = "memory" if config.evaluate_only else "memory per rank, measured in training step 2 vs the ZeRO-paper estimate"
+    print(f"\n{heading}:\n{memory}")
     print(f"\nsaved {output}")
     return metrics
 
