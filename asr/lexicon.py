@@ -65,10 +65,11 @@ class LexiconPenalty:
             raise ValueError(f"penalty must be >= 0 and words not empty; got {penalty} and {len(words)} words")
         self.base, self.tokenizer, self.words, self.penalty = base, tokenizer, words, penalty
         self.vocab_size = base.vocab_size
-        self._word_start = tokenizer.word_starts()
-        finishing = self._word_start.clone()
-        finishing[END] = True
-        self._penalties = finishing.double() * penalty
+        starts = tokenizer.word_starts()
+        self._word_start = starts.tolist()
+        """Per token id, whether it begins a word (a list: `spelling` looks ids up one at a time)."""
+        starts[END] = True
+        self._penalties = starts.double() * penalty
         """(V,) the penalty on the tokens that finish the word being spelled, 0 elsewhere."""
         self._cache = BoundedCache()
 
