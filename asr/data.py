@@ -40,7 +40,7 @@ from asr.augmentation import WaveformAugment
 from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
-from asr.training_text import SOURCES, TextSplitConfig, source_sentences, split_by_source
+from asr.training_text import LANGUAGE_MODEL_SOURCES, SOURCES, TextSplitConfig, source_sentences, split_by_source
 from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_blend, kokoro_voice, speak, voices
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
@@ -180,6 +180,20 @@ def training_text_sentences(config: CorpusConfig) -> list[str]:
     return [sentence for _, sentence in _modern_splits(config)["train"]]
 
 
+def language_model_sentences(config: CorpusConfig, sources: tuple[str, ...]) -> list[str]:
+    """The sentences of `sources` (each in `asr.training_text.LANGUAGE_MODEL_SOURCES`) of
+    config.min_words..max_words words that no validation, test or held-out-domain sentence equals:
+    text a language model may read beside `training_text_sentences`, which no tokenizer learns from."""
+    unknown = sorted(set(sources) - set(LANGUAGE_MODEL_SOURCES))
+    if unknown:
+        raise ValueError(f"language-model sources must be among {LANGUAGE_MODEL_SOURCES}; got {unknown}")
+    splits = _modern_splits(config)
+    held_out = {sentence for name in ("validation", "test", "test_domain") for _, sentence in splits[name]}
+    limits = TextSplitConfig(max_words=config.max_words)
+    return [sentence for source in sources for sentence in source_sentences(source)
+            if limits.min_words <= len(sentence.split()) <= limits.max_words and sentence not in held_out]
+
+
 def domain_sentences(config: CorpusConfig, rng: random.Random) -> list[str]:
     """config.domain_sentences sentences of the held-out text source, drawn by `rng`."""
     return _drawn(_modern_splits(config)["test_domain"], config.domain_sentences, "test_domain", rng)
@@ -249,14 +263,23 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
     return plan, accents
 
 
-def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4) -> Path:
-    """Synthesise (once) the corpus `config` describes; returns its folder, which holds wav/ and
-    one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}."""
+def build_corpus(config: CorpusConfig = CorpusConfig(), root: Path | None = None, workers: int = 4,
+                 splits: tuple[str, ...] | None = None) -> Path:
+    """Synthesise (once) the corpus `config` describes, or only its `splits` (default: all of
+    config.splits; an evaluation needs no training speech); returns its folder, which holds wav/ and
+    one manifest per split, SPLIT.jsonl: {"audio", "text", "voice", "speed", "pitch", "seconds"}.
+    A split's clips do not depend on which other splits are built."""
+    splits = config.splits if splits is None else tuple(splits)
+    unknown = sorted(set(splits) - set(config.splits))
+    if unknown:
+        raise ValueError(f"build_corpus splits must be among {config.splits}; got {unknown}")
     folder = (data_dir() if root is None else root) / f"espeak_corpus_{config.key}"
-    if all((folder / f"{split}.jsonl").exists() for split in config.splits):
+    missing = [split for split in splits if not (folder / f"{split}.jsonl").exists()]
+    if not missing:
         return folder
     (folder / "wav").mkdir(parents=True, exist_ok=True)
     plan, accents = corpus_plan(config)
+    plan = {split: plan[split] for split in missing}
     espeak_path = espeak_data(accents, folder / "espeak") if accents else None
 
     def render(job: tuple[str, int, str, Voice]) -> dict[str, Any]:

@@ -9,6 +9,9 @@ Sources (`SOURCES`), each read once and cached as one sentence a line under data
                   the human-rated VADER snippets (`zoo.corpora`, MIT): movie reviews, tweets, New York
                   Times editorials, Amazon product reviews
 HELD_OUT_SOURCE ("amazon") is never trained on: its sentences are the held-out text domain.
+LANGUAGE_MODEL_SOURCES are read by a language model only, never spoken in training nor seen by a tokenizer:
+    wordnet       the usage examples of WordNet 3.0's glosses (Debian `wordnet-base`, WordNet 3.0
+                  license): 48k short everyday phrases ("the camera panned across the room")
 
 A sentence is kept when its written form looks like prose (no URL, mention, markup or code: see
 `_looks_like_code`) and its spoken form has min_words..max_words words; repeats are dropped.
@@ -33,7 +36,12 @@ log = logging.getLogger(__name__)
 SOURCES = ("shakespeare", "fortunes", "python_docs", "movie", "tweets", "nyt", "amazon")
 HELD_OUT_SOURCE = "amazon"
 """The source never trained on (Amazon product reviews): the held-out text domain."""
+LANGUAGE_MODEL_SOURCES = ("wordnet",)
+"""Sources of text for a language model beside the training text; none is split or spoken."""
 FORTUNES_PACKAGE = "fortunes"
+WORDNET_PACKAGE = "wordnet-base"
+_USAGE_EXAMPLE = re.compile(r'"([^"]+)"')
+"""A usage example in a WordNet gloss: the quoted text after the definition."""
 PYTHON_DOCS_PACKAGE = "python3.11-doc"
 FORTUNE_FILES_SKIPPED = ("art", "ascii-art", "debian", "linux", "computers", "perl", "startrek", "zippy")
 """Fortune files of pictures, program output or jargon that no everyday speaker says."""
@@ -65,10 +73,10 @@ class TextSplitConfig:
 
 
 def source_sentences(source: str, root: Path | None = None) -> list[str]:
-    """The distinct prose sentences of `source` (one of SOURCES) in spoken form, in reading order;
-    cached under root (default data_dir())/asr_text."""
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES}; got {source!r}")
+    """The distinct prose sentences of `source` (one of SOURCES or LANGUAGE_MODEL_SOURCES) in spoken
+    form, in reading order; cached under root (default data_dir())/asr_text."""
+    if source not in SOURCES + LANGUAGE_MODEL_SOURCES:
+        raise ValueError(f"source must be one of {SOURCES + LANGUAGE_MODEL_SOURCES}; got {source!r}")
     root = data_dir() if root is None else root
     cached = root / "asr_text" / f"{source}-{TEXT_LAYOUT}.txt"
     if cached.exists():
@@ -124,6 +132,8 @@ def _source_texts(source: str, root: Path) -> Iterator[str]:
         yield from _shakespeare_speeches(shakespeare_text(root))
     elif source == "fortunes":
         yield from _fortunes(_unpacked(FORTUNES_PACKAGE, root) / "usr/share/games/fortunes")
+    elif source == "wordnet":
+        yield from _usage_examples(_unpacked(WORDNET_PACKAGE, root) / "usr/share/wordnet")
     elif source == "python_docs":
         yield from _rest_paragraphs(_unpacked(PYTHON_DOCS_PACKAGE, root) / "usr/share/doc/python3.11/html/_sources")
     else:
@@ -134,6 +144,16 @@ def _unpacked(package: str, root: Path) -> Path:
     """The Debian `package`'s files unpacked under root/asr_text/<package> (once)."""
     return unpacked_once(root / "asr_text" / package, lambda private: subprocess.run(
         ["dpkg-deb", "-x", str(debian_package(package, root)), str(private)], check=True))
+
+
+def _usage_examples(folder: Path) -> Iterator[str]:
+    """The usage examples of the glosses in WordNet's data.{noun,verb,adj,adv} files (a synset a line,
+    its gloss after "|": a definition, then examples in double quotes), each ended by a full stop."""
+    for part in ("noun", "verb", "adj", "adv"):
+        for line in (folder / f"data.{part}").read_text(encoding="latin-1").splitlines():
+            if not line.startswith(" ") and "|" in line:  # the license header's lines start with spaces
+                for example in _USAGE_EXAMPLE.findall(line.split("|", 1)[1]):
+                    yield example.strip().rstrip(".!?;,") + "."
 
 
 def _shakespeare_speeches(text: str) -> Iterator[str]:

@@ -39,15 +39,15 @@ import zoo
 from asr.accents import VOICE_FOLDER
 from asr.kokoro import BLEND
 from asr.augmentation import WaveformAugment
-from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, load_manifest,
-                      read_audio, recorded_speech, training_text_sentences)
+from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, corpus_plan,
+                      language_model_sentences, load_manifest, read_audio, recorded_speech, training_text_sentences)
 from asr.encoder_cache import EncodedExamples
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.lexicon import LexiconPenalty, lexicon_bytes, lexicon_words
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
-from asr.training_text import HELD_OUT_SOURCE
+from asr.training_text import HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCES
 from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser, transcribe
 from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
 from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, packaged_whisper_tiny_en
@@ -124,6 +124,10 @@ class ASRTransducerConfig:
     """What the BPE pieces and the language model learn from: the training transcripts, or (corpus.text
     modern) every training-split sentence of the six training sources (`asr.data.training_text_sentences`;
     never a validation, test or held-out-domain sentence)."""
+    lm_sources: tuple[str, ...] = ()
+    """Text the language model and the lexicon read beside lm_text, never spoken in training nor seen by
+    the tokenizer (`asr.training_text.LANGUAGE_MODEL_SOURCES`: "wordnet", WordNet's usage examples;
+    `asr.data.language_model_sentences`). Needs corpus.text modern."""
     lm_weights: tuple[float, ...] = ()
     """Language-model weights tried on the validation set with beam search; the one of the lowest word
     error rate replaces lm_weight (empty: lm_weight as given)."""
@@ -184,6 +188,10 @@ class ASRTransducerConfig:
         if self.lm_text == "training_text" and self.corpus.text != "modern":
             raise ValueError(f"lm_text 'training_text' needs corpus.text 'modern'; got {self.corpus.text!r}")
         object.__setattr__(self, "lm_weights", tuple(self.lm_weights))
+        object.__setattr__(self, "lm_sources", tuple(self.lm_sources))
+        if not set(self.lm_sources) <= set(LANGUAGE_MODEL_SOURCES) or (self.lm_sources and self.corpus.text != "modern"):
+            raise ValueError(f"lm_sources must be among {LANGUAGE_MODEL_SOURCES} and need corpus.text 'modern'; got "
+                             f"{self.lm_sources} and {self.corpus.text!r}")
         if self.lm_unit not in ("word", "token"):
             raise ValueError(f"lm_unit must be 'word' or 'token'; got {self.lm_unit!r}")
         if self.encoder not in ("conformer", "whisper-tiny.en"):
@@ -349,12 +357,16 @@ TRAINING_METRICS = ("validation_loss", "steps", "utterances_seen", "head_steps",
 def run(config: ASRTransducerConfig) -> dict[str, Any]:
     """Synthesise (once), train, evaluate, report memory, save the model. Call on every rank."""
     features = FeatureConfig()
-    folder = build_corpus(config.corpus)
-    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in config.corpus.splits}
+    needs_train = not config.evaluate_only or config.lm_text == "transcripts"
+    splits = tuple(s for s in config.corpus.splits if s != "train" or needs_train)
+    folder = build_corpus(config.corpus, splits=splits)  # an evaluation synthesises no training speech
+    manifests = {split: load_manifest(folder / f"{split}.jsonl") for split in splits}
     text = (list(manifests["train"]["text"]) if config.lm_text == "transcripts"
             else training_text_sentences(config.corpus))
     tokenizer = (TranscriptTokenizer("char") if config.tokens == "char"
                  else TranscriptTokenizer.train_bpe(text, config.bpe_vocab_size))
+    if config.lm_sources:  # the tokenizer has learnt its pieces; the language model reads more
+        text = text + language_model_sentences(config.corpus, config.lm_sources)
     torch.manual_seed(config.train.seed)
     model = initial_model(config, tokenizer)
     if config.evaluate_only:
@@ -419,7 +431,8 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     metrics["lexicon_words"] = len(words) if penalty else 0
     output = Path(config.output) if config.output else user_zoo_dir() / "asr-transducer-tiny"
     command = command_line(RECIPE, config, world_size)
-    card = _card(output.name, model, config, metrics, memory, world_size, command, manifests["train"]["voice"])
+    training_voices = [voice.name for _, voice in corpus_plan(config.corpus)[0]["train"]]
+    card = _card(output.name, model, config, metrics, memory, world_size, command, training_voices)
     has_lm = language_model is not None
     decoding = {"beam": config.beam, "lm_weight": lm_weight if has_lm else 0.0, "ilm_weight": config.ilm_weight if has_lm else 0.0,
                 "lm_unit": config.lm_unit, "lm_order": config.lm_order, "lexicon_penalty": penalty}
@@ -452,7 +465,7 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 
 - {_made_by(config, metrics, command, world_size)}
 - Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
-  {'training transcripts' if config.lm_text == 'transcripts' else 'training text'} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
+  {'training transcripts' if config.lm_text == 'transcripts' else 'training text'}{_lm_source_words(config)} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
   language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.
 - Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
   (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
@@ -482,6 +495,11 @@ def _made_by(config: ASRTransducerConfig, metrics: dict[str, Any], command: str,
         return (f"Made by: `{config.init}`'s training ({trained}; its card says how), evaluated and its decoding "
                 f"chosen anew by `{command}`")
     return f"Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {trained})"
+
+
+def _lm_source_words(config: ASRTransducerConfig) -> str:
+    names = {"wordnet": "WordNet's usage examples"}
+    return "".join(f" and {names[source]}" for source in config.lm_sources)
 
 
 def _lexicon_words(metrics: dict[str, Any]) -> str:

@@ -14,7 +14,8 @@ from scipy.io import wavfile
 
 from asr import kokoro
 from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
-                      corpus_plan, load_manifest, read_audio, read_audio_pieces, recorded_speech, training_text_sentences)
+                      corpus_plan, language_model_sentences, load_manifest, read_audio, read_audio_pieces, recorded_speech,
+                      training_text_sentences)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
@@ -104,6 +105,11 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert not learnt & {t for t, _ in plan["test_sentences"]} and len(learnt) > 50_000
     with pytest.raises(ValueError, match="training text sentences exist for text 'modern'"):
         training_text_sentences(CorpusConfig())
+    extra = language_model_sentences(config, ("wordnet",))  # a language model's text beside the training text's
+    assert len(extra) > 30_000 and all(3 <= len(text.split()) <= config.max_words for text in extra)
+    assert not set(extra) & ({t for split in plan if split != "train" for t, _ in plan[split]} | set(domain))
+    with pytest.raises(ValueError, match=r"language-model sources must be among \('wordnet',\); got \['nyt'\]"):
+        language_model_sentences(config, ("nyt",))
     assert all(3 <= len(text.split()) <= 20 for split in plan.values() for text, _ in split)
     with pytest.raises(ValueError, match=r"text in \('shakespeare', 'modern'\)"):
         CorpusConfig(text="news")
@@ -124,6 +130,14 @@ def test_a_small_corpus_is_synthesised_once_and_loads_with_datasets(tmp_path):
     assert abs(len(samples) / rate - manifests["train"][0]["seconds"]) < 1e-3 and len(samples) > 0.5 * rate
     stamp = (folder / "train.jsonl").stat().st_mtime_ns
     assert build_corpus(config, tmp_path) == folder and (folder / "train.jsonl").stat().st_mtime_ns == stamp
+    only = build_corpus(config, tmp_path / "evaluation", splits=("validation", "test_voices"))
+    assert sorted(p.name for p in only.glob("*.jsonl")) == ["test_voices.jsonl", "validation.jsonl"]
+    assert not list((only / "wav").glob("train_*"))
+    for split in ("validation", "test_voices"):
+        alone = [{k: v for k, v in row.items() if k != "audio"} for row in load_manifest(only / f"{split}.jsonl")]
+        assert alone == [{k: v for k, v in row.items() if k != "audio"} for row in manifests[split]]
+    with pytest.raises(ValueError, match=r"build_corpus splits must be among .*; got \['test_domain'\]"):
+        build_corpus(config, tmp_path, splits=("validation", "test_domain"))
     examples = SpeechExamples(manifests["train"], TranscriptTokenizer("char"))
     example = examples[0]
     assert example["input_features"].shape == (len(samples) // 160 + 1, 80)

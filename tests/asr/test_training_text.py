@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from asr.spoken_form import spoken_form
-from asr.training_text import HELD_OUT_SOURCE, SOURCES, TextSplitConfig, source_sentences, split_by_source, written_sentences
+from asr.training_text import (HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCES, SOURCES, TextSplitConfig, source_sentences,
+                               split_by_source, written_sentences)
 
 
 @pytest.mark.parametrize("written, spoken", [
@@ -44,11 +45,12 @@ def test_splits_hold_out_the_domain_and_share_no_sentence():
 
 @pytest.mark.timeout(300)
 def test_every_source_gives_thousands_of_spoken_sentences():
-    for source in SOURCES:
+    for source in SOURCES + LANGUAGE_MODEL_SOURCES:
         sentences = source_sentences(source)
         assert len(sentences) >= 3000, source
         assert all(s and not any(c.isdigit() for c in s) and s == s.lower() for s in sentences), source
     assert "the public is an old woman" in source_sentences("fortunes")
     assert "most extension types only use simple attributes" in source_sentences("python_docs")
+    assert "the camera panned across the room" in source_sentences("wordnet")  # a WordNet usage example
     with pytest.raises(ValueError, match="source must be one of"):
         source_sentences("wikipedia")

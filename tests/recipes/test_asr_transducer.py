@@ -146,9 +146,10 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
                                          "context_size: 5 there, 3 here"):
         initial_model(dataclasses.replace(later, model=dataclasses.replace(later.model, context_size=3)), tokenizer)
 
-    # evaluate_only: the same weights, evaluated anew with decoding chosen on validation, here a lexicon penalty.
+    # evaluate_only: the same weights, evaluated anew with decoding chosen on validation, here a lexicon
+    # penalty and a language model that reads WordNet's usage examples beside the training text.
     again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
-                            "--output", str(tmp_path / "evaluated")]
+                            "--lm_sources", "wordnet", "--output", str(tmp_path / "evaluated")]
     result = subprocess.run(again, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -162,6 +163,9 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert isinstance(recogniser(tmp_path / "evaluated").language_model, LexiconPenalty)
     card = " ".join((tmp_path / "evaluated" / "README.md").read_text().split())
     assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
+    assert "of the training text and WordNet's usage examples (`language_model.safetensors`" in card
+    counts = [(tmp_path / folder / LANGUAGE_MODEL_FILE).stat().st_size for folder in ("model", "evaluated")]
+    assert counts[1] > 1.5 * counts[0]  # 38k more sentences than the training text's 40k
 
 
 def test_the_card_counts_each_synthesisers_training_voices():
