@@ -53,9 +53,9 @@ DOMAIN_SPLIT = "test_domain"
 SYNTHESISER_SPLIT = "test_synthesiser"
 """Split of a "modern" corpus: the DOMAIN_SPLIT sentences spoken by the held-out synthesiser (piper)."""
 TextKind = Literal["shakespeare", "modern"]
-CORPUS_LAYOUT = 2
+CORPUS_LAYOUT = 3
 """Version of the splits' definition, part of the corpus key (1: a single test_voices set mixed the
-unseen accent and the unseen variants)."""
+unseen accent and the unseen variants; 2: piper's clips drew unseeded noise, other on every synthesis)."""
 RECORDED_PACKAGE = "pocketsphinx-testdata"
 RECORDED_SETS = {"librivox": "transcription", "cards": "cards.transcription"}
 MIN_SAMPLE_RATE = 8000

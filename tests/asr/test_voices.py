@@ -32,10 +32,25 @@ def test_each_synthesiser_speaks_at_16_khz_and_its_speed_sets_the_length(voice, 
     assert rate == 16000 and samples.ndim == 1 and samples.dtype.name == "int16"
     assert 2.0 < seconds < 6.0 and seconds == pytest.approx(len(samples) / 16000)
     assert abs(samples).max() > 3000  # sound, not silence
-    # 140 against 220 words per minute: piper draws its durations at random (a few percent apart run to run)
-    # and pads with silence that does not scale, so its 170-against-220 ratio, about 0.87, is too close to call.
+    # 140 against 220 words per minute: piper pads with silence that does not scale, so its
+    # 170-against-220 ratio, about 0.87, is too close to call.
     slow, fast = (Voice(voice.accent, voice.variant, speed, voice.pitch, voice.synthesiser) for speed in (140, 220))
     assert speak(SENTENCE, fast, tmp_path / "fast.wav") < 0.9 * speak(SENTENCE, slow, tmp_path / "slow.wav")
+
+
+def test_piper_speaks_a_clip_the_same_in_any_order_and_process(tmp_path):
+    """VITS draws noise for its durations and pitch: a clip's own seeded session makes it reproducible."""
+    voice, other = Voice("piper", "joe", 170, 50, "piper"), Voice("piper", "joe", 180, 50, "piper")
+    first = speak(SENTENCE, voice, tmp_path / "first.wav")
+    speak(SENTENCE, other, tmp_path / "other.wav")
+    assert speak(SENTENCE, voice, tmp_path / "again.wav") == first
+    assert (tmp_path / "again.wav").read_bytes() == (tmp_path / "first.wav").read_bytes()
+    elsewhere = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from asr.voices import Voice, speak; "
+                                "print(speak(sys.argv[1], Voice('piper', 'joe', 170, 50, 'piper'), Path(sys.argv[2])))",
+                                SENTENCE, str(tmp_path / "elsewhere.wav")], capture_output=True, text=True, check=True,
+                               timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert float(elsewhere.stdout.split()[-1]) == first
+    assert (tmp_path / "elsewhere.wav").read_bytes() == (tmp_path / "first.wav").read_bytes()
 
 
 def test_training_flite_and_kokoro_and_held_out_piper_voices():
