@@ -181,9 +181,10 @@ def training_text_sentences(config: CorpusConfig) -> list[str]:
 
 
 def language_model_sentences(config: CorpusConfig, sources: tuple[str, ...]) -> list[str]:
-    """The sentences of `sources` (each in `asr.training_text.LANGUAGE_MODEL_SOURCES`) of
-    config.min_words..max_words words that no validation, test or held-out-domain sentence equals:
-    text a language model may read beside `training_text_sentences`, which no tokenizer learns from."""
+    """The sentences of `sources` (each in `asr.training_text.LANGUAGE_MODEL_SOURCES`) of as many words
+    as the training text's (`TextSplitConfig`'s min_words to config.max_words) that no validation, test
+    or held-out-domain sentence equals: text a language model may read beside `training_text_sentences`,
+    which no tokenizer learns from."""
     unknown = sorted(set(sources) - set(LANGUAGE_MODEL_SOURCES))
     if unknown:
         raise ValueError(f"language-model sources must be among {LANGUAGE_MODEL_SOURCES}; got {unknown}")

@@ -11,7 +11,7 @@ Sources (`SOURCES`), each read once and cached as one sentence a line under data
 HELD_OUT_SOURCE ("amazon") is never trained on: its sentences are the held-out text domain.
 LANGUAGE_MODEL_SOURCES are read by a language model only, never spoken in training nor seen by a tokenizer:
     wordnet       the usage examples of WordNet 3.0's glosses (Debian `wordnet-base`, WordNet 3.0
-                  license): 48k short everyday phrases ("the camera panned across the room")
+                  license): 48k short everyday phrases ("the camera panned across the room"), 38k of 3 words or more
 
 A sentence is kept when its written form looks like prose (no URL, mention, markup or code: see
 `_looks_like_code`) and its spoken form has min_words..max_words words; repeats are dropped.

@@ -5,8 +5,10 @@
     zoo train asr_transducer --encoder whisper-tiny.en --corpus.text modern --tokens bpe --lm_unit token --head_steps 2500
                                                           Whisper tiny.en's encoder, fine-tuned on modern English
                                                           after the head trained alone on its frozen outputs
-    zoo train asr_transducer ... --init NAME --evaluate_only true --lexicon_penalties 0,5,10,15
-                                                          train nothing: evaluate a saved recogniser anew, its
+    zoo train asr_transducer ... --init NAME --evaluate_only true --lexicon_penalties 0,5,10,15 --lm_sources wordnet
+                                                          train nothing: evaluate a saved recogniser anew (only the
+                                                          evaluated sets are synthesised), its language model read
+                                                          anew (here with WordNet's usage examples too), its
                                                           decoding (LM weight, soft lexicon) chosen on validation
 
 Data (`asr.data`): Shakespeare sentences within the corpus's 2,000 most frequent words (or, with
@@ -127,7 +129,9 @@ class ASRTransducerConfig:
     lm_sources: tuple[str, ...] = ()
     """Text the language model and the lexicon read beside lm_text, never spoken in training nor seen by
     the tokenizer (`asr.training_text.LANGUAGE_MODEL_SOURCES`: "wordnet", WordNet's usage examples;
-    `asr.data.language_model_sentences`). Needs corpus.text modern."""
+    `asr.data.language_model_sentences`). Needs corpus.text modern. Validation WER with "wordnet" (its
+    best weight and penalty): entry (b) 0.130 -> 0.120 (shipped; test_domain 0.110 -> 0.108), entry (a)
+    0.135 -> 0.138 (not taken)."""
     lm_weights: tuple[float, ...] = ()
     """Language-model weights tried on the validation set with beam search; the one of the lowest word
     error rate replaces lm_weight (empty: lm_weight as given)."""
@@ -466,7 +470,7 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 - {_made_by(config, metrics, command, world_size)}
 - Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
   {'training transcripts' if config.lm_text == 'transcripts' else 'training text'}{_lm_source_words(config)} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
-  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.
+  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.{_lm_source_notices(config)}
 - Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
   (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
   (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants).{_domain_words(config.corpus)} Real speech: Debian `pocketsphinx-testdata`
@@ -497,9 +501,18 @@ def _made_by(config: ASRTransducerConfig, metrics: dict[str, Any], command: str,
     return f"Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {trained})"
 
 
+LM_SOURCE_NAMES = {"wordnet": ("WordNet's usage examples", "WordNet 3.0 copyright 2006 by Princeton University, "
+                                "used under the WordNet 3.0 license")}
+"""{source: (its words in a card, its notice)} of asr.training_text.LANGUAGE_MODEL_SOURCES."""
+
+
 def _lm_source_words(config: ASRTransducerConfig) -> str:
-    names = {"wordnet": "WordNet's usage examples"}
-    return "".join(f" and {names[source]}" for source in config.lm_sources)
+    return "".join(f" and {LM_SOURCE_NAMES[source][0]}" for source in config.lm_sources)
+
+
+def _lm_source_notices(config: ASRTransducerConfig) -> str:
+    return "".join(f"\n- The language model counts {LM_SOURCE_NAMES[source][0]}: {LM_SOURCE_NAMES[source][1]}."
+                   for source in config.lm_sources)
 
 
 def _lexicon_words(metrics: dict[str, Any]) -> str:
@@ -510,7 +523,7 @@ def _lexicon_words(metrics: dict[str, Any]) -> str:
     if not metrics["lexicon_penalty"]:
         return f"; no lexicon penalty (chosen on validation: WER {choice})"
     return (f"; a word finished outside the lexicon (`lexicon.txt`, {metrics['lexicon_words']:,} words: Debian wamerican's "
-            f"and the training text's, `asr.lexicon`) costs {metrics['lexicon_penalty']} x the language-model weight "
+            f"and the language model's text's, `asr.lexicon`) costs {metrics['lexicon_penalty']} x the language-model weight "
             f"(chosen on validation: WER {choice})")
 
 

@@ -164,6 +164,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     card = " ".join((tmp_path / "evaluated" / "README.md").read_text().split())
     assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
     assert "of the training text and WordNet's usage examples (`language_model.safetensors`" in card
+    assert "- The language model counts WordNet's usage examples: WordNet 3.0 copyright 2006 by Princeton" in card
     counts = [(tmp_path / folder / LANGUAGE_MODEL_FILE).stat().st_size for folder in ("model", "evaluated")]
     assert counts[1] > 1.5 * counts[0]  # 38k more sentences than the training text's 40k
 
