@@ -38,6 +38,9 @@ HELD_OUT_SOURCE = "amazon"
 """The source never trained on (Amazon product reviews): the held-out text domain."""
 LANGUAGE_MODEL_SOURCES = ("wordnet",)
 """Sources of text for a language model beside the training text; none is split or spoken."""
+LANGUAGE_MODEL_SOURCE_CREDITS = {"wordnet": ("WordNet's usage examples", "WordNet 3.0 copyright 2006 by Princeton "
+                                             "University, used under the WordNet 3.0 license")}
+"""{source: (what it is, in words; the notice its license asks copies to carry)} of LANGUAGE_MODEL_SOURCES."""
 FORTUNES_PACKAGE = "fortunes"
 WORDNET_PACKAGE = "wordnet-base"
 _USAGE_EXAMPLE = re.compile(r'"([^"]+)"')

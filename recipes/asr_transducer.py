@@ -49,7 +49,7 @@ from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.lexicon import LexiconPenalty, lexicon_bytes, lexicon_words
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
-from asr.training_text import HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCES
+from asr.training_text import HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCE_CREDITS, LANGUAGE_MODEL_SOURCES
 from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser, transcribe
 from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
 from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, packaged_whisper_tiny_en
@@ -501,18 +501,13 @@ def _made_by(config: ASRTransducerConfig, metrics: dict[str, Any], command: str,
     return f"Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {trained})"
 
 
-LM_SOURCE_NAMES = {"wordnet": ("WordNet's usage examples", "WordNet 3.0 copyright 2006 by Princeton University, "
-                                "used under the WordNet 3.0 license")}
-"""{source: (its words in a card, its notice)} of asr.training_text.LANGUAGE_MODEL_SOURCES."""
-
-
 def _lm_source_words(config: ASRTransducerConfig) -> str:
-    return "".join(f" and {LM_SOURCE_NAMES[source][0]}" for source in config.lm_sources)
+    return "".join(f" and {LANGUAGE_MODEL_SOURCE_CREDITS[source][0]}" for source in config.lm_sources)
 
 
 def _lm_source_notices(config: ASRTransducerConfig) -> str:
-    return "".join(f"\n- The language model counts {LM_SOURCE_NAMES[source][0]}: {LM_SOURCE_NAMES[source][1]}."
-                   for source in config.lm_sources)
+    return "".join(f"\n- The language model counts {words}: {notice}." for words, notice in
+                   (LANGUAGE_MODEL_SOURCE_CREDITS[source] for source in config.lm_sources))
 
 
 def _lexicon_words(metrics: dict[str, Any]) -> str:

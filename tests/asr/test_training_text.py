@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from asr.spoken_form import spoken_form
-from asr.training_text import (HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCES, SOURCES, TextSplitConfig, source_sentences,
-                               split_by_source, written_sentences)
+from asr.training_text import (HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCE_CREDITS, LANGUAGE_MODEL_SOURCES, SOURCES,
+                               TextSplitConfig, source_sentences, split_by_source, written_sentences)
 
 
 @pytest.mark.parametrize("written, spoken", [
@@ -52,5 +52,6 @@ def test_every_source_gives_thousands_of_spoken_sentences():
     assert "the public is an old woman" in source_sentences("fortunes")
     assert "most extension types only use simple attributes" in source_sentences("python_docs")
     assert "the camera panned across the room" in source_sentences("wordnet")  # a WordNet usage example
+    assert LANGUAGE_MODEL_SOURCE_CREDITS.keys() == set(LANGUAGE_MODEL_SOURCES)  # each names its license's notice
     with pytest.raises(ValueError, match="source must be one of"):
         source_sentences("wikipedia")
