@@ -39,6 +39,14 @@ class TrainConfig:
     times the scale of the longest prefix its name starts with (1 where none does). On the command
     line `--train.lr_scales encoder.=0.1,joiner.=2`."""
 
+    anchor_decay: dict[str, float] = field(default_factory=dict)
+    """Decay toward reference weights by parameter-name prefix (L2-SP, Li et al. 2018, decoupled as
+    AdamW decouples weight decay): after each update a parameter whose name starts with a prefix
+    moves lr x its lr_scale x the longest prefix's value of the way back to its anchor, e.g.
+    {"encoder.": 5.0} to keep a fine-tuned pretrained encoder near what it knew. The anchors are
+    `Trainer(anchor=...)`'s tensors, else the parameters as the trainer found them. On the command
+    line `--train.anchor_decay encoder.=5`."""
+
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW (beta1, beta2)."""
 
@@ -106,15 +114,28 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.lr_scales must map non-empty parameter-name prefixes to finite "
                                  f"scales > 0 (freeze a part with requires_grad=False instead of a scale of 0); "
                                  f"got {self.lr_scales!r}")
+        for prefix, strength in self.anchor_decay.items():
+            if not prefix or not math.isfinite(strength) or strength <= 0:
+                raise ValueError(f"TrainConfig.anchor_decay must map non-empty parameter-name prefixes to finite "
+                                 f"decays > 0; got {self.anchor_decay!r}")
 
     def lr_scale(self, name: str) -> float:
         """The learning-rate multiplier of the parameter called `name` (`lr_scales`' longest prefix of it)."""
-        prefix = max((p for p in self.lr_scales if name.startswith(p)), key=len, default=None)
-        return 1.0 if prefix is None else float(self.lr_scales[prefix])
+        return _longest_prefix_value(self.lr_scales, name, 1.0)
+
+    def anchor_strength(self, name: str) -> float:
+        """The decay toward its anchor of the parameter called `name` (`anchor_decay`'s longest
+        prefix of it; 0 where none is)."""
+        return _longest_prefix_value(self.anchor_decay, name, 0.0)
+
+
+def _longest_prefix_value(values: dict[str, float], name: str, default: float) -> float:
+    prefix = max((p for p in values if name.startswith(p)), key=len, default=None)
+    return default if prefix is None else float(values[prefix])
 
 
 _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
-          "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "betas": "pair", "eps": float,
+          "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "anchor_decay": "scales", "betas": "pair", "eps": float,
           "grad_clip": float, "seed": int, "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
           "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
           "measure_memory": bool}

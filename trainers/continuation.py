@@ -17,7 +17,7 @@ from trainers.config import TrainConfig
 from trainers.strategy import Strategy
 
 REFUSED = ("config.global_batch_size", "config.lr", "config.min_lr_ratio", "config.warmup_steps",
-           "config.weight_decay", "config.lr_scales", "config.betas", "config.eps", "config.grad_clip", "config.seed",
+           "config.weight_decay", "config.lr_scales", "config.anchor_decay", "config.betas", "config.eps", "config.grad_clip", "config.seed",
            "strategy.precision")
 """Settings whose change makes the rest of the run another computation."""
 REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "strategy.offload",

@@ -1,4 +1,5 @@
-"""AdamW over a parallelised model, with ZeRO-1 state sharding and CPU offload of the step.
+"""AdamW over a parallelised model, with ZeRO-1 state sharding and CPU offload of the step, and a
+decoupled decay of chosen parameters toward anchor weights (`TrainConfig.anchor_decay`).
 
 The parameters may be plain tensors or FSDP2 / tensor-parallel DTensors; AdamW (torch's fused
 kernel) runs on each rank's local tensors, so gradients and states are never gathered and the
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainers.chunk_checkpoint import ChunkedTensor
 from trainers.config import TrainConfig
@@ -56,21 +57,23 @@ class _Slot:
     its storage), or its fp32 CPU master copy when offloaded. None on the other ranks."""
 
 
-def check_lr_scales(model: nn.Module, config: TrainConfig, chunked: bool) -> None:
-    """Refuse `config.lr_scales` where it cannot hold: a prefix that names no trainable parameter of
-    `model` (a typo would silently train at the full rate), or chunked states (`chunked`), whose
-    update runs a whole chunk at one learning rate."""
-    if not config.lr_scales:
-        return
-    if chunked:
-        raise ValueError(f"TrainConfig.lr_scales scales parameters apart, but Strategy(offload='chunks') updates a "
-                         f"whole chunk at one learning rate; got lr_scales={config.lr_scales!r} with offload='chunks'")
+def check_parameter_prefixes(model: nn.Module, config: TrainConfig, chunked: bool) -> None:
+    """Refuse `config.lr_scales` and `config.anchor_decay` where they cannot hold: a prefix that names
+    no trainable parameter of `model` (a typo would silently train otherwise), or chunked states
+    (`chunked`), whose update runs a whole chunk at one learning rate and keeps no anchors."""
     names = [clean_fqn(name) for name, p in model.named_parameters() if p.requires_grad]
-    unmatched = [prefix for prefix in config.lr_scales if not any(name.startswith(prefix) for name in names)]
-    if unmatched:
-        tops = sorted({name.split(".")[0] + "." for name in names})
-        raise ValueError(f"TrainConfig.lr_scales prefixes {unmatched} start no trainable parameter name of "
-                         f"{type(model).__name__} (its top-level names: {', '.join(tops)})")
+    for setting in ("lr_scales", "anchor_decay"):
+        prefixes = getattr(config, setting)
+        if not prefixes:
+            continue
+        if chunked:
+            raise ValueError(f"TrainConfig.{setting} treats parameters apart, but Strategy(offload='chunks') updates a "
+                             f"whole chunk at one learning rate; got {setting}={prefixes!r} with offload='chunks'")
+        unmatched = [prefix for prefix in prefixes if not any(name.startswith(prefix) for name in names)]
+        if unmatched:
+            tops = sorted({name.split(".")[0] + "." for name in names})
+            raise ValueError(f"TrainConfig.{setting} prefixes {unmatched} start no trainable parameter name of "
+                             f"{type(model).__name__} (its top-level names: {', '.join(tops)})")
 
 
 def partition_by_size(numels: list[int], world_size: int) -> list[int]:
@@ -94,10 +97,14 @@ class TrainOptimizer:
     offload: the owner keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
         runs there on a CPU copy of the gradient, and the result is copied back to the device.
     AdamW is torch's fused kernel (on CPU too), element for element what chunked states run.
+    anchor: reference values of parameters under `config.anchor_decay`, full tensors by name; an
+        anchored parameter missing from it is anchored at its value now. After each update the owner
+        moves its piece of an anchored parameter lr x lr_scale x decay of the way back to the
+        anchor's piece, which it keeps (one more copy of the parameters it owns and anchors).
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, anchor: dict[str, torch.Tensor] | None = None) -> None:
         named = [(clean_fqn(name), p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
@@ -121,6 +128,40 @@ class TrainOptimizer:
         # kernel over all tensors of a group on CPU as on GPU, the arithmetic chunked states run too.
         self.inner = (torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True)
                       if groups else None)
+        self.anchored = self._anchors(config, anchor or {})
+        """(work tensor, its anchor's piece, decay x lr_scale) of each owned anchored parameter."""
+
+    def _anchors(self, config: TrainConfig, anchor: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+        names = {slot.fqn for slot in self.slots if config.anchor_strength(slot.fqn)}
+        stray = sorted(set(anchor) - names)
+        if stray:
+            raise ValueError(f"TrainOptimizer anchor names parameters TrainConfig.anchor_decay does not anchor "
+                             f"(anchor_decay={config.anchor_decay!r}): {stray[:5]}")
+        anchored = []
+        for slot in self._owned():
+            decay = config.anchor_strength(slot.fqn) * config.lr_scale(slot.fqn)
+            if not decay:
+                continue
+            if config.lr * decay > 1:
+                raise ValueError(f"TrainConfig.anchor_decay moves {slot.fqn!r} lr x lr_scale x decay = "
+                                 f"{config.lr * decay:g} of the way to its anchor a step; expected at most 1")
+            anchored.append((slot.work, self._anchor_piece(slot, anchor.get(slot.fqn)), decay))
+        return anchored
+
+    @staticmethod
+    def _anchor_piece(slot: _Slot, full: torch.Tensor | None) -> torch.Tensor:
+        """This rank's piece of `slot`'s anchor (its current value when `full` is None), laid out as
+        its work tensor (on the CPU in fp32 when offloaded)."""
+        param = slot.param
+        if full is None:
+            return slot.work.detach().clone()
+        if full.shape != param.shape:
+            raise ValueError(f"TrainOptimizer anchor[{slot.fqn!r}] has shape {tuple(full.shape)}; the parameter "
+                             f"has {tuple(param.shape)}")
+        if isinstance(param, DTensor):  # every rank holds the whole anchor: each keeps its own piece
+            full = distribute_tensor(full.to(param.device, param.dtype), param.device_mesh, param.placements,
+                                     src_data_rank=None).to_local()
+        return full.detach().to(slot.work.device, slot.work.dtype, copy=True)
 
     @staticmethod
     def _local_leaf(param: nn.Parameter) -> torch.Tensor:
@@ -160,6 +201,8 @@ class TrainOptimizer:
             grad = slot.param.grad
             slot.work.grad = None if grad is None else local_tensor(grad).to(slot.work.device, slot.work.dtype)
         self.inner.step()
+        for work, anchor, decay in self.anchored:
+            work.lerp_(anchor, lr * decay)
         for slot in separate:
             if self.offload:
                 local_tensor(slot.param).copy_(slot.work)

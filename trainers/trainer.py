@@ -34,7 +34,7 @@ from trainers.loss_scale import DynamicLossScaler
 from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
 from trainers.metrics import MetricsSink
 from trainers.gradients import clip_factor, scale_gradients, total_norm
-from trainers.optim import TrainOptimizer, check_lr_scales
+from trainers.optim import TrainOptimizer, check_parameter_prefixes
 from trainers.parallelize import parallelize, recompute_units
 from trainers.pipeline_schedules import check_schedule
 from trainers.pipeline_step import build_pipeline, pipeline_passes
@@ -125,10 +125,13 @@ class Trainer:
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None,
-                 example_batch: Batch | None = None) -> None:
+                 example_batch: Batch | None = None, anchor: dict[str, torch.Tensor] | None = None) -> None:
         """example_batch: one micro batch, from which a pipeline split (strategy.pp > 1) estimates
         each block's cost (without it the stages balance parameter counts) and a memory budget
-        (strategy.memory_budget) plans; give the largest when batches differ in size."""
+        (strategy.memory_budget) plans; give the largest when batches differ in size.
+        anchor: where config.anchor_decay pulls parameters back to, whole tensors by parameter name
+        (e.g. a pretrained encoder's weights); an anchored parameter it lacks is anchored at its
+        value when the trainer is made (a resumed run makes it from the same weights)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
         if not isinstance(config, TrainConfig):
@@ -146,7 +149,7 @@ class Trainer:
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
-        check_lr_scales(model, config, chunked=strategy.offload == "chunks")
+        check_parameter_prefixes(model, config, chunked=strategy.offload == "chunks")
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
         self.budget_plan: BudgetPlan | None = None
@@ -187,7 +190,7 @@ class Trainer:
         else:
             self.optimizer = TrainOptimizer(
                 self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
-                group=self.env.mesh["dp"].get_group(),
+                group=self.env.mesh["dp"].get_group(), anchor=anchor,
             )
         self.block_activations: dict[str, Choice] | None = None
         """Under a per-block activation plan: each block's choice (`trainers.activation_plan`)."""

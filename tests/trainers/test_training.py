@@ -267,17 +267,25 @@ def test_a_frozen_block_the_forward_skips_is_left_out_of_training(tmp_path, zero
     assert torch.equal(state["front.weight"], frozen)
 
 
-def one_step_changes(tmp_path, strategy: Strategy, lr_scales: dict[str, float]) -> dict[str, torch.Tensor]:
-    """Each parameter's change in one optimizer step of `Regression` (the same start and data)."""
+def one_step(tmp_path, strategy: Strategy, anchor: dict[str, torch.Tensor] | None = None, **overrides
+             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], float]:
+    """`Regression`'s parameters before and after one optimizer step (the same start and data), and
+    that step's learning rate."""
     generator = torch.Generator().manual_seed(0)
     xs = torch.randn(8, 4, generator=generator)
     data = [{"x": x, "y": x.sum()} for x in xs]
     torch.manual_seed(0)
     model = Regression()
     start = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = Trainer(model, config(tmp_path, max_steps=1, warmup_steps=0, lr_scales=lr_scales), strategy)
-    trainer.fit(data)
-    return {name: value - start[name] for name, value in trainer.full_state_dict().items()}
+    trainer = Trainer(model, config(tmp_path, max_steps=1, warmup_steps=0, **overrides), strategy, anchor=anchor)
+    record = trainer.fit(data)[-1]
+    return start, trainer.full_state_dict(), record["lr"]
+
+
+def one_step_changes(tmp_path, strategy: Strategy, lr_scales: dict[str, float]) -> dict[str, torch.Tensor]:
+    """Each parameter's change in one optimizer step of `Regression` (the same start and data)."""
+    start, after, _ = one_step(tmp_path, strategy, lr_scales=lr_scales)
+    return {name: value - start[name] for name, value in after.items()}
 
 
 @pytest.mark.timeout(120)
@@ -307,3 +315,45 @@ def test_lr_scales_that_cannot_hold_are_refused(tmp_path):
         config(tmp_path, lr_scales={"net.": 0.0})
     with pytest.raises(TypeError, match="lr_scales must be a dict of str prefixes to numbers"):
         config(tmp_path, lr_scales=[("net.", 0.1)])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy", [Strategy(zero=0), Strategy(zero=1), Strategy(zero=3),
+                                      Strategy(zero=2, offload="optimizer")],
+                         ids=["zero0", "zero1", "zero3", "offload-optimizer"])
+def test_anchor_decay_pulls_each_update_back_toward_its_anchor(tmp_path, strategy):
+    # After AdamW's step a parameter under a prefix moves lr x lr_scale x decay of the way to its
+    # anchor: the given tensor, or its value when the trainer was made; the others are untouched.
+    start, plain, lr = one_step(tmp_path / "plain", strategy)
+    given = {"net.0.weight": torch.randn(16, 4, generator=torch.Generator().manual_seed(1))}
+    _, scaled_plain, _ = one_step(tmp_path / "scaled", strategy, lr_scales={"net.0.bias": 2.0})
+    _, anchored, anchored_lr = one_step(tmp_path / "anchored", strategy, anchor=given, lr_scales={"net.0.bias": 2.0},
+                                        anchor_decay={"net.0.": 5.0, "net.2.bias": 20.0})
+    assert anchored_lr == lr > 0
+    expected = {
+        "net.0.weight": plain["net.0.weight"] + lr * 5.0 * (given["net.0.weight"] - plain["net.0.weight"]),
+        "net.0.bias": scaled_plain["net.0.bias"] + lr * 2.0 * 5.0 * (start["net.0.bias"] - scaled_plain["net.0.bias"]),
+        "net.2.weight": plain["net.2.weight"],
+        "net.2.bias": plain["net.2.bias"] + lr * 20.0 * (start["net.2.bias"] - plain["net.2.bias"]),
+    }
+    for name, value in expected.items():
+        assert relative_error(anchored[name], value) < 1e-6, name
+    assert (anchored["net.0.weight"] - plain["net.0.weight"]).abs().min() > 0  # every element was pulled
+
+
+@pytest.mark.timeout(60)
+def test_anchor_decay_that_cannot_hold_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"anchor_decay prefixes \['encoder.'\] start no trainable parameter"):
+        Trainer(Regression(), config(tmp_path, anchor_decay={"encoder.": 1.0}))
+    with pytest.raises(ValueError, match=r"anchor_decay treats parameters apart, but Strategy\(offload='chunks'\)"):
+        Trainer(Regression(), config(tmp_path, anchor_decay={"net.": 1.0}),
+                Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="1GiB"))
+    with pytest.raises(ValueError, match=r"anchor names parameters TrainConfig.anchor_decay does not anchor "
+                                         r"\(anchor_decay=\{'net.0.': 1.0\}\): \['net.2.weight'\]"):
+        Trainer(Regression(), config(tmp_path, anchor_decay={"net.0.": 1.0}), anchor={"net.2.weight": torch.zeros(1, 16)})
+    with pytest.raises(ValueError, match=r"anchor\['net.0.weight'\] has shape \(4, 16\); the parameter has \(16, 4\)"):
+        Trainer(Regression(), config(tmp_path, anchor_decay={"net.0.": 1.0}), anchor={"net.0.weight": torch.zeros(4, 16)})
+    with pytest.raises(ValueError, match=r"moves 'net.0.weight' lr x lr_scale x decay = 2 of the way .* expected at most 1"):
+        Trainer(Regression(), config(tmp_path, lr=0.1, anchor_decay={"net.0.": 20.0}))
+    with pytest.raises(ValueError, match="finite decays > 0"):
+        config(tmp_path, anchor_decay={"net.": 0.0})
