@@ -171,13 +171,27 @@ def split_sentences(config: CorpusConfig, rng: random.Random | None = None) -> t
     return sentences[config.test_sentences + config.validation_sentences : wanted], validation, test
 
 
-def training_text_sentences(config: CorpusConfig) -> list[str]:
-    """Every training-split sentence of modern text (`asr.training_text`, up to config.max_words words):
-    the text a tokenizer or language model may learn from beside the spoken training sentences,
-    which are drawn from it; no validation, test or held-out-domain sentence is among them."""
+def training_text_sentences(config: CorpusConfig, without: str | None = None) -> list[str]:
+    """Every training-split sentence of modern text (`asr.training_text`, up to config.max_words words),
+    less source `without`'s: the text a tokenizer or language model may learn from beside the spoken
+    training sentences, which are drawn from it; no validation, test or held-out-domain sentence is
+    among them."""
     if config.text != "modern":
         raise ValueError(f"training text sentences exist for text 'modern'; the corpus has text {config.text!r}")
-    return [sentence for _, sentence in _modern_splits(config)["train"]]
+    if without is not None and without not in SOURCES:
+        raise ValueError(f"training_text_sentences without must be a training source {SOURCES}; got {without!r}")
+    return [sentence for source, sentence in _modern_splits(config)["train"] if source != without]
+
+
+def sentence_sources(config: CorpusConfig, split: str) -> dict[str, str]:
+    """{sentence: its text source} of `split` ("train", "validation", "test" or "test_domain") of
+    modern text: which source a spoken sentence of that split came from."""
+    if config.text != "modern":
+        raise ValueError(f"sentence sources exist for text 'modern'; the corpus has text {config.text!r}")
+    splits = _modern_splits(config)
+    if split not in splits:
+        raise ValueError(f"sentence_sources split must be one of {sorted(splits)}; got {split!r}")
+    return {sentence: source for source, sentence in splits[split]}
 
 
 def language_model_sentences(config: CorpusConfig, sources: tuple[str, ...]) -> list[str]:

@@ -11,7 +11,7 @@ import argparse
 
 from asr.data import CorpusConfig, build_corpus, load_manifest
 from asr.transcription import recogniser
-from recipes.asr_transducer import word_error_rates
+from asr.evaluation import word_error_rates
 
 
 def main() -> None:

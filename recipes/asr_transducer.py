@@ -31,30 +31,29 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 import zoo
-from asr.accents import VOICE_FOLDER
-from asr.kokoro import BLEND
 from asr.augmentation import WaveformAugment
 from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, corpus_plan,
-                      language_model_sentences, load_manifest, read_audio, recorded_speech, training_text_sentences)
+                      language_model_sentences, load_manifest, recorded_speech, sentence_sources,
+                      training_text_sentences)
+from asr.decoding_tuning import BeamSearch, TuningFold, tuned_lexicon_penalty, tuned_lm_weight
 from asr.encoder_cache import EncodedExamples
+from asr.evaluation import word_error_rates
 from asr.features import FeatureConfig
 from asr.language_model import LanguageModel, NgramLanguageModel
 from asr.lexicon import LexiconPenalty, lexicon_bytes, lexicon_words
 from asr.model import Transducer, TransducerConfig
 from asr.text import TranscriptTokenizer
-from asr.training_text import HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCE_CREDITS, LANGUAGE_MODEL_SOURCES
-from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser, transcribe
-from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
+from asr.training_text import LANGUAGE_MODEL_SOURCES
+from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser
 from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, packaged_whisper_tiny_en
-from asr.wer import error_counts
 from asr.word_language_model import WordLanguageModel
+from recipes.asr_transducer_card import RECORDED, model_card
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.checkpoint import resume_candidates
@@ -64,9 +63,6 @@ from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
 
 log = logging.getLogger(__name__)
-
-RECORDED = ("librivox", "cards")
-
 
 @dataclass
 class ASRTransducerConfig:
@@ -142,6 +138,13 @@ class ASRTransducerConfig:
     the one of the lowest word error rate is saved with the lexicon (`lexicon.txt`) in the model folder.
     Empty, or 0 chosen: no lexicon. Entry (b), 100 utterances (its stage4-command.sh): validation 0.150
     / 0.137 / 0.133 / 0.131 / 0.130 at 0 / 5 / 10 / 15 / 20; test_domain 0.124 at 0, 0.110 at 20."""
+    lm_tuning: Literal["validation", "leave_source_out"] = "validation"
+    """How lm_weights and lexicon_penalties are chosen on the validation utterances (`asr.decoding_tuning`):
+    "validation", all decoded with the shipped language model; "leave_source_out" (lm_text
+    training_text), each decoded with a language model and lexicon of the text less its own source's
+    training sentences, so that the choice is made on text the language model never read, as the
+    held-out domain is. Entry (a), 100 utterances: training text alone 0.160 at weight 0.4, with
+    WordNet's examples 0.150 (plain validation preferred the training text alone, 0.135 vs 0.138)."""
     lm_weight: float = 0.4
     """Weight of the language model's log probabilities in the fusion (chosen on validation, word
     4-gram, beam 16, the 1,600-step model: 7.8 / 8.8% at 0.4 / 0.6)."""
@@ -191,6 +194,10 @@ class ASRTransducerConfig:
                              f"{self.lm_text!r} and {self.lm_weights}")
         if self.lm_text == "training_text" and self.corpus.text != "modern":
             raise ValueError(f"lm_text 'training_text' needs corpus.text 'modern'; got {self.corpus.text!r}")
+        if self.lm_tuning not in ("validation", "leave_source_out") or (
+                self.lm_tuning == "leave_source_out" and self.lm_text != "training_text"):
+            raise ValueError(f"lm_tuning must be 'validation' or 'leave_source_out', which needs lm_text "
+                             f"'training_text'; got {self.lm_tuning!r} with lm_text {self.lm_text!r}")
         object.__setattr__(self, "lm_weights", tuple(self.lm_weights))
         object.__setattr__(self, "lm_sources", tuple(self.lm_sources))
         if not set(self.lm_sources) <= set(LANGUAGE_MODEL_SOURCES) or (self.lm_sources and self.corpus.text != "modern"):
@@ -224,6 +231,18 @@ def build_model(config: ASRTransducerConfig, vocab_size: int) -> Transducer:
     return model
 
 
+def pretrained_anchor(config: ASRTransducerConfig, model: Transducer) -> dict[str, torch.Tensor] | None:
+    """Where train.anchor_decay pulls the encoder's parameters back to: with encoder "whisper-tiny.en",
+    Whisper tiny.en's pretrained weights, also when training starts from --init (L2-SP's "starting
+    point" is the pretrained model, not a fine-tuned one). None otherwise: the trainer then anchors
+    every parameter where training starts, as it does the head's here."""
+    if config.encoder != "whisper-tiny.en" or not config.train.anchor_decay:
+        return None
+    encoder = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en()).state_dict()
+    names = {name for name, p in model.named_parameters() if p.requires_grad and config.train.anchor_strength(name)}
+    return {f"encoder.{name}": value for name, value in encoder.items() if f"encoder.{name}" in names}
+
+
 def initial_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer) -> Transducer:
     """The model training starts from: `build_model`'s, or with config.init the recogniser it names,
     refused (ValueError naming what differs) unless its tokens and architecture are this run's."""
@@ -250,64 +269,28 @@ def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tens
     return frames.mean(0), frames.std(0).clamp_min(1e-3)
 
 
-def word_error_rates(model: Transducer, rows: list[dict[str, Any]], tokenizer: TranscriptTokenizer,
-                     features: FeatureConfig, beam: int, language_model: LanguageModel | None,
-                     lm_weight: float, ilm_weight: float) -> dict[str, Any]:
-    """{"greedy_wer", "beam_wer", "lm_wer", "lm_cer", "utterances", "examples", "per_utterance"} of
-    `rows` {"audio", "text"}: greedy search, beam search, and beam search with the language model (the
-    model's transcripts; without a language model lm_* repeat the plain beam search's); examples: the
-    first 3 (reference, hypothesis) pairs; per_utterance: every one's, with its own WER."""
-    waveforms = [read_audio(row["audio"], features.sample_rate) for row in rows]
-    references = [row["text"] for row in rows]
-    greedy = transcribe(model, waveforms, tokenizer, features, method="greedy")
-    searched = transcribe(model, waveforms, tokenizer, features, method="beam", beam=beam)
-    fused = (transcribe(model, waveforms, tokenizer, features, method="beam", beam=beam, language_model=language_model,
-                        lm_weight=lm_weight, ilm_weight=ilm_weight) if language_model is not None else searched)
-    return {"greedy_wer": error_counts(references, greedy).rate, "beam_wer": error_counts(references, searched).rate,
-            "lm_wer": error_counts(references, fused).rate, "lm_cer": error_counts(references, fused, "char").rate,
-            "utterances": len(rows),
-            "examples": [{"reference": r, "hypothesis": h} for r, h in list(zip(references, fused))[:3]],
-            "per_utterance": [{"reference": r, "hypothesis": h, "wer": error_counts([r], [h]).rate}
-                              for r, h in zip(references, fused)]}
-
-
-def tuned_lm_weight(config: ASRTransducerConfig, model: Transducer, rows: list[dict[str, Any]],
-                    tokenizer: TranscriptTokenizer, features: FeatureConfig, language_model: LanguageModel | None
-                    ) -> tuple[float, dict[str, float]]:
-    """(the weight of config.lm_weights with the lowest beam-search WER on `rows`, {weight: WER});
-    config.lm_weight and {} when there is nothing to choose."""
-    if language_model is None or not config.lm_weights:
-        return config.lm_weight, {}
-    best, tried = _lowest_wer(rows, features, config.lm_weights, lambda waveforms, weight: transcribe(
-        model, waveforms, tokenizer, features, method="beam", beam=config.beam, language_model=language_model,
-        lm_weight=weight, ilm_weight=config.ilm_weight))
-    log.info("language-model weight %s chosen on %d validation utterances: WER %s", best, len(rows), tried)
-    return best, tried
-
-
-def tuned_lexicon_penalty(config: ASRTransducerConfig, model: Transducer, rows: list[dict[str, Any]],
-                          tokenizer: TranscriptTokenizer, features: FeatureConfig, language_model: LanguageModel | None,
-                          lm_weight: float, words: frozenset[str]) -> tuple[float, dict[str, float]]:
-    """(the penalty of config.lexicon_penalties with the lowest beam-search WER on `rows` with the
-    language model at lm_weight and the lexicon `words`, {penalty: WER}); 0 and {} when there is
-    nothing to choose."""
-    if language_model is None or not config.lexicon_penalties:
-        return 0.0, {}
-    best, tried = _lowest_wer(rows, features, config.lexicon_penalties, lambda waveforms, penalty: transcribe(
-        model, waveforms, tokenizer, features, method="beam", beam=config.beam, language_model=LexiconPenalty(
-            language_model, tokenizer, words, penalty), lm_weight=lm_weight, ilm_weight=config.ilm_weight))
-    log.info("lexicon penalty %s chosen on %d validation utterances: WER %s", best, len(rows), tried)
-    return best, tried
-
-
-def _lowest_wer(rows: list[dict[str, Any]], features: FeatureConfig, values: tuple[float, ...],
-                transcripts: Callable[[list[torch.Tensor], float], list[str]]) -> tuple[float, dict[str, float]]:
-    """(the value of `values` whose transcripts of `rows` have the lowest WER, the smallest of equals;
-    {value: WER})."""
-    waveforms = [read_audio(row["audio"], features.sample_rate) for row in rows]
-    references = [row["text"] for row in rows]
-    tried = {str(value): error_counts(references, transcripts(waveforms, value)).rate for value in values}
-    return min(values, key=lambda v: (tried[str(v)], v)), tried
+def tuning_folds(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer, rows: list[dict[str, Any]],
+                 text: list[str], language_model: LanguageModel) -> list[TuningFold]:
+    """The validation `rows` as config.lm_tuning decodes them: one fold with `language_model` (of
+    `text`), or one per text source with a language model of the training text less that source's
+    sentences, beside config.lm_sources' (each fold's lexicon of its own text)."""
+    lexicon = (lambda sentences: lexicon_words(sentences)) if config.lexicon_penalties else (lambda _: frozenset())
+    if config.lm_tuning == "validation":
+        return [TuningFold(rows, language_model, lexicon(text))]
+    sources = sentence_sources(config.corpus, "validation")
+    unknown = [row["text"] for row in rows if row["text"] not in sources]
+    if unknown:
+        raise ValueError(f"lm_tuning 'leave_source_out' needs each validation sentence's source; "
+                         f"{len(unknown)} are in no source's validation split, e.g. {unknown[0]!r}")
+    wider = language_model_sentences(config.corpus, config.lm_sources) if config.lm_sources else []
+    folds = []
+    for source in sorted({sources[row["text"]] for row in rows}):
+        fold_text = training_text_sentences(config.corpus, without=source) + wider
+        folds.append(TuningFold([row for row in rows if sources[row["text"]] == source],
+                                train_language_model(config, tokenizer, fold_text), lexicon(fold_text)))
+        log.info("leave-one-source-out fold %s: %d utterances, a language model of %d sentences", source,
+                 len(folds[-1].rows), len(fold_text))
+    return folds
 
 
 def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer,
@@ -322,11 +305,13 @@ def train_language_model(config: ASRTransducerConfig, tokenizer: TranscriptToken
 
 def head_train_config(train: TrainConfig, steps: int, lr: float, head: Transducer) -> TrainConfig:
     """`train` for the head_steps: their own step count and peak learning rate, the learning-rate
-    scales of the parameters that train in them (not the frozen encoder's), and their own output and
-    checkpoint folders (a `head` subfolder of each)."""
+    scales and anchor decays of the parameters that train in them (not the frozen encoder's), and
+    their own output and checkpoint folders (a `head` subfolder of each)."""
     names = [name for name, p in head.named_parameters() if p.requires_grad]
-    scales = {prefix: scale for prefix, scale in train.lr_scales.items() if any(n.startswith(prefix) for n in names)}
+    scales, anchors = ({prefix: value for prefix, value in prefixes.items() if any(n.startswith(prefix) for n in names)}
+                       for prefixes in (train.lr_scales, train.anchor_decay))
     return dataclasses.replace(train, max_steps=steps, lr=lr, warmup_steps=min(train.warmup_steps, steps), lr_scales=scales,
+                               anchor_decay=anchors,
                                eval_every=min(train.eval_every, steps), output_dir=str(Path(train.output_dir) / "head"),
                                checkpoint_dir=train.checkpoint_dir and str(Path(train.checkpoint_dir) / "head"))
 
@@ -391,7 +376,8 @@ def run(config: ASRTransducerConfig) -> dict[str, Any]:
     if config.head_steps:
         model = train_head(config, model, train, validation)
     trainer = Trainer(model, config.train, config.strategy,
-                      example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech))
+                      example_batch=first_micro_batch(buckets, config.train.micro_batch_size, collate_speech),
+                      anchor=pretrained_anchor(config, model))
     history = trainer.fit(buckets, DurationBuckets(validation, config.bucket_size), collate_fn=collate_speech)
     train_seconds = time.perf_counter() - started
     state = trainer.full_state_dict()
@@ -419,24 +405,32 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     sets = {split: list(manifests[split]) for split in config.corpus.splits if split != "train"}
     sets |= {name: [r for r in recorded if r["set"] == name] for name in RECORDED}
     language_model = train_language_model(config, tokenizer, text)
-    validation = sets["validation"][:limit]
-    lm_weight, tried = tuned_lm_weight(config, model, validation, tokenizer, features, language_model)
-    words = lexicon_words(text) if config.lexicon_penalties else frozenset()
-    penalty, penalties_tried = tuned_lexicon_penalty(config, model, validation, tokenizer, features, language_model,
-                                                     lm_weight, words)
+    lm_weight, tried, penalty, penalties_tried = config.lm_weight, {}, 0.0, {}
+    if language_model is not None and (config.lm_weights or config.lexicon_penalties):
+        search = BeamSearch(config.beam, config.ilm_weight, features)
+        folds = tuning_folds(config, tokenizer, sets["validation"][:limit], text, language_model)
+        if config.lm_weights:
+            lm_weight, tried = tuned_lm_weight(model, tokenizer, folds, config.lm_weights, search)
+            log.info("language-model weight %s chosen (%s): WER %s", lm_weight, config.lm_tuning, tried)
+        if config.lexicon_penalties:
+            penalty, penalties_tried = tuned_lexicon_penalty(model, tokenizer, folds, config.lexicon_penalties,
+                                                             lm_weight, search)
+            log.info("lexicon penalty %s chosen (%s): WER %s", penalty, config.lm_tuning, penalties_tried)
+    words = lexicon_words(text) if penalty else frozenset()
     fused = LexiconPenalty(language_model, tokenizer, words, penalty) if penalty else language_model
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
                                                       fused, lm_weight, config.ilm_weight)
                                     for name, rows in sets.items()}
     metrics["lm_weight"], metrics["lm_weight_validation_wer"] = lm_weight, tried
     metrics["lexicon_penalty"], metrics["lexicon_penalty_validation_wer"] = penalty, penalties_tried
+    metrics["lm_tuning"] = config.lm_tuning
     metrics.update({name: training[name] for name in TRAINING_METRICS})
     metrics["sizes"] = {name: len(rows) for name, rows in sets.items()} | {"train": training["train_utterances"]}
     metrics["lexicon_words"] = len(words) if penalty else 0
     output = Path(config.output) if config.output else user_zoo_dir() / "asr-transducer-tiny"
     command = command_line(RECIPE, config, world_size)
     training_voices = [voice.name for _, voice in corpus_plan(config.corpus)[0]["train"]]
-    card = _card(output.name, model, config, metrics, memory, world_size, command, training_voices)
+    card = model_card(output.name, model, config, metrics, memory, world_size, command, training_voices)
     has_lm = language_model is not None
     decoding = {"beam": config.beam, "lm_weight": lm_weight if has_lm else 0.0, "ilm_weight": config.ilm_weight if has_lm else 0.0,
                 "lm_unit": config.lm_unit, "lm_order": config.lm_order, "lexicon_penalty": penalty}
@@ -453,146 +447,6 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     print(f"\n{heading}:\n{memory}")
     print(f"\nsaved {output}")
     return metrics
-
-
-def _card(name: str, model: Transducer, config: ASRTransducerConfig, metrics: dict[str, Any], memory: str,
-          world_size: int, command: str, training_voices: list[str]) -> str:
-    rows = "\n".join(f"| {n} | {metrics[n]['utterances']} | {metrics[n]['greedy_wer']:.4f} | {metrics[n]['beam_wer']:.4f} | "
-                     f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |" for n in metrics['sizes'] if n != "train")
-    parameters = sum(p.numel() for p in model.parameters()) / 1e6
-    return f"""# {name}
-
-A transducer speech recogniser: {_encoder_words(config, model)},
-stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {parameters:.1f} M parameters. Trained with the
-{model.config.loss} loss on {metrics['sizes']['train']:,} utterances ({metrics['train_hours']} hours) synthesised from
-{_text_words(config.corpus)}, spoken by {_voices(training_voices)}, speeds 140-200 wpm, pitches 30-70.
-
-- {_made_by(config, metrics, command, world_size)}
-- Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
-  {'training transcripts' if config.lm_text == 'transcripts' else 'training text'}{_lm_source_words(config)} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
-  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.{_lm_source_notices(config)}
-- Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
-  (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
-  (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants).{_domain_words(config.corpus)} Real speech: Debian `pocketsphinx-testdata`
-  (LibriVox, card names), recorded by people: the gap from synthetic training speech to it is large.
-
-| set | utterances | WER greedy | WER beam {config.beam} | WER beam + LM | CER beam + LM |
-|---|---|---|---|---|---|
-{rows}
-
-The real recordings one by one (beam search with the language model):
-
-{_recorded_rows(metrics)}
-
-## Memory per rank (measured in training step 2)
-
-{memory}
-
-Use it with `zoo transcribe {name} FILE.wav ...` or `asr.transcribe("{name}", paths)` in Python.
-"""
-
-
-def _made_by(config: ASRTransducerConfig, metrics: dict[str, Any], command: str, world_size: int) -> str:
-    trained = (f"{metrics['train_seconds']} s of training, {_head_words(config)}{metrics['steps']} steps of the whole model, "
-               f"{metrics['utterances_seen']:,} utterances seen")
-    if config.evaluate_only:
-        return (f"Made by: `{config.init}`'s training ({trained}; its card says how), evaluated and its decoding "
-                f"chosen anew by `{command}`")
-    return f"Made by: `{command}` ({world_size} rank(s), strategy {dataclasses.asdict(config.strategy)}; {trained})"
-
-
-def _lm_source_words(config: ASRTransducerConfig) -> str:
-    return "".join(f" and {LANGUAGE_MODEL_SOURCE_CREDITS[source][0]}" for source in config.lm_sources)
-
-
-def _lm_source_notices(config: ASRTransducerConfig) -> str:
-    return "".join(f"\n- The language model counts {words}: {notice}." for words, notice in
-                   (LANGUAGE_MODEL_SOURCE_CREDITS[source] for source in config.lm_sources))
-
-
-def _lexicon_words(metrics: dict[str, Any]) -> str:
-    tried = metrics["lexicon_penalty_validation_wer"]
-    if not tried:
-        return ""
-    choice = ", ".join(f"{rate:.4f} at {penalty}" for penalty, rate in tried.items())
-    if not metrics["lexicon_penalty"]:
-        return f"; no lexicon penalty (chosen on validation: WER {choice})"
-    return (f"; a word finished outside the lexicon (`lexicon.txt`, {metrics['lexicon_words']:,} words: Debian wamerican's "
-            f"and the language model's text's, `asr.lexicon`) costs {metrics['lexicon_penalty']} x the language-model weight "
-            f"(chosen on validation: WER {choice})")
-
-
-def _voices(names: list[str]) -> str:
-    """The espeak-ng accents and variants of the voices `names` ("accent+variant"), and flite's and
-    Kokoro's voices ("flite+voice", "kokoro+voice"; Kokoro's blends of two counted), for the card."""
-    titles = {"flite": "flite", "kokoro": "Kokoro"}
-    others = {title: sorted({n.split("+")[1] for n in names if n.startswith(f"{synthesiser}+")})
-              for synthesiser, title in titles.items()}
-    espeak = [n for n in names if n.split("+")[0] not in titles]
-    accents, variants = {n.split("+")[0] for n in espeak}, {n.split("+")[1] for n in espeak}
-    synthetic = sum(a.startswith(f"{VOICE_FOLDER}/") for a in accents)
-    return (f"{len(accents)} espeak-ng accents{f' ({synthetic} of them synthetic)' if synthetic else ''} x {len(variants)} "
-            f"variants" + "".join(f" and {title}'s {_listed(voices)}" for title, voices in others.items() if voices))
-
-
-def _listed(voices: list[str]) -> str:
-    """"a, b" of the voices, then "and N blends of two of them" for those named "a~b"."""
-    plain, blends = [v for v in voices if BLEND not in v], [v for v in voices if BLEND in v]
-    words = [", ".join(plain)] if plain else []
-    if blends:
-        words.append(f"{len(blends)} blends of two {'of them' if plain else 'voices'}")
-    return " and ".join(words)
-
-
-def _head_words(config: ASRTransducerConfig) -> str:
-    if not config.head_steps:
-        return ""
-    return (f"first {config.head_steps} steps of the decoder and joiner on the frozen encoder's outputs "
-            f"({config.head_views} encoded passes over the training set, `asr.encoder_cache`), then ")
-
-
-def _encoder_words(config: ASRTransducerConfig, model: Transducer) -> str:
-    shape = f"{model.config.encoder.layers} blocks of width {model.config.encoder.width}"
-    if config.encoder == "whisper-tiny.en":
-        return f"Whisper encoder ({shape}), started from Whisper tiny.en's (MIT) and fine-tuned"
-    return f"Conformer encoder ({shape})"
-
-
-def _text_words(corpus: CorpusConfig) -> str:
-    if corpus.text == "modern":
-        return ("the sentences of six text sources in spoken form (`asr.training_text`: Shakespeare, Debian fortunes, "
-                "the Python documentation's prose, movie reviews, tweets and New York Times editorials)")
-    return "Shakespeare sentences (public domain)"
-
-
-def _domain_words(corpus: CorpusConfig) -> str:
-    if corpus.text != "modern":
-        return ""
-    return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
-            "Amazon product reviews), and the same sentences spoken by a synthesiser never trained on "
-            "(test_synthesiser: piper's neural voice joe).")
-
-
-def _recorded_rows(metrics: dict[str, Any]) -> str:
-    lines = ["| set | reference | hypothesis | WER |", "|---|---|---|---|"]
-    lines += [f"| {name} | {u['reference']} | {u['hypothesis']} | {u['wer']:.3f} |"
-              for name in RECORDED for u in metrics[name]["per_utterance"]]
-    return "\n".join(lines)
-
-
-def _tuning_words(metrics: dict[str, Any]) -> str:
-    tried = metrics["lm_weight_validation_wer"]
-    if not tried:
-        return ""
-    return " chosen on validation (WER " + ", ".join(f"{rate:.4f} at {weight}" for weight, rate in tried.items()) + ")"
-
-
-def _language_model_words(config: ASRTransducerConfig) -> str:
-    if not config.lm_order:
-        return "no language model"
-    if config.lm_unit == "word":
-        return f"the word {config.lm_order}-gram language model (spelled through the lexicon)"
-    return f"the {config.lm_order}-gram {config.tokens} language model"
 
 
 RECIPE = Recipe(name="asr_transducer", config_class=ASRTransducerConfig, run=run, produces=("asr-transducer-tiny",),

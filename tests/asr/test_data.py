@@ -15,7 +15,7 @@ from scipy.io import wavfile
 from asr import kokoro
 from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
                       corpus_plan, language_model_sentences, load_manifest, read_audio, read_audio_pieces, recorded_speech,
-                      training_text_sentences)
+                      sentence_sources, training_text_sentences)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
@@ -105,6 +105,19 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert not learnt & {t for t, _ in plan["test_sentences"]} and len(learnt) > 50_000
     with pytest.raises(ValueError, match="training text sentences exist for text 'modern'"):
         training_text_sentences(CorpusConfig())
+    # Each spoken validation sentence's source is known; the training text less one source is the
+    # text of a language model that never read it (`asr.decoding_tuning`'s folds).
+    validation_sources = sentence_sources(config, "validation")
+    spoken_sources = [validation_sources[text] for text, _ in plan["validation"]]
+    assert set(spoken_sources) == set(SOURCES) - {HELD_OUT_SOURCE}
+    training_sources = sentence_sources(config, "train")
+    without_tweets = training_text_sentences(config, without="tweets")
+    assert without_tweets == [t for t in training_text_sentences(config) if training_sources[t] != "tweets"]
+    assert 0 < len(learnt) - len(without_tweets) == sum(source == "tweets" for source in training_sources.values())
+    with pytest.raises(ValueError, match=r"without must be a training source .*; got 'reddit'"):
+        training_text_sentences(config, without="reddit")
+    with pytest.raises(ValueError, match=r"split must be one of \['test', 'test_domain', 'train', 'validation'\]; got 'dev'"):
+        sentence_sources(config, "dev")
     extra = language_model_sentences(config, ("wordnet",))  # a language model's text beside the training text's
     assert len(extra) > 30_000 and all(3 <= len(text.split()) <= config.max_words for text in extra)
     assert not set(extra) & ({t for split in plan if split != "train" for t, _ in plan[split]} | set(domain))

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ from helpers import zoo_in_process
 from zoo.store import read_config
 from asr.data import training_text_sentences
 from asr.text import TranscriptTokenizer
-from recipes.asr_transducer import TRAINING_METRICS, ASRTransducerConfig, _voices, initial_model
+from recipes.asr_transducer import TRAINING_METRICS, ASRTransducerConfig, build_model, initial_model, pretrained_anchor
+from recipes.asr_transducer_card import voices_words
+from trainers import TrainConfig, Trainer
 from zoo.recipes import apply_overrides
 
 ZOO = str(Path(sys.executable).parent / "zoo")
@@ -147,9 +150,10 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
         initial_model(dataclasses.replace(later, model=dataclasses.replace(later.model, context_size=3)), tokenizer)
 
     # evaluate_only: the same weights, evaluated anew with decoding chosen on validation, here a lexicon
-    # penalty and a language model that reads WordNet's usage examples beside the training text.
+    # penalty and a language model that reads WordNet's usage examples beside the training text,
+    # Chosen leaving each validation utterance's own text source out of its language model's text.
     again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
-                            "--lm_sources", "wordnet", "--output", str(tmp_path / "evaluated")]
+                            "--lm_sources", "wordnet", "--lm_tuning", "leave_source_out", "--output", str(tmp_path / "evaluated")]
     result = subprocess.run(again, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -165,16 +169,19 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
     assert "of the training text and WordNet's usage examples (`language_model.safetensors`" in card
     assert "- The language model counts WordNet's usage examples: WordNet 3.0 copyright 2006 by Princeton" in card
+    assert evaluated["metrics"]["lm_tuning"] == "leave_source_out" and "never read its own text source" in card
+    folds = re.findall(r"leave-one-source-out fold (\w+): (\d+) utterances", result.stderr)
+    assert len(folds) == len({source for source, _ in folds}) >= 2 and sum(int(n) for _, n in folds) == 2
     counts = [(tmp_path / folder / LANGUAGE_MODEL_FILE).stat().st_size for folder in ("model", "evaluated")]
     assert counts[1] > 1.5 * counts[0]  # 38k more sentences than the training text's 40k
 
 
 def test_the_card_counts_each_synthesisers_training_voices():
     names = ["en-us+m1", "en-gb+f3", "en-us+f3", "flite+slt", "kokoro+jm_kumo", "kokoro+jf_alpha", "kokoro+jm_kumo"]
-    assert _voices(names) == "2 espeak-ng accents x 2 variants and flite's slt and Kokoro's jf_alpha, jm_kumo"
-    assert _voices(names[:3]) == "2 espeak-ng accents x 2 variants"
+    assert voices_words(names) == "2 espeak-ng accents x 2 variants and flite's slt and Kokoro's jf_alpha, jm_kumo"
+    assert voices_words(names[:3]) == "2 espeak-ng accents x 2 variants"
     blended = names + ["kokoro+jf_alpha~jm_kumo", "kokoro+jf_nezumi~jm_kumo", "kokoro+jf_alpha~jm_kumo"]
-    assert _voices(blended).endswith("Kokoro's jf_alpha, jm_kumo and 2 blends of two of them")
+    assert voices_words(blended).endswith("Kokoro's jf_alpha, jm_kumo and 2 blends of two of them")
 
 
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
@@ -236,3 +243,26 @@ def test_transcription_runs_without_autograd():
     found.model.encoder.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
     transcribe(found.model, [torch.randn(16000) * 0.1], found.tokenizer, found.features, method="greedy")
     assert grad_modes == [False]
+
+
+@pytest.mark.timeout(120)
+def test_a_fine_tuned_whisper_encoder_is_anchored_at_whisper_s_own_weights(tmp_path):
+    # L2-SP pulls toward the pretrained model, also when a run starts from a fine-tuned one (--init).
+    from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
+
+    train = TrainConfig(anchor_decay={"encoder.blocks.": 5.0}, output_dir=str(tmp_path / "run"), progress=False)
+    config = ASRTransducerConfig(encoder="whisper-tiny.en", train=train)
+    model = build_model(config, 64)
+    with torch.no_grad():
+        for parameter in model.encoder.parameters():  # as a fine-tuned recogniser would be
+            parameter.add_(0.01)
+    anchor = pretrained_anchor(config, model)
+    pretrained = WhisperEncoder.from_ctranslate2(packaged_whisper_tiny_en()).state_dict()
+    blocks = [name for name, _ in model.encoder.named_parameters() if name.startswith("blocks.")]
+    assert sorted(anchor) == sorted(f"encoder.{name}" for name in blocks) and len(blocks) > 40
+    assert all(torch.equal(anchor[f"encoder.{name}"], pretrained[name]) for name in blocks)
+    trainer = Trainer(model, train, anchor=anchor)  # the trainer takes them by its own parameter names
+    pieces = [piece for _, piece, _ in trainer.optimizer.anchored]
+    assert len(pieces) == len(blocks) and sum(p.numel() for p in pieces) == sum(pretrained[n].numel() for n in blocks)
+    assert pretrained_anchor(dataclasses.replace(config, encoder="conformer"), model) is None
+    assert pretrained_anchor(dataclasses.replace(config, train=TrainConfig()), model) is None
