@@ -1,4 +1,5 @@
-"""ZeRO 0-3 x offload on 2 ranks equal one process: parameters and gradients, fp32."""
+"""ZeRO 0-3 x offload on 2 ranks equal one process: parameters and gradients, fp32, the blocks'
+parameters decaying toward anchors (`TrainConfig.anchor_decay`) as they train."""
 
 from __future__ import annotations
 

@@ -82,10 +82,16 @@ def gradients_on_probe_batch(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def strategies(out: str, *combos: str) -> None:
+    """Every parameter of the blocks is pulled back toward an anchor (TrainConfig.anchor_decay): the
+    first block's toward another initialisation's weights, each rank keeping its own piece of them,
+    the others' toward where they started."""
+    other = dict(tiny_gpt(seed=7).named_parameters())
+    anchor = {name: value.detach() for name, value in other.items() if name.startswith("blocks.0.")}
     results = {}
     for combo in combos:
         zero, offload = combo.split(":")
-        trainer = Trainer(tiny_gpt(), config(), Strategy(zero=int(zero), offload=offload))
+        trainer = Trainer(tiny_gpt(), config(anchor_decay={"blocks.": 5.0}), Strategy(zero=int(zero), offload=offload),
+                          anchor=anchor)
         history = trainer.fit(lm_examples(64))
         params = {k: v.clone() for k, v in trainer.full_state_dict().items()}
         results[combo] = {"params": params, "grads": gradients_on_probe_batch(trainer),
