@@ -161,8 +161,7 @@ def _tuning_protocol(metrics: dict[str, Any]) -> str:
     """How the decoding was chosen (`ASRTransducerConfig.lm_tuning`), in the card's words."""
     if metrics.get("lm_tuning", "validation") == "validation":
         return "validation"
-    return ("validation, each utterance decoded with a language model and lexicon that never read its own text "
-            "source (`asr.decoding_tuning`)")
+    return "validation, leaving each utterance's own text source out of the language model's and lexicon's text"
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:
