@@ -270,13 +270,13 @@ def feature_statistics(examples: SpeechExamples, count: int) -> tuple[torch.Tens
 
 
 def tuning_folds(config: ASRTransducerConfig, tokenizer: TranscriptTokenizer, rows: list[dict[str, Any]],
-                 text: list[str], language_model: LanguageModel) -> list[TuningFold]:
-    """The validation `rows` as config.lm_tuning decodes them: one fold with `language_model` (of
-    `text`), or one per text source with a language model of the training text less that source's
-    sentences, beside config.lm_sources' (each fold's lexicon of its own text)."""
-    lexicon = (lambda sentences: lexicon_words(sentences)) if config.lexicon_penalties else (lambda _: frozenset())
+                 language_model: LanguageModel, words: frozenset[str]) -> list[TuningFold]:
+    """The validation `rows` as config.lm_tuning decodes them: one fold with `language_model` and the
+    lexicon `words` (both of the whole text), or one per text source with a language model and
+    lexicon of the training text less that source's sentences, beside config.lm_sources'."""
+    lexicon = lexicon_words if config.lexicon_penalties else (lambda _: frozenset())
     if config.lm_tuning == "validation":
-        return [TuningFold(rows, language_model, lexicon(text))]
+        return [TuningFold(rows, language_model, words)]
     sources = sentence_sources(config.corpus, "validation")
     unknown = [row["text"] for row in rows if row["text"] not in sources]
     if unknown:
@@ -406,9 +406,10 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     sets |= {name: [r for r in recorded if r["set"] == name] for name in RECORDED}
     language_model = train_language_model(config, tokenizer, text)
     lm_weight, tried, penalty, penalties_tried = config.lm_weight, {}, 0.0, {}
+    words = lexicon_words(text) if language_model is not None and config.lexicon_penalties else frozenset()
     if language_model is not None and (config.lm_weights or config.lexicon_penalties):
         search = BeamSearch(config.beam, config.ilm_weight, features)
-        folds = tuning_folds(config, tokenizer, sets["validation"][:limit], text, language_model)
+        folds = tuning_folds(config, tokenizer, sets["validation"][:limit], language_model, words)
         if config.lm_weights:
             lm_weight, tried = tuned_lm_weight(model, tokenizer, folds, config.lm_weights, search)
             log.info("language-model weight %s chosen (%s): WER %s", lm_weight, config.lm_tuning, tried)
@@ -416,7 +417,6 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
             penalty, penalties_tried = tuned_lexicon_penalty(model, tokenizer, folds, config.lexicon_penalties,
                                                              lm_weight, search)
             log.info("lexicon penalty %s chosen (%s): WER %s", penalty, config.lm_tuning, penalties_tried)
-    words = lexicon_words(text) if penalty else frozenset()
     fused = LexiconPenalty(language_model, tokenizer, words, penalty) if penalty else language_model
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
                                                       fused, lm_weight, config.ilm_weight)
