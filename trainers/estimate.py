@@ -307,8 +307,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 param.grad = torch.zeros_like(param)
             optimizer.step(config.lr)
             optimizer.zero_grad()
-            masters = [slot.work for slot in optimizer.slots if optimizer.offload and slot.work is not None]
-            probe = StepMemoryProbe(model, optimizer.inner, masters, env.device)
+            probe = StepMemoryProbe(model, optimizer.inner, optimizer.kept_tensors(), env.device)
             with probe, WorkCount() as work, CollectiveLog() as traffic:
                 if pipeline is None:
                     accumulate_gradients(model, model_class, batches((work, traffic)), gradient_sync(model, strategy),

@@ -48,7 +48,8 @@ class RankMemory:
     optimizer: int
     """Optimizer state at rest (AdamW moments and step counters)."""
     other: int
-    """Other long-lived tensors, e.g. the fp32 CPU master copies under offload="optimizer"."""
+    """Other long-lived tensors: the fp32 CPU master copies under offload="optimizer", the anchors
+    of `TrainConfig.anchor_decay`."""
     activation_peak: int
     """Activations and backward temporaries alive at the step's peak."""
     peak: int
@@ -60,8 +61,8 @@ class RankMemory:
 
     @property
     def model_states(self) -> int:
-        """Parameters + gradients + optimizer state (+ offloaded master copies): the ZeRO paper's
-        "model states"."""
+        """Parameters + gradients + optimizer state (+ offloaded master copies and anchors): the ZeRO
+        paper's "model states"."""
         return self.parameters + self.gradients + self.optimizer + self.other
 
 

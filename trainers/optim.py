@@ -176,6 +176,12 @@ class TrainOptimizer:
     def _owned(self) -> list[_Slot]:
         return [s for s in self.slots if s.work is not None]
 
+    def kept_tensors(self) -> list[torch.Tensor]:
+        """What this rank keeps beside the model and `inner`'s state: its fp32 CPU masters under
+        offload and its anchors' pieces (for memory probes, which file them as "other")."""
+        masters = [slot.work for slot in self._owned() if self.offload]
+        return masters + [anchor for _, anchor, _ in self.anchored]
+
     @property
     def params(self) -> list[nn.Parameter]:
         """Every trainable parameter of the model (owned or not), for gradient clipping."""

@@ -494,8 +494,7 @@ class Trainer:
                    and self.chunks is None)
         hold = self.budget_plan is not None and self._budget_steps_held < BUDGET_STEPS_HELD
         if measure or hold:
-            masters = [slot.work for slot in self.optimizer.slots if self.optimizer.offload and slot.work is not None]
-            probe = StepMemoryProbe(self.model, self.optimizer.inner, masters, env.device)
+            probe = StepMemoryProbe(self.model, self.optimizer.inner, self.optimizer.kept_tensors(), env.device)
         if self.chunks is not None:
             record = self._chunked_step(make_batches, accumulation)
         else:

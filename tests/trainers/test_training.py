@@ -11,7 +11,7 @@ import torch
 
 from helpers import TINY, lm_examples, tiny_gpt
 from nlp.gpt import GPT
-from trainers import Strategy, TrainConfig, Trainer
+from trainers import Strategy, TrainConfig, Trainer, estimate_layouts
 from zoo.plan import ModelPlan
 from zoo.parity import relative_error
 
@@ -339,6 +339,28 @@ def test_anchor_decay_pulls_each_update_back_toward_its_anchor(tmp_path, strateg
     for name, value in expected.items():
         assert relative_error(anchored[name], value) < 1e-6, name
     assert (anchored["net.0.weight"] - plain["net.0.weight"]).abs().min() > 0  # every element was pulled
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("offload", ["none", "optimizer"])
+def test_the_measured_step_and_the_estimate_count_the_anchors(tmp_path, offload):
+    # One more copy of each anchored parameter (fp32 on the CPU beside its master under offload),
+    # filed as "other" by the trainer's measured step and by the estimator's trace alike.
+    anchored = {"anchor_decay": {"blocks.0.": 1.0}}
+    strategy = Strategy(offload=offload)
+    measured = {}
+    for name, overrides in (("plain", {}), ("anchored", anchored)):
+        trainer = Trainer(tiny_gpt(), config(tmp_path / name, **overrides), strategy)
+        trainer.fit(lm_examples(64))
+        (measured[name],) = trainer.memory_report()
+    batch = {key: torch.stack([row[key] for row in lm_examples(2)]) for key in ("input_ids", "labels")}
+    plain, with_anchors = estimate_layouts(tiny_gpt(), batch, [(strategy, 1, config(tmp_path, micro_batch_size=2)),
+                                                              (strategy, 1, config(tmp_path, micro_batch_size=2, **anchored))])
+    anchor_bytes = 4 * sum(p.numel() for name, p in tiny_gpt().named_parameters() if name.startswith("blocks.0."))
+    assert anchor_bytes > 0
+    assert measured["anchored"]["other"] - measured["plain"]["other"] == anchor_bytes
+    assert with_anchors.ranks[0].other - plain.ranks[0].other == anchor_bytes
+    assert with_anchors.peak - plain.peak == anchor_bytes
 
 
 @pytest.mark.timeout(60)
