@@ -1,9 +1,9 @@
 """Word error rates of a fine-tuned Whisper-encoder transducer whose encoder weights are moved back
-toward Whisper tiny.en's own: encoder = (1 - alpha) x fine-tuned + alpha x pretrained, the decoder
+toward Whisper tiny.en's own: encoder = alpha x fine-tuned + (1 - alpha) x pretrained, the decoder
 and joiner kept (WiSE-FT, Wortsman et al., 2022, weight-space ensembling of a fine-tuned model with
-its zero-shot start), on a corpus's splits; alpha 0 is the model itself.
+its zero-shot start; alpha as the paper has it), on a corpus's splits; alpha 1 is the model itself.
 
-    python benchmarks/asr_weight_interpolation.py [MODEL] --corpus FOLDER [--alphas 0 0.1 0.2 0.3 0.5]
+    python benchmarks/asr_weight_interpolation.py [MODEL] --corpus FOLDER [--alphas 1 0.9 0.8 0.7 0.5]
         [--splits test_synthesiser validation] [--limit 100] [--search greedy]
 """
 
@@ -22,8 +22,8 @@ from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 
 def interpolated(tuned: dict[str, torch.Tensor], pretrained: dict[str, torch.Tensor], alpha: float
                  ) -> dict[str, torch.Tensor]:
-    """(1 - alpha) x tuned + alpha x pretrained for every floating-point tensor; the others as tuned."""
-    return {name: torch.lerp(value, pretrained[name].to(value.dtype), alpha) if value.is_floating_point() else value
+    """alpha x tuned + (1 - alpha) x pretrained for every floating-point tensor; the others as tuned."""
+    return {name: torch.lerp(pretrained[name].to(value.dtype), value, alpha) if value.is_floating_point() else value
             for name, value in tuned.items()}
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", default="asr-transducer-whisper-tiny")
     parser.add_argument("--corpus", type=Path, required=True, help="a corpus folder (SPLIT.jsonl manifests)")
-    parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3, 0.5])
+    parser.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.9, 0.8, 0.7, 0.5])
     parser.add_argument("--splits", nargs="+", default=["test_synthesiser", "validation"])
     parser.add_argument("--limit", type=int, default=100, help="utterances per split")
     parser.add_argument("--search", choices=["greedy", "lm"], default="greedy",
