@@ -158,10 +158,12 @@ def _tuning_words(metrics: dict[str, Any]) -> str:
 
 
 def _tuning_protocol(metrics: dict[str, Any]) -> str:
-    """How the decoding was chosen (`ASRTransducerConfig.lm_tuning`), in the card's words."""
+    """How the decoding was chosen (`ASRTransducerConfig.lm_tuning`, `tuning_utterances`), in the card's words."""
+    count = metrics.get("tuning_utterances")
+    where = f"{count} validation utterances" if count else "validation"
     if metrics.get("lm_tuning", "validation") == "validation":
-        return "validation"
-    return "validation, leaving each utterance's own text source out of the language model's and lexicon's text"
+        return where
+    return f"{where}, leaving each utterance's own text source out of the language model's and lexicon's text"
 
 
 def _language_model_words(config: ASRTransducerConfig) -> str:

@@ -153,7 +153,8 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     # penalty and a language model that reads WordNet's usage examples beside the training text,
     # Chosen leaving each validation utterance's own text source out of its language model's text.
     again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
-                            "--lm_sources", "wordnet", "--lm_tuning", "leave_source_out", "--output", str(tmp_path / "evaluated")]
+                            "--lm_sources", "wordnet", "--lm_tuning", "leave_source_out", "--tuning_utterances", "4",
+                            "--output", str(tmp_path / "evaluated")]
     result = subprocess.run(again, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
     assert result.returncode == 0, result.stderr[-4000:]
@@ -169,9 +170,11 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
     assert "of the training text and WordNet's usage examples (`language_model.safetensors`" in card
     assert "- The language model counts WordNet's usage examples: WordNet 3.0 copyright 2006 by Princeton" in card
-    assert evaluated["metrics"]["lm_tuning"] == "leave_source_out" and "leaving each utterance's own text source out of the language model's" in card
+    assert evaluated["metrics"]["lm_tuning"] == "leave_source_out" and evaluated["metrics"]["tuning_utterances"] == 4
+    assert "chosen on 4 validation utterances, leaving each utterance's own text source out of the language model's" in card
     folds = re.findall(r"leave-one-source-out fold (\w+): (\d+) utterances", result.stderr)
-    assert len(folds) == len({source for source, _ in folds}) >= 2 and sum(int(n) for _, n in folds) == 2
+    assert len(folds) == len({source for source, _ in folds}) >= 2 and sum(int(n) for _, n in folds) == 4
+    assert evaluated["metrics"]["validation"]["utterances"] == 2  # tuned on all 4, reported on evaluation_utterances
     counts = [(tmp_path / folder / LANGUAGE_MODEL_FILE).stat().st_size for folder in ("model", "evaluated")]
     assert counts[1] > 1.5 * counts[0]  # 38k more sentences than the training text's 40k
 
