@@ -13,6 +13,8 @@ caches WAV files with JSON-lines manifests in the data directory. Splits:
     test_accent            the same unseen sentences, an unseen accent (spoken by training variants)
     test_domain            modern text only: sentences of the held-out text source, unseen speakers
     test_synthesiser       modern text only: the test_domain sentences spoken by piper's neural voice
+    validation_kokoro      modern text with Kokoro: the validation sentences spoken by unseen Kokoro
+                           speakers (blends of three of its voices), to choose by on natural voices too
 Manifests load with `datasets` (`load_manifest`); `SpeechExamples` checks every clip once when it
 is built: unreadable, empty, too short or too low-rate audio and empty transcripts are skipped
 with a count in the log, so training never meets them mid-epoch.
@@ -41,7 +43,8 @@ from asr.features import FeatureConfig, log_mel, resample
 from asr.model import IGNORE_INDEX
 from asr.text import TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import LANGUAGE_MODEL_SOURCES, SOURCES, TextSplitConfig, source_sentences, split_by_source
-from asr.voices import ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_blend, kokoro_voice, speak, voices
+from asr.voices import (ACCENTS, HELD_OUT_ACCENT, Voice, flite_voice, kokoro_blend, kokoro_voice, speak,
+                        unseen_kokoro_voice, voices)
 from zoo.corpora import shakespeare_text
 from zoo.downloads import data_dir, debian_package, unpacked_once, write_atomically
 
@@ -52,6 +55,9 @@ DOMAIN_SPLIT = "test_domain"
 """Split of a "modern" corpus: sentences of the held-out text source (`asr.training_text`), unseen speakers."""
 SYNTHESISER_SPLIT = "test_synthesiser"
 """Split of a "modern" corpus: the DOMAIN_SPLIT sentences spoken by the held-out synthesiser (piper)."""
+KOKORO_VALIDATION_SPLIT = "validation_kokoro"
+"""Split of a "modern" corpus with Kokoro (kokoro_share > 0): the validation sentences spoken by Kokoro
+speakers no training clip has (`asr.voices.KOKORO_UNSEEN_BLENDS`)."""
 TextKind = Literal["shakespeare", "modern"]
 CORPUS_LAYOUT = 3
 """Version of the splits' definition, part of the corpus key (1: a single test_voices set mixed the
@@ -107,8 +113,10 @@ class CorpusConfig:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """The corpus's splits: SPLITS, and DOMAIN_SPLIT and SYNTHESISER_SPLIT for modern text."""
-        return SPLITS + ((DOMAIN_SPLIT, SYNTHESISER_SPLIT) if self.text == "modern" else ())
+        """The corpus's splits: SPLITS, DOMAIN_SPLIT and SYNTHESISER_SPLIT for modern text, and
+        KOKORO_VALIDATION_SPLIT for modern text with Kokoro."""
+        modern = (DOMAIN_SPLIT, SYNTHESISER_SPLIT) if self.text == "modern" else ()
+        return SPLITS + modern + ((KOKORO_VALIDATION_SPLIT,) if modern and self.kokoro_share else ())
 
     def __post_init__(self) -> None:
         if min(self.train_sentences, self.validation_sentences, self.test_sentences) < 1 or self.max_words < 3:
@@ -275,6 +283,9 @@ def corpus_plan(config: CorpusConfig) -> tuple[dict[str, list[tuple[str, Voice]]
         blend_rng = random.Random(f"{config.seed}-kokoro-blend")
         plan["train"] = [(text, kokoro_blend(blend_rng) if voice.synthesiser == "kokoro"
                           and blend_rng.random() < config.kokoro_blend_share else voice) for text, voice in plan["train"]]
+    if KOKORO_VALIDATION_SPLIT in config.splits:
+        unseen_rng = random.Random(f"{config.seed}-kokoro-validation")
+        plan[KOKORO_VALIDATION_SPLIT] = [(text, unseen_kokoro_voice(unseen_rng)) for text in validation]
     return plan, accents
 
 

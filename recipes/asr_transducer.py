@@ -38,8 +38,8 @@ import torch
 
 import zoo
 from asr.augmentation import WaveformAugment
-from asr.data import (CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech, corpus_plan,
-                      language_model_sentences, load_manifest, recorded_speech, sentence_sources,
+from asr.data import (KOKORO_VALIDATION_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus,
+                      collate_speech, corpus_plan, language_model_sentences, load_manifest, recorded_speech, sentence_sources,
                       training_text_sentences)
 from asr.decoding_tuning import BeamSearch, TuningFold, tuned_lexicon_penalty, tuned_lm_weight
 from asr.encoder_cache import EncodedExamples
@@ -165,9 +165,13 @@ class ASRTransducerConfig:
     evaluation_utterances: int = 0
     """Decode at most this many utterances of each evaluated set (0: all; for quick runs)."""
     tuning_utterances: int = 0
-    """Choose lm_weights and lexicon_penalties on the first this many validation utterances (0: as many
-    as evaluation_utterances). Entry (b), leave-one-source-out, stage 6 against session 51's anchored
-    candidate: 0.1412 vs 0.1455 on 100, 0.1263 vs 0.1359 on all 200."""
+    """Choose lm_weights and lexicon_penalties on the first this many utterances of each tuning set (0: as
+    many as evaluation_utterances). Entry (b), leave-one-source-out, stage 6 against session 51's anchored
+    candidate: 0.1412 vs 0.1455 on 100 validation utterances, 0.1263 vs 0.1359 on all 200."""
+    tuning_sets: tuple[str, ...] = ("validation",)
+    """Sets whose utterances, pooled, choose lm_weights and lexicon_penalties: "validation" (espeak-ng's
+    training voices) and, for a corpus with Kokoro, "validation_kokoro" (the same sentences in unseen
+    Kokoro speakers: `asr.data.KOKORO_VALIDATION_SPLIT`)."""
     evaluate_only: bool = False
     """Train nothing: evaluate the --init recogniser as a run's end does (the language-model weight and
     lexicon penalty chosen on validation) and save it to --output with those decoding settings; its
@@ -193,6 +197,11 @@ class ASRTransducerConfig:
                              f"'token'; a word model's lexicon is closed); got {self.lexicon_penalties}, lm_order "
                              f"{self.lm_order}, lm_unit {self.lm_unit!r}")
         object.__setattr__(self, "lexicon_penalties", tuple(self.lexicon_penalties))
+        object.__setattr__(self, "tuning_sets", tuple(self.tuning_sets))
+        tunable = ("validation", KOKORO_VALIDATION_SPLIT) if KOKORO_VALIDATION_SPLIT in self.corpus.splits else ("validation",)
+        if not self.tuning_sets or not set(self.tuning_sets) <= set(tunable) or len(set(self.tuning_sets)) < len(self.tuning_sets):
+            raise ValueError(f"tuning_sets must be distinct sets among {tunable} (validation_kokoro needs corpus.text "
+                             f"'modern' and corpus.kokoro_share > 0); got {self.tuning_sets}")
         if self.evaluate_only and not self.init:
             raise ValueError("evaluate_only evaluates the --init recogniser: give --init")
         if self.lm_text not in ("transcripts", "training_text") or min(self.lm_weights, default=0) < 0:
@@ -415,7 +424,7 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     words = lexicon_words(text) if language_model is not None and config.lexicon_penalties else frozenset()
     if language_model is not None and (config.lm_weights or config.lexicon_penalties):
         search = BeamSearch(config.beam, config.ilm_weight, features)
-        tuning = sets["validation"][:config.tuning_utterances or limit]
+        tuning = [row for name in config.tuning_sets for row in sets[name][:config.tuning_utterances or limit]]
         folds = tuning_folds(config, tokenizer, tuning, language_model, words)
         if config.lm_weights:
             lm_weight, tried = tuned_lm_weight(model, tokenizer, folds, config.lm_weights, search)
@@ -431,6 +440,7 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     metrics["lm_weight"], metrics["lm_weight_validation_wer"] = lm_weight, tried
     metrics["lexicon_penalty"], metrics["lexicon_penalty_validation_wer"] = penalty, penalties_tried
     metrics["lm_tuning"], metrics["tuning_utterances"] = config.lm_tuning, len(tuning)
+    metrics["tuning_sets"] = list(config.tuning_sets)
     metrics.update({name: training[name] for name in TRAINING_METRICS})
     metrics["sizes"] = {name: len(rows) for name, rows in sets.items()} | {"train": training["train_utterances"]}
     metrics["lexicon_words"] = len(words) if penalty else 0

@@ -137,9 +137,11 @@ def _text_words(corpus: CorpusConfig) -> str:
 def _domain_words(corpus: CorpusConfig) -> str:
     if corpus.text != "modern":
         return ""
+    unseen_kokoro = (" The validation sentences are also spoken by Kokoro speakers never trained on "
+                     "(validation_kokoro: even blends of three of its voices).") if corpus.kokoro_share else ""
     return (f" A text source never trained on, spoken by unseen speakers (test_domain: {HELD_OUT_SOURCE}, "
             "Amazon product reviews), and the same sentences spoken by a synthesiser never trained on "
-            "(test_synthesiser: piper's neural voice joe).")
+            f"(test_synthesiser: piper's neural voice joe).{unseen_kokoro}")
 
 
 def _recorded_rows(metrics: dict[str, Any]) -> str:
@@ -158,9 +160,12 @@ def _tuning_words(metrics: dict[str, Any]) -> str:
 
 
 def _tuning_protocol(metrics: dict[str, Any]) -> str:
-    """How the decoding was chosen (`ASRTransducerConfig.lm_tuning`, `tuning_utterances`), in the card's words."""
-    count = metrics.get("tuning_utterances")
-    where = f"{count} validation utterances" if count else "validation"
+    """How the decoding was chosen (`ASRTransducerConfig.lm_tuning`, tuning_sets and their utterances),
+    in the card's words."""
+    count, sets = metrics.get("tuning_utterances", 0), metrics.get("tuning_sets", ["validation"])
+    where = "validation" if sets == ["validation"] else " and ".join(sets)
+    if count:
+        where = f"{count} validation utterances" if sets == ["validation"] else f"{count} utterances of {where}"
     if metrics.get("lm_tuning", "validation") == "validation":
         return where
     return f"{where}, leaving each utterance's own text source out of the language model's and lexicon's text"

@@ -13,13 +13,13 @@ import torch
 from scipy.io import wavfile
 
 from asr import kokoro
-from asr.data import (DOMAIN_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
+from asr.data import (DOMAIN_SPLIT, KOKORO_VALIDATION_SPLIT, SPLITS, SYNTHESISER_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus, collate_speech,
                       corpus_plan, language_model_sentences, load_manifest, read_audio, read_audio_pieces, recorded_speech,
                       sentence_sources, training_text_sentences)
 from asr.features import FeatureConfig
 from asr.text import CHARACTERS, TranscriptTokenizer, corpus_sentences, normalize
 from asr.training_text import HELD_OUT_SOURCE, SOURCES, source_sentences
-from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS, KOKORO_BLENDS, Voice, speak, voices
+from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS, KOKORO_BLENDS, KOKORO_UNSEEN_BLENDS, Voice, speak, voices
 
 
 def test_sentences_are_normalised_and_within_the_vocabulary():
@@ -87,6 +87,12 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert all(kept[i] or (text == plan["train"][i][0] and voice.synthesiser == "kokoro")
                for i, (text, voice) in enumerate(spoken["train"]))
     assert abs(kept.count(False) / len(kept) - 0.3) < 0.04 and all(spoken[s] == plan[s] for s in plan if s != "train")
+    # With Kokoro, the validation sentences are spoken once more by Kokoro speakers no training clip has.
+    assert with_kokoro.splits == (*config.splits, KOKORO_VALIDATION_SPLIT) and KOKORO_VALIDATION_SPLIT not in plan
+    unseen = spoken[KOKORO_VALIDATION_SPLIT]
+    assert [t for t, _ in unseen] == [t for t, _ in plan["validation"]]
+    assert {v.variant for _, v in unseen} <= set(KOKORO_UNSEEN_BLENDS) and len({v.variant for _, v in unseen}) == 10
+    assert not {v.name for _, v in unseen} & {v.name for _, v in spoken["train"]}
     with pytest.raises(ValueError, match=r"CorpusConfig.kokoro_share must be in \[0, 1\]; got 1.5"):
         CorpusConfig(text="modern", kokoro_share=1.5)
     # Blends of two Kokoro voices take a share of Kokoro's sentences, nothing else; no share, same key.
@@ -98,6 +104,7 @@ def test_modern_text_draws_every_source_and_keeps_the_held_out_one_for_unseen_sp
     assert all(before.synthesiser == voice.synthesiser == "kokoro" and kokoro.BLEND in voice.variant for voice, before in changed)
     assert abs(len(changed) / kept.count(False) - 0.5) < 0.05 and {v.variant for v, _ in changed} == set(KOKORO_BLENDS)
     assert [t for t, _ in mixed["train"]] == [t for t, _ in spoken["train"]]
+    assert mixed[KOKORO_VALIDATION_SPLIT] == unseen  # drawn by a generator of its own
     seen = {text for split in ("train", "validation") for text, _ in plan[split]}
     assert not seen & set(source_sentences(HELD_OUT_SOURCE)) and not seen & {t for t, _ in plan["test_sentences"]}
     learnt = set(training_text_sentences(config))  # what a tokenizer and language model may learn from

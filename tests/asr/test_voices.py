@@ -15,8 +15,8 @@ from scipy.io import wavfile
 from asr import kokoro
 from asr.data import read_audio
 from asr.text import normalize
-from asr.voices import (FLITE_VOICES, KOKORO_BLENDS, KOKORO_VOICES, PIPER_VOICES, Voice, flite_voice, kokoro_blend,
-                        kokoro_voice, speak, voices)
+from asr.voices import (FLITE_VOICES, KOKORO_BLENDS, KOKORO_UNSEEN_BLENDS, KOKORO_VOICES, PIPER_VOICES, Voice,
+                        flite_voice, kokoro_blend, kokoro_voice, speak, unseen_kokoro_voice, voices)
 from asr.wer import error_counts
 from asr.whisper_reference import WhisperReader
 
@@ -62,6 +62,9 @@ def test_training_flite_and_kokoro_and_held_out_piper_voices():
     blends = [kokoro_blend(rng) for _ in range(200)]
     assert {v.variant for v in blends} == set(KOKORO_BLENDS) and len(KOKORO_BLENDS) == 10
     assert all(v.synthesiser == "kokoro" and set(v.variant.split("~")) <= set(KOKORO_VOICES) for v in blends)
+    unseen = [unseen_kokoro_voice(rng) for _ in range(200)]  # validation's natural speakers: three voices each
+    assert {v.variant for v in unseen} == set(KOKORO_UNSEEN_BLENDS) and len(KOKORO_UNSEEN_BLENDS) == 10
+    assert all(len(set(v.variant.split("~")) & set(KOKORO_VOICES)) == 3 for v in unseen)
     assert {v.speed for v in drawn} <= set(range(140, 201)) and len({v.speed for v in drawn}) > 30
     piper = voices("synthesiser", 50, rng)
     assert all(v.synthesiser == "piper" and v.variant in PIPER_VOICES and v.name == f"piper+{v.variant}" for v in piper)
@@ -86,15 +89,17 @@ def test_kokoro_has_a_letter_for_every_phoneme_espeak_writes_and_whisper_reads_i
         assert not any(pair in ipa for pair, _ in kokoro.MISAKI_LETTERS)  # diphthongs as Kokoro's single letters
     blend = kokoro.style_table("jf_alpha~jm_kumo")
     assert blend.shape == (510, 1, 256) and abs(blend - (styles["jf_alpha"] + styles["jm_kumo"]) / 2).max() < 1e-6
+    trio = kokoro.style_table("jf_gongitsune~jf_nezumi~jm_kumo")
+    assert abs(trio - (styles["jf_gongitsune"] + styles["jf_nezumi"] + styles["jm_kumo"]) / 3).max() < 1e-6
     reader = WhisperReader()
-    for variant in ("jf_alpha", "jm_kumo", "jf_alpha~jm_kumo"):
+    for variant in ("jf_alpha", "jm_kumo", "jf_alpha~jm_kumo", "jf_gongitsune~jf_nezumi~jm_kumo"):
         paths = [tmp_path / f"{variant}_{i}.wav" for i in range(len(KOKORO_SENTENCES))]
         for sentence, path in zip(KOKORO_SENTENCES, paths):
             speak(sentence, Voice("kokoro", variant, 170, 50, "kokoro"), path)
         heard = reader.read([read_audio(path, 16000).numpy() for path in paths])
         assert error_counts([normalize(s) for s in KOKORO_SENTENCES], heard).rate <= 0.25, (variant, heard)  # jf_alpha 0.167
-    for wrong in ("af_heart", "jm_kumo~jm_kumo", "jf_alpha~jm_kumo~jf_nezumi", "jf_alpha~af_heart"):
-        with pytest.raises(ValueError, match=f"Kokoro voice must be one of .* or two of them joined by '~'; got '{wrong}'"):
+    for wrong in ("af_heart", "jm_kumo~jm_kumo", "jf_alpha~jm_kumo~jf_nezumi~jf_tebukuro", "jf_alpha~af_heart"):
+        with pytest.raises(ValueError, match=f"Kokoro voice must be one of .* or two or three of them joined by '~'; got '{wrong}'"):
             kokoro.synthesise("hello", wrong, 1.0)
     with pytest.raises(ValueError, match="Kokoro speaks 1 to 510 phonemes"):
         kokoro.synthesise("hello " * 200, "jm_kumo", 1.0)

@@ -151,9 +151,11 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
 
     # evaluate_only: the same weights, evaluated anew with decoding chosen on validation, here a lexicon
     # penalty and a language model that reads WordNet's usage examples beside the training text,
-    # Chosen leaving each validation utterance's own text source out of its language model's text.
+    # Chosen leaving each validation utterance's own text source out of its language model's text, on
+    # validation's 4 utterances and the same sentences spoken by unseen Kokoro speakers.
     again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
                             "--lm_sources", "wordnet", "--lm_tuning", "leave_source_out", "--tuning_utterances", "4",
+                            "--corpus.kokoro_share", "0.2", "--tuning_sets", "validation,validation_kokoro",
                             "--output", str(tmp_path / "evaluated")]
     result = subprocess.run(again, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -170,11 +172,13 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     assert f"Made by: `{tmp_path / 'model'}`'s training" in card and "costs 5.0 x the language-model weight" in card
     assert "of the training text and WordNet's usage examples (`language_model.safetensors`" in card
     assert "- The language model counts WordNet's usage examples: WordNet 3.0 copyright 2006 by Princeton" in card
-    assert evaluated["metrics"]["lm_tuning"] == "leave_source_out" and evaluated["metrics"]["tuning_utterances"] == 4
-    assert "chosen on 4 validation utterances, leaving each utterance's own text source out of the language model's" in card
+    assert evaluated["metrics"]["lm_tuning"] == "leave_source_out" and evaluated["metrics"]["tuning_utterances"] == 8
+    assert ("chosen on 8 utterances of validation and validation_kokoro, leaving each utterance's own text source out of "
+            "the language model's") in card and "(validation_kokoro: even blends of three of its voices)" in card
     folds = re.findall(r"leave-one-source-out fold (\w+): (\d+) utterances", result.stderr)
-    assert len(folds) == len({source for source, _ in folds}) >= 2 and sum(int(n) for _, n in folds) == 4
-    assert evaluated["metrics"]["validation"]["utterances"] == 2  # tuned on all 4, reported on evaluation_utterances
+    assert len(folds) == len({source for source, _ in folds}) >= 2 and sum(int(n) for _, n in folds) == 8
+    assert evaluated["metrics"]["validation"]["utterances"] == evaluated["metrics"]["validation_kokoro"]["utterances"] == 2
+    assert evaluated["metrics"]["sizes"]["validation_kokoro"] == 4  # tuned on all 4 of each, reported on 2
     counts = [(tmp_path / folder / LANGUAGE_MODEL_FILE).stat().st_size for folder in ("model", "evaluated")]
     assert counts[1] > 1.5 * counts[0]  # 38k more sentences than the training text's 40k
 
@@ -185,6 +189,16 @@ def test_the_card_counts_each_synthesisers_training_voices():
     assert voices_words(names[:3]) == "2 espeak-ng accents x 2 variants"
     blended = names + ["kokoro+jf_alpha~jm_kumo", "kokoro+jf_nezumi~jm_kumo", "kokoro+jf_alpha~jm_kumo"]
     assert voices_words(blended).endswith("Kokoro's jf_alpha, jm_kumo and 2 blends of two of them")
+
+
+def test_the_decoding_is_chosen_on_validation_sets_the_corpus_has():
+    kokoro = CorpusConfig(text="modern", kokoro_share=0.3)
+    assert ASRTransducerConfig(corpus=kokoro, tuning_sets=["validation", "validation_kokoro"]).tuning_sets == (
+        "validation", "validation_kokoro")
+    for corpus, sets in ((CorpusConfig(text="modern"), ("validation_kokoro",)), (kokoro, ("validation", "validation")),
+                         (kokoro, ()), (kokoro, ("test_domain",))):
+        with pytest.raises(ValueError, match=r"tuning_sets must be distinct sets among \('validation',.*\); got "):
+            ASRTransducerConfig(corpus=corpus, tuning_sets=sets)
 
 
 def test_shipped_model_transcribes_held_out_sentences_by_unseen_speakers(tmp_path):
