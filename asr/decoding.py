@@ -3,7 +3,8 @@ merged by log-add; with one symbol per frame, icefall's `modified_beam_search`; 
 frame let character models keep up with fast speech).
 
 Both take a `Transducer` and its encoder output (B, T, E) with lengths (B,), and return one token
-id list per utterance (blank never included). `greedy_continue` goes on from a `GreedyState` over
+id list per utterance (blank never included); `beam_search_hypotheses` returns each utterance's
+final beam (its n-best) with scores. `greedy_continue` goes on from a `GreedyState` over
 frames that arrive later (`asr.streaming`).
 """
 
@@ -92,17 +93,27 @@ def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
     return dict(sorted(hypotheses.items(), key=lambda item: -item[1].item())[:count])
 
 
-@torch.no_grad()
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
                          beam: int = 4, max_symbols_per_frame: int = 1,
                          language_model: LanguageModel | None = None, lm_weight: float = 0.0,
                          ilm_weight: float = 0.0) -> list[list[int]]:
+    """Each utterance's best hypothesis of `beam_search_hypotheses` (same arguments)."""
+    return [hypotheses[0][0] for hypotheses in beam_search_hypotheses(
+        model, encoder_out, lengths, beam, max_symbols_per_frame, language_model, lm_weight, ilm_weight)]
+
+
+@torch.no_grad()
+def beam_search_hypotheses(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
+                           beam: int = 4, max_symbols_per_frame: int = 1,
+                           language_model: LanguageModel | None = None, lm_weight: float = 0.0,
+                           ilm_weight: float = 0.0) -> list[list[tuple[list[int], float]]]:
     """Beam search over frames. At each frame, up to `max_symbols_per_frame` rounds: every hypothesis
     still expanding at this frame is extended by blank (it moves on to the next frame) or by one
     token; the `beam` best extensions are kept, and a token extension keeps expanding at this frame
     unless this was the last round (then it moves on, as in icefall's one-symbol search).
     Hypotheses with equal tokens are merged (log-add of their probabilities); `beam` of them carry
-    over to the next frame. Returns each utterance's best hypothesis.
+    over to the next frame. Returns each utterance's final hypotheses (at most `beam`: its n-best
+    for a second pass to rescore), best first, as (token ids, score).
 
     Shallow fusion: with a `language_model`, each token adds `lm_weight` x its log probability
     given the hypothesis's tokens, and the final choice adds `lm_weight` x that of the sentence end
@@ -161,7 +172,8 @@ def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: 
         if fused:
             ended = {k: v + lm_weight * float(language_model.log_probs(k)[END]) for k, v in hypotheses.items()}
             hypotheses = ended if any(v.item() > -torch.inf for v in ended.values()) else hypotheses
-        results.append(list(max(hypotheses, key=lambda k: hypotheses[k].item())))
+        ranked = sorted(hypotheses.items(), key=lambda item: -item[1].item())
+        results.append([(list(tokens), score.item()) for tokens, score in ranked])
     return results
 
 

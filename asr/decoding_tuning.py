@@ -9,6 +9,7 @@ read the validation sentences' neighbours. Errors are pooled over the folds.
 
     tuned_lm_weight(model, tokenizer, folds, weights, search) -> (weight, {"weight": WER})
     tuned_lexicon_penalty(model, tokenizer, folds, penalties, lm_weight, search) -> (penalty, {"penalty": WER})
+    tuned_rescoring(model, tokenizer, folds, grid, lm_weight, penalty, search) -> (Rescoring, {"weight,bonus": WER})
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from asr.language_model import LanguageModel
 from asr.lexicon import LexiconPenalty
 from asr.model import Transducer
 from asr.text import TranscriptTokenizer
-from asr.transcription import transcribe
+from asr.transcription import segment_hypotheses, transcribe, whisper_rescorer
+from asr.whisper_rescoring import Rescoring, best_rescored
 from asr.wer import error_counts
 
 
@@ -87,3 +89,31 @@ def _lowest_wer(model: Transducer, tokenizer: TranscriptTokenizer, folds: list[T
             errors, words = errors + counts.errors, words + counts.reference_length
         tried[str(value)] = errors / max(words, 1)
     return min(values, key=lambda v: (tried[str(v)], v)), tried
+
+
+def tuned_rescoring(model: Transducer, tokenizer: TranscriptTokenizer, folds: list[TuningFold],
+                    grid: list[Rescoring], lm_weight: float, penalty: float, search: BeamSearch
+                    ) -> tuple[Rescoring, dict[str, float]]:
+    """(the Rescoring of `grid` of the lowest WER pooled over `folds`, the lightest of equals (weight,
+    then bonus); {"weight,bonus": WER}). Each utterance is searched once (its fold's language model at
+    lm_weight, with the lexicon penalty) and its final beam scored once by Whisper; the grid then
+    re-ranks those scores."""
+    if not folds or not grid:
+        raise ValueError(f"tuning needs folds and a grid to try; got {len(folds)} folds and {len(grid)} settings")
+    ranked = []  # per utterance: (reference, hypotheses [(text, score)], Whisper's [(log prob, tokens)])
+    for fold in folds:
+        fusion = LexiconPenalty(fold.language_model, tokenizer, fold.words, penalty) if penalty else fold.language_model
+        audio = [read_audio(row["audio"], search.features.sample_rate) for row in fold.rows]
+        found = segment_hypotheses(model, audio, tokenizer, search.features, search.beam, language_model=fusion,
+                                   lm_weight=lm_weight, ilm_weight=search.ilm_weight)
+        for row, parts in zip(fold.rows, found):
+            segments = [(hypotheses, whisper_rescorer().log_probs(segment, [t for t, _ in hypotheses]) if hypotheses else [])
+                        for segment, hypotheses in parts]
+            ranked.append((row["text"], segments))
+    tried = {}
+    for setting in grid:
+        hypotheses = [" ".join(" ".join(best_rescored(h, w, setting) if h else "" for h, w in segments).split())
+                      for _, segments in ranked]
+        tried[f"{setting.weight},{setting.token_bonus}"] = error_counts([r for r, _ in ranked], hypotheses).rate
+    best = min(grid, key=lambda r: (tried[f"{r.weight},{r.token_bonus}"], r.weight, r.token_bonus))
+    return best, tried

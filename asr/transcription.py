@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cache
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
 from asr.data import pcm_to_float, read_audio
-from asr.decoding import greedy_search, modified_beam_search
+from asr.decoding import beam_search_hypotheses, greedy_search
 from asr.features import FeatureConfig, log_mel, resample
 from asr.language_model import LanguageModel
 from asr.lexicon import LexiconPenalty, read_lexicon
 from asr.model import Transducer
 from asr.segmentation import segment_bounds
 from asr.text import TranscriptTokenizer
+from asr.whisper_rescoring import SAMPLE_RATE as WHISPER_RATE, Rescoring, WhisperRescorer, best_rescored
 from asr.word_language_model import load_language_model
 from zoo.store import load, locate, read_config
 
@@ -57,6 +59,8 @@ class Recogniser:
     """Weight of the internal language model subtracted in the fusion (`modified_beam_search`)."""
     beam: int
     """Beam of the beam search the model was evaluated with."""
+    rescoring: Rescoring = Rescoring()
+    """Second pass over the beam's n-best by Whisper tiny.en (`asr.whisper_rescoring`; weight 0: none)."""
 
 
 def recogniser(name: str | os.PathLike) -> Recogniser:
@@ -73,7 +77,13 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
         language_model = LexiconPenalty(language_model, tokenizer, read_lexicon(folder / LEXICON_FILE), penalty)
     return Recogniser(load(name), tokenizer, FeatureConfig(**config["features"]), language_model,
                       float(decoding.get("lm_weight", 0.0)), float(decoding.get("ilm_weight", 0.0)),
-                      int(decoding.get("beam", DEFAULT_BEAM)))
+                      int(decoding.get("beam", DEFAULT_BEAM)), Rescoring(**decoding.get("rescoring", {})))
+
+
+@cache
+def whisper_rescorer() -> WhisperRescorer:
+    """The process's Whisper tiny.en rescorer, loaded on first use."""
+    return WhisperRescorer()
 
 
 def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rate: int,
@@ -102,7 +112,8 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
                batch_size: int = 16, language_model: LanguageModel | None = None,
                lm_weight: float | None = None, ilm_weight: float | None = None,
-               sample_rate: int | None = None, max_segment_seconds: float = MAX_SEGMENT_SECONDS) -> list[str]:
+               sample_rate: int | None = None, max_segment_seconds: float = MAX_SEGMENT_SECONDS,
+               rescoring: Rescoring | None = None) -> list[str]:
     """One transcript per waveform, decoded by modified beam search (or greedy search) with at most
     `max_symbols_per_frame` tokens per encoder frame, `batch_size` segments at a time; a waveform
     longer than max_segment_seconds is cut into segments (`asr.segmentation`) whose transcripts are joined.
@@ -113,7 +124,9 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
     `sample_rate` Hz (default: the front end's, 16 kHz), resampled when it differs.
     beam: a zoo model's own by default, else DEFAULT_BEAM.
     language_model, lm_weight, ilm_weight: shallow fusion in beam search, less the internal language
-    model (`modified_beam_search`); a zoo model brings its own (lm_weight=0 turns it off)."""
+    model (`modified_beam_search`); a zoo model brings its own (lm_weight=0 turns it off).
+    rescoring: a second pass of Whisper tiny.en over each segment's final beam (`asr.whisper_rescoring`);
+    a zoo model brings its own (Rescoring() turns it off)."""
     if method not in ("greedy", "beam"):
         raise ValueError(f"method must be 'greedy' or 'beam'; got {method!r}")
     if not isinstance(model, Transducer):
@@ -123,13 +136,58 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         lm_weight = found.lm_weight if lm_weight is None else lm_weight
         ilm_weight = found.ilm_weight if ilm_weight is None else ilm_weight
         beam = found.beam if beam is None else beam
+        rescoring = found.rescoring if rescoring is None else rescoring
     elif language_model is not None and lm_weight is None:
         raise ValueError("a language_model needs its lm_weight")
     elif tokenizer is None:
         raise ValueError("a Transducer needs its tokenizer (or pass a zoo model name, which brings its own)")
     features = FeatureConfig() if features is None else features
     beam = DEFAULT_BEAM if beam is None else beam
+    if rescoring is not None and rescoring.weight and features.sample_rate != WHISPER_RATE:
+        raise ValueError(f"Whisper rescoring reads {WHISPER_RATE} Hz audio; the model's front end reads "
+                         f"{features.sample_rate} Hz")
     waveforms = prepare_waveforms(waveforms, features.sample_rate, sample_rate or features.sample_rate)
+    if method == "beam":
+        found_segments = segment_hypotheses(model, waveforms, tokenizer, features, beam, max_symbols_per_frame, batch_size,
+                                            language_model, lm_weight or 0.0, ilm_weight or 0.0, max_segment_seconds)
+        return [" ".join(" ".join(chosen_text(segment, hypotheses, rescoring) for segment, hypotheses in parts).split())
+                for parts in found_segments]
+    segments, owners = _segments(waveforms, features, max_segment_seconds)
+    model.eval()
+    texts = []
+    for start in range(0, len(segments), batch_size):
+        encoded, encoded_lengths = _encoded(model, segments[start : start + batch_size], features)
+        texts += [tokenizer.decode(ids) for ids in greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame)]
+    joined = [[] for _ in waveforms]
+    for owner, text in zip(owners, texts):
+        if text:
+            joined[owner].append(text)
+    return [" ".join(" ".join(parts).split()) for parts in joined]
+
+
+def segment_hypotheses(model: Transducer, waveforms: list[torch.Tensor], tokenizer: TranscriptTokenizer,
+                       features: FeatureConfig, beam: int, max_symbols_per_frame: int = 3, batch_size: int = 16,
+                       language_model: LanguageModel | None = None, lm_weight: float = 0.0, ilm_weight: float = 0.0,
+                       max_segment_seconds: float = MAX_SEGMENT_SECONDS
+                       ) -> list[list[tuple[torch.Tensor, list[tuple[str, float]]]]]:
+    """Per waveform (N,) at features.sample_rate, its segments (as `transcribe` cuts them), each with
+    its beam's final hypotheses [(text, score)], best first (`asr.decoding.beam_search_hypotheses`)."""
+    segments, owners = _segments(waveforms, features, max_segment_seconds)
+    model.eval()
+    found: list[list[tuple[torch.Tensor, list[tuple[str, float]]]]] = [[] for _ in waveforms]
+    for start in range(0, len(segments), batch_size):
+        chunk = segments[start : start + batch_size]
+        encoded, encoded_lengths = _encoded(model, chunk, features)
+        finals = beam_search_hypotheses(model, encoded, encoded_lengths, beam, max_symbols_per_frame, language_model,
+                                        lm_weight, ilm_weight)
+        for owner, segment, hypotheses in zip(owners[start : start + batch_size], chunk, finals):
+            found[owner].append((segment, [(tokenizer.decode(ids), score) for ids, score in hypotheses]))
+    return found
+
+
+def _segments(waveforms: list[torch.Tensor], features: FeatureConfig, max_segment_seconds: float
+              ) -> tuple[list[torch.Tensor], list[int]]:
+    """(the levelled segments (N,) of every waveform long enough to hold a word, the index of each one's waveform)."""
     segments, owners = [], []
     for index, waveform in enumerate(waveforms):
         if waveform.numel() < MIN_SEGMENT_SECONDS * features.sample_rate:
@@ -137,24 +195,26 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
         for start, end in segment_bounds(waveform, features.sample_rate, max_segment_seconds):
             segments.append(features.levelled(waveform[start:end]))
             owners.append(index)
-    model.eval()
-    texts = []
-    for start in range(0, len(segments), batch_size):
-        chunk = segments[start : start + batch_size]
-        lengths = torch.tensor([w.numel() for w in chunk])
-        padded = torch.zeros(len(chunk), int(lengths.max()))
-        for row, waveform in enumerate(chunk):
-            padded[row, : waveform.numel()] = waveform
-        log_mels, frames = log_mel(padded, features, lengths)
-        mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
-        device = model.feature_mean.device
-        encoded, encoded_lengths = model.encode(log_mels.to(device), mask.to(device))
-        tokens = (modified_beam_search(model, encoded, encoded_lengths, beam, max_symbols_per_frame, language_model,
-                                       lm_weight or 0.0, ilm_weight or 0.0) if method == "beam"
-                  else greedy_search(model, encoded, encoded_lengths, max_symbols_per_frame))
-        texts += [tokenizer.decode(ids) for ids in tokens]
-    joined = [[] for _ in waveforms]
-    for owner, text in zip(owners, texts):
-        if text:
-            joined[owner].append(text)
-    return [" ".join(" ".join(parts).split()) for parts in joined]
+    return segments, owners
+
+
+def _encoded(model: Transducer, chunk: list[torch.Tensor], features: FeatureConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's output (B, T', E) and lengths (B,) of the segments `chunk`, zero-padded into one batch."""
+    lengths = torch.tensor([w.numel() for w in chunk])
+    padded = torch.zeros(len(chunk), int(lengths.max()))
+    for row, waveform in enumerate(chunk):
+        padded[row, : waveform.numel()] = waveform
+    log_mels, frames = log_mel(padded, features, lengths)
+    mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
+    device = model.feature_mean.device
+    return model.encode(log_mels.to(device), mask.to(device))
+
+
+def chosen_text(segment: torch.Tensor, hypotheses: list[tuple[str, float]], rescoring: Rescoring | None) -> str:
+    """The text of a segment (N,) at 16 kHz from its beam's final `hypotheses` [(text, score)], best
+    first: the first, or with a rescoring weight the best after Whisper's second pass ("" if none)."""
+    if not hypotheses:
+        return ""
+    if rescoring is None or not rescoring.weight or len(hypotheses) == 1:
+        return hypotheses[0][0]
+    return best_rescored(hypotheses, whisper_rescorer().log_probs(segment, [text for text, _ in hypotheses]), rescoring)

@@ -41,7 +41,7 @@ from asr.augmentation import WaveformAugment
 from asr.data import (KOKORO_VALIDATION_SPLIT, CorpusConfig, DurationBuckets, SpeechExamples, build_corpus,
                       collate_speech, corpus_plan, language_model_sentences, load_manifest, recorded_speech, sentence_sources,
                       training_text_sentences)
-from asr.decoding_tuning import BeamSearch, TuningFold, tuned_lexicon_penalty, tuned_lm_weight
+from asr.decoding_tuning import BeamSearch, TuningFold, tuned_lexicon_penalty, tuned_lm_weight, tuned_rescoring
 from asr.encoder_cache import EncodedExamples
 from asr.evaluation import word_error_rates
 from asr.features import FeatureConfig
@@ -52,6 +52,7 @@ from asr.text import TranscriptTokenizer
 from asr.training_text import LANGUAGE_MODEL_SOURCES
 from asr.transcription import LANGUAGE_MODEL_FILE, LEXICON_FILE, recogniser
 from asr.whisper_encoder import WhisperEncoder, WhisperEncoderConfig, packaged_whisper_tiny_en
+from asr.whisper_rescoring import Rescoring
 from asr.word_language_model import WordLanguageModel
 from recipes.asr_transducer_card import RECORDED, model_card
 from recipes.report import trainer_memory_report
@@ -138,6 +139,12 @@ class ASRTransducerConfig:
     the one of the lowest word error rate is saved with the lexicon (`lexicon.txt`) in the model folder.
     Empty, or 0 chosen: no lexicon. Entry (b), 100 utterances (its stage4-command.sh): validation 0.150
     / 0.137 / 0.133 / 0.131 / 0.130 at 0 / 5 / 10 / 15 / 20; test_domain 0.124 at 0, 0.110 at 20."""
+    rescore_weights: tuple[float, ...] = ()
+    """Weights of Whisper tiny.en's second pass over the beam's n-best (`asr.whisper_rescoring`) tried on
+    the tuning sets after the language-model weight and lexicon penalty, each with every one of
+    rescore_bonuses; the best is saved with the model (empty or 0 chosen: no second pass)."""
+    rescore_bonuses: tuple[float, ...] = (0.0,)
+    """Per-token bonuses of Whisper's log probability tried with each of rescore_weights."""
     lm_tuning: Literal["validation", "leave_source_out"] = "validation"
     """How lm_weights and lexicon_penalties are chosen on the validation utterances (`asr.decoding_tuning`):
     "validation", all decoded with the shipped language model; "leave_source_out" (lm_text
@@ -199,6 +206,13 @@ class ASRTransducerConfig:
                              f"{self.lm_order}, lm_unit {self.lm_unit!r}")
         object.__setattr__(self, "lexicon_penalties", tuple(self.lexicon_penalties))
         object.__setattr__(self, "tuning_sets", tuple(self.tuning_sets))
+        object.__setattr__(self, "rescore_weights", tuple(self.rescore_weights))
+        object.__setattr__(self, "rescore_bonuses", tuple(self.rescore_bonuses))
+        if min(self.rescore_weights, default=0) < 0 or not self.rescore_bonuses or (self.rescore_weights and (
+                self.encoder != "whisper-tiny.en" or not self.lm_order)):
+            raise ValueError(f"rescore_weights must be >= 0 with some rescore_bonuses, and need encoder 'whisper-tiny.en' "
+                             f"(16 kHz, as Whisper reads) and a language model (lm_order > 0); got {self.rescore_weights}, "
+                             f"{self.rescore_bonuses}, {self.encoder!r}, lm_order {self.lm_order}")
         tunable = ("validation", KOKORO_VALIDATION_SPLIT) if KOKORO_VALIDATION_SPLIT in self.corpus.splits else ("validation",)
         if not self.tuning_sets or not set(self.tuning_sets) <= set(tunable) or len(set(self.tuning_sets)) < len(self.tuning_sets):
             raise ValueError(f"tuning_sets must be distinct sets among {tunable} (validation_kokoro needs corpus.text "
@@ -422,6 +436,7 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     sets |= {name: [r for r in recorded if r["set"] == name] for name in RECORDED}
     language_model = train_language_model(config, tokenizer, text)
     lm_weight, tried, penalty, penalties_tried, tuning = config.lm_weight, {}, 0.0, {}, []
+    rescoring, rescorings_tried = Rescoring(), {}
     words = lexicon_words(text) if language_model is not None and config.lexicon_penalties else frozenset()
     if language_model is not None and (config.lm_weights or config.lexicon_penalties):
         search = BeamSearch(config.beam, config.ilm_weight, features)
@@ -434,12 +449,17 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
             penalty, penalties_tried = tuned_lexicon_penalty(model, tokenizer, folds, config.lexicon_penalties,
                                                              lm_weight, search)
             log.info("lexicon penalty %s chosen (%s): WER %s", penalty, config.lm_tuning, penalties_tried)
+        if config.rescore_weights:
+            grid = [Rescoring(w, b) for w in config.rescore_weights for b in config.rescore_bonuses]
+            rescoring, rescorings_tried = tuned_rescoring(model, tokenizer, folds, grid, lm_weight, penalty, search)
+            log.info("Whisper rescoring %s chosen (%s): WER %s", rescoring, config.lm_tuning, rescorings_tried)
     fused = LexiconPenalty(language_model, tokenizer, words, penalty) if penalty else language_model
     metrics: dict[str, Any] = {name: word_error_rates(model, rows[:limit], tokenizer, features, config.beam,
-                                                      fused, lm_weight, config.ilm_weight)
+                                                      fused, lm_weight, config.ilm_weight, rescoring)
                                     for name, rows in sets.items()}
     metrics["lm_weight"], metrics["lm_weight_validation_wer"] = lm_weight, tried
     metrics["lexicon_penalty"], metrics["lexicon_penalty_validation_wer"] = penalty, penalties_tried
+    metrics["rescoring"], metrics["rescoring_validation_wer"] = dataclasses.asdict(rescoring), rescorings_tried
     metrics["lm_tuning"], metrics["tuning_utterances"] = config.lm_tuning, len(tuning)
     metrics["tuning_sets"] = list(config.tuning_sets)
     metrics.update({name: training[name] for name in TRAINING_METRICS})
@@ -451,16 +471,19 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     card = model_card(output.name, model, config, metrics, memory, world_size, command, training_voices)
     has_lm = language_model is not None
     decoding = {"beam": config.beam, "lm_weight": lm_weight if has_lm else 0.0, "ilm_weight": config.ilm_weight if has_lm else 0.0,
-                "lm_unit": config.lm_unit, "lm_order": config.lm_order, "lexicon_penalty": penalty}
+                "lm_unit": config.lm_unit, "lm_order": config.lm_order, "lexicon_penalty": penalty,
+                "rescoring": dataclasses.asdict(rescoring)}
     files = {LANGUAGE_MODEL_FILE: language_model.to_bytes()} if has_lm else {}
     if penalty:
         files[LEXICON_FILE] = lexicon_bytes(words)
     zoo.save(model, output, card=card, extra={"tokenizer": tokenizer.spec(), "features": dataclasses.asdict(features),
                                               "decoding": decoding, "metrics": metrics}, files=files or None)
-    print("\nword error rate (greedy / beam / beam + language model):")
+    second = " / + Whisper rescoring" if rescoring.weight else ""
+    print(f"\nword error rate (greedy / beam / beam + language model{second}):")
     for name in sets:
+        rescored = f" / {metrics[name]['rescored_wer']:.4f}" if rescoring.weight else ""
         print(f"  {name:15s} {metrics[name]['greedy_wer']:.4f} / {metrics[name]['beam_wer']:.4f} / "
-              f"{metrics[name]['lm_wer']:.4f} ({metrics[name]['utterances']} utterances)")
+              f"{metrics[name]['lm_wer']:.4f}{rescored} ({metrics[name]['utterances']} utterances)")
     heading = "memory" if config.evaluate_only else "memory per rank, measured in training step 2 vs the ZeRO-paper estimate"
     print(f"\n{heading}:\n{memory}")
     print(f"\nsaved {output}")

@@ -26,8 +26,10 @@ def model_card(name: str, model: Transducer, config: ASRTransducerConfig, metric
     """The card (markdown) of the recogniser `model` saved as `name`: `metrics` as `evaluate_and_save`
     measured them, `memory` the trainer's table, `command` the run's command line, `training_voices`
     the names of the voices that spoke the training split."""
+    rescored = bool(metrics.get("rescoring", {}).get("weight"))
     rows = "\n".join(f"| {n} | {metrics[n]['utterances']} | {metrics[n]['greedy_wer']:.4f} | {metrics[n]['beam_wer']:.4f} | "
-                     f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |" for n in metrics['sizes'] if n != "train")
+                     f"{metrics[n]['lm_wer']:.4f} | {metrics[n]['lm_cer']:.4f} |"
+                     + (f" {metrics[n]['rescored_wer']:.4f} |" if rescored else "") for n in metrics['sizes'] if n != "train")
     parameters = sum(p.numel() for p in model.parameters()) / 1e6
     return f"""# {name}
 
@@ -39,17 +41,17 @@ stateless decoder, joiner, {model.config.vocab_size} {config.tokens} tokens; {pa
 - {_made_by(config, metrics, command, world_size)}
 - Decoding: modified beam search, beam {config.beam}, fused with {_language_model_words(config)} of the
   {'training transcripts' if config.lm_text == 'transcripts' else 'training text'}{_lm_source_words(config)} (`language_model.safetensors`, weight {metrics['lm_weight']}{_tuning_words(metrics)}, less the internal
-  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.{_lm_source_notices(config)}
+  language model at weight {config.ilm_weight}; `--lm-weight 0` turns it off){_lexicon_words(metrics)}.{_rescoring_words(metrics)}{_lm_source_notices(config)}
 - Held out: sentences never trained on (test_sentences, training voices), spoken again by speakers never trained on
   (test_voices: the variants {', '.join(HELD_OUT_VARIANTS)} in the training accents) and in an accent never trained on
   (test_accent: {HELD_OUT_ACCENT}, West Midlands, training variants).{_domain_words(config.corpus)} Real speech: Debian `pocketsphinx-testdata`
   (LibriVox, card names), recorded by people: the gap from synthetic training speech to it is large.
 
-| set | utterances | WER greedy | WER beam {config.beam} | WER beam + LM | CER beam + LM |
-|---|---|---|---|---|---|
+| set | utterances | WER greedy | WER beam {config.beam} | WER beam + LM | CER beam + LM |{' WER + Whisper rescoring |' if rescored else ''}
+|---|---|---|---|---|---|{'---|' if rescored else ''}
 {rows}
 
-The real recordings one by one (beam search with the language model):
+The real recordings one by one (beam search with the language model{', rescored' if rescored else ''}):
 
 {_recorded_rows(metrics)}
 
@@ -77,6 +79,18 @@ def _lm_source_words(config: ASRTransducerConfig) -> str:
 def _lm_source_notices(config: ASRTransducerConfig) -> str:
     return "".join(f"\n- The language model counts {words}: {notice}." for words, notice in
                    (LANGUAGE_MODEL_SOURCE_CREDITS[source] for source in config.lm_sources))
+
+
+def _rescoring_words(metrics: dict[str, Any]) -> str:
+    tried, chosen = metrics.get("rescoring_validation_wer"), metrics.get("rescoring", {})
+    if not tried:
+        return ""
+    choice = ", ".join(f"{rate:.4f} at {setting}" for setting, rate in tried.items())
+    if not chosen["weight"]:
+        return f" No second pass (chosen on {_tuning_protocol(metrics)}: WER {choice} at weight,bonus)."
+    return (f" Second pass: the final beam rescored by Whisper tiny.en's own encoder and decoder (`asr.whisper_rescoring`; "
+            f"its log probability at weight {chosen['weight']}, a bonus of {chosen['token_bonus']} a Whisper token; chosen on "
+            f"{_tuning_protocol(metrics)}: WER {choice} at weight,bonus).")
 
 
 def _lexicon_words(metrics: dict[str, Any]) -> str:

@@ -1,0 +1,89 @@
+"""Whisper tiny.en's second pass over a transducer's n-best (`asr.whisper_rescoring`), on real
+recorded speech (Debian pocketsphinx-testdata): its log probabilities against CTranslate2's own
+alignment of the same tokens, the re-ranking, and the shipped entry (b) decoding with it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from asr.data import read_audio, recorded_speech
+from asr.decoding_tuning import BeamSearch, TuningFold, tuned_rescoring
+from asr.transcription import recogniser, segment_hypotheses, transcribe, whisper_rescorer
+from asr.wer import error_counts
+from asr.whisper_rescoring import Rescoring, best_rescored
+
+
+@pytest.fixture(scope="module")
+def librivox():
+    row = next(r for r in recorded_speech() if r["set"] == "librivox")
+    return read_audio(row["audio"], 16000), row["text"]
+
+
+@pytest.mark.timeout(300)
+def test_whisper_scores_the_said_text_above_its_neighbours_and_as_its_own_alignment_does(librivox):
+    import ctranslate2
+
+    waveform, text = librivox
+    words = text.split()
+    texts = [text, " ".join(words[:-1]), " ".join(words[:3] + ["seven"] + words[4:]), ""]
+    scored = whisper_rescorer().log_probs(waveform, texts)
+    assert scored[0][0] > max(score for score, _ in scored[1:3])  # a missing and a wrong word cost
+    assert [tokens for _, tokens in scored] == [len(whisper_rescorer().tokenizer.encode(" " + t, add_special_tokens=False).ids) + 1
+                                                if t else 1 for t in texts]
+    # The text's tokens, less the end of text, as CTranslate2's own alignment scores them.
+    rescorer = whisper_rescorer()
+    features = rescorer.extractor([waveform.numpy()], sampling_rate=16000, return_tensors="np").input_features
+    encoded = rescorer.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)))
+    tokens = rescorer.tokenizer.encode(" " + text, add_special_tokens=False).ids
+    aligned = rescorer.model.align(encoded, rescorer.start, [tokens], waveform.numel() // 160)[0]
+    reference = float(np.log(np.asarray(aligned.text_token_probs, dtype=np.float64)).sum())
+    without_end = whisper_rescorer().log_probs(waveform, [text])[0][0]
+    end = without_end - reference  # log P(end of text | the whole text): probable, and a log probability
+    assert -5 < end < 0, (without_end, reference)
+    assert math.isclose(rescorer.log_probs(waveform, [text, "ten of clubs"])[0][0], without_end, rel_tol=1e-4)
+    with pytest.raises(ValueError, match="Whisper rescores clips of at most 30 s; got 31.0 s"):
+        rescorer.log_probs(torch.zeros(31 * 16000), ["a"])
+
+
+def test_the_second_pass_adds_whisper_to_the_first_pass_scores():
+    hypotheses = [("ten of clubs", -1.0), ("tan of clubs", -1.5), ("ten of club", -2.0)]
+    whisper = [(-8.0, 5), (-3.0, 5), (-9.0, 4)]
+    assert best_rescored(hypotheses, whisper, Rescoring()) == "ten of clubs"  # weight 0: the first pass's
+    assert best_rescored(hypotheses, whisper, Rescoring(weight=1.0)) == "tan of clubs"  # -4.0 against -9.0
+    assert best_rescored(hypotheses, whisper, Rescoring(weight=0.05)) == "ten of clubs"  # -1.4 against -1.65
+    # A bonus a token favours the hypothesis of more tokens: -2 + (-8 + 9) = -1 against -1 + (-8 + 5) = -4.
+    assert best_rescored(hypotheses, [(-8.0, 5), (-8.0, 5), (-8.0, 9)], Rescoring(1.0, 1.0)) == "ten of club"
+    with pytest.raises(ValueError, match="one Whisper score per hypothesis; got 3 hypotheses and 2 scores"):
+        best_rescored(hypotheses, whisper[:2], Rescoring(1.0))
+    with pytest.raises(ValueError, match="Rescoring.weight must be >= 0; got -1"):
+        Rescoring(weight=-1)
+
+
+@pytest.mark.timeout(600)
+def test_entry_b_rescored_by_whisper_on_the_recordings():
+    found = recogniser("asr-transducer-whisper-tiny")
+    rows = recorded_speech()
+    audio = [read_audio(row["audio"], 16000) for row in rows]
+    plain = transcribe("asr-transducer-whisper-tiny", audio)
+    assert transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring()) == plain
+    finals = segment_hypotheses(found.model, audio, found.tokenizer, found.features, found.beam,
+                                language_model=found.language_model, lm_weight=found.lm_weight,
+                                ilm_weight=found.ilm_weight)
+    assert all(len(parts) == 1 and parts[0][1][0][0] == text for parts, text in zip(finals, plain))
+    assert all(len(hypotheses) > 1 and [s for _, s in hypotheses] == sorted((s for _, s in hypotheses), reverse=True)
+               for (_, hypotheses), in finals)
+    references = [row["text"] for row in rows]
+    rescored = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0))
+    assert all(text in [h for h, _ in parts[0][1]] for text, parts in zip(rescored, finals))  # chosen from the beam
+    first, second = error_counts(references, plain).rate, error_counts(references, rescored).rate
+    assert second < first, (first, second)  # Whisper has heard people; the first pass has heard synthesisers
+    # The grid, chosen on these clips as one fold: weight 0 is the first pass's WER.
+    search = BeamSearch(found.beam, found.ilm_weight, found.features)
+    fold = TuningFold(rows, found.language_model.base, found.language_model.words)
+    chosen, tried = tuned_rescoring(found.model, found.tokenizer, [fold], [Rescoring(), Rescoring(1.0, 1.0)],
+                                    found.lm_weight, found.language_model.penalty, search)
+    assert tried == {"0.0,0.0": pytest.approx(first), "1.0,1.0": pytest.approx(second)} and chosen == Rescoring(1.0, 1.0)
