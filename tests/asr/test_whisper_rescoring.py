@@ -68,12 +68,11 @@ def test_entry_b_rescored_by_whisper_on_the_recordings():
     found = recogniser("asr-transducer-whisper-tiny")
     rows = recorded_speech()
     audio = [read_audio(row["audio"], 16000) for row in rows]
-    plain = transcribe("asr-transducer-whisper-tiny", audio)
-    assert transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring()) == plain
+    plain = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring())  # the first pass alone
     finals = segment_hypotheses(found.model, audio, found.tokenizer, found.features, found.beam,
                                 language_model=found.language_model, lm_weight=found.lm_weight,
                                 ilm_weight=found.ilm_weight)
-    assert all(len(parts) == 1 and parts[0][1][0][0] == text for parts, text in zip(finals, plain))
+    assert all(len(parts) == 1 and parts[0][1][0][0] == text for parts, text in zip(finals, plain))  # its best
     assert all(len(hypotheses) > 1 and [s for _, s in hypotheses] == sorted((s for _, s in hypotheses), reverse=True)
                for (_, hypotheses), in finals)
     references = [row["text"] for row in rows]
