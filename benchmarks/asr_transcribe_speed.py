@@ -52,11 +52,13 @@ def one(model: str, threads: int, repeats: int) -> dict:
     results = {}
     for method in ("greedy", "beam"):
         transcribe(found.model, [ten], found.tokenizer, found.features, method=method, beam=found.beam,
-                   language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
+                   language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight,
+                   rescoring=found.rescoring)
         started = time.perf_counter()
         for _ in range(repeats):
             transcribe(found.model, [ten], found.tokenizer, found.features, method=method, beam=found.beam,
-                       language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
+                       language_model=found.language_model, lm_weight=found.lm_weight, ilm_weight=found.ilm_weight,
+                       rescoring=found.rescoring)
         results[f"{method}_rtf"] = (time.perf_counter() - started) / repeats / 10.0
     started = time.perf_counter()
     transcribe(found.model, [ten.repeat(60)], found.tokenizer, found.features, method="greedy")
