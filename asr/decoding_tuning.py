@@ -107,12 +107,12 @@ def tuned_rescoring(model: Transducer, tokenizer: TranscriptTokenizer, folds: li
         found = segment_hypotheses(model, audio, tokenizer, search.features, search.beam, language_model=fusion,
                                    lm_weight=lm_weight, ilm_weight=search.ilm_weight)
         for row, parts in zip(fold.rows, found):
-            segments = [(hypotheses, whisper_rescorer().log_probs(segment, [t for t, _ in hypotheses]) if hypotheses else [])
+            segments = [(hypotheses, whisper_rescorer().log_probs(segment, [t for t, _ in hypotheses]))
                         for segment, hypotheses in parts]
             ranked.append((row["text"], segments))
     tried = {}
     for setting in grid:
-        hypotheses = [" ".join(" ".join(best_rescored(h, w, setting) if h else "" for h, w in segments).split())
+        hypotheses = [" ".join(" ".join(best_rescored(h, w, setting) for h, w in segments).split())
                       for _, segments in ranked]
         tried[f"{setting.weight},{setting.token_bonus}"] = error_counts([r for r, _ in ranked], hypotheses).rate
     best = min(grid, key=lambda r: (tried[f"{r.weight},{r.token_bonus}"], r.weight, r.token_bonus))

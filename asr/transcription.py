@@ -212,9 +212,7 @@ def _encoded(model: Transducer, chunk: list[torch.Tensor], features: FeatureConf
 
 def chosen_text(segment: torch.Tensor, hypotheses: list[tuple[str, float]], rescoring: Rescoring | None) -> str:
     """The text of a segment (N,) at 16 kHz from its beam's final `hypotheses` [(text, score)], best
-    first: the first, or with a rescoring weight the best after Whisper's second pass ("" if none)."""
-    if not hypotheses:
-        return ""
+    first: the first, or with a rescoring weight the best after Whisper's second pass."""
     if rescoring is None or not rescoring.weight or len(hypotheses) == 1:
         return hypotheses[0][0]
     return best_rescored(hypotheses, whisper_rescorer().log_probs(segment, [text for text, _ in hypotheses]), rescoring)

@@ -85,7 +85,7 @@ def _rescoring_words(metrics: dict[str, Any]) -> str:
     tried, chosen = metrics.get("rescoring_validation_wer"), metrics.get("rescoring", {})
     if not tried:
         return ""
-    choice = ", ".join(f"{rate:.4f} at {setting}" for setting, rate in tried.items())
+    choice = _tried_words(tried)
     if not chosen["weight"]:
         return f" No second pass (chosen on {_tuning_protocol(metrics)}: WER {choice} at weight,bonus)."
     return (f" Second pass: the final beam rescored by Whisper tiny.en's own encoder and decoder (`asr.whisper_rescoring`; "
@@ -97,7 +97,7 @@ def _lexicon_words(metrics: dict[str, Any]) -> str:
     tried = metrics["lexicon_penalty_validation_wer"]
     if not tried:
         return ""
-    choice = ", ".join(f"{rate:.4f} at {penalty}" for penalty, rate in tried.items())
+    choice = _tried_words(tried)
     if not metrics["lexicon_penalty"]:
         return f"; no lexicon penalty (chosen on {_tuning_protocol(metrics)}: WER {choice})"
     return (f"; a word finished outside the lexicon (`lexicon.txt`, {metrics['lexicon_words']:,} words: Debian wamerican's "
@@ -169,8 +169,12 @@ def _tuning_words(metrics: dict[str, Any]) -> str:
     tried = metrics["lm_weight_validation_wer"]
     if not tried:
         return ""
-    return (f" chosen on {_tuning_protocol(metrics)} (WER "
-            + ", ".join(f"{rate:.4f} at {weight}" for weight, rate in tried.items()) + ")")
+    return f" chosen on {_tuning_protocol(metrics)} (WER {_tried_words(tried)})"
+
+
+def _tried_words(tried: dict[str, float]) -> str:
+    """{setting: WER} as the card lists what tuning tried: "0.1500 at 0.2, 0.1400 at 0.4"."""
+    return ", ".join(f"{rate:.4f} at {setting}" for setting, rate in tried.items())
 
 
 def _tuning_protocol(metrics: dict[str, Any]) -> str:
