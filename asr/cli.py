@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 import torch
 
 from asr.data import read_audio_pieces
 from asr.streaming import StreamingTranscriber
-from asr.transcription import recogniser, transcribe
+from asr.transcription import model_rescoring, recogniser, transcribe
 from zoo.commands import Command
+from zoo.store import read_config
 
 STDIN = "-"
 """The FILE that reads raw 16-bit little-endian mono PCM at the model's rate from standard input (streaming)."""
@@ -26,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "penalty (default: the model's; 0: both off)")
     parser.add_argument("--ilm-weight", type=float, default=None,
                         help="weight of the internal language model subtracted in the fusion (default: the model's)")
+    parser.add_argument("--rescore-weight", type=float, default=None,
+                        help="weight of Whisper tiny.en's second pass over the beam's n-best (default: the model's; "
+                             "0: the first pass alone)")
     parser.add_argument("--streaming", action="store_true",
                         help="decode as the audio arrives, printing words as they are complete (greedy; needs a "
                              f"chunk-wise model); FILE {STDIN} reads raw 16-bit mono PCM at the model's rate from stdin")
@@ -39,8 +44,11 @@ def run(args: argparse.Namespace) -> None:
         return
     if STDIN in args.files:
         raise ValueError(f"FILE {STDIN} (standard input) needs --streaming")
+    rescoring = None
+    if args.rescore_weight is not None:
+        rescoring = replace(model_rescoring(read_config(args.name)), weight=args.rescore_weight)
     texts = transcribe(args.name, args.files, method=args.method, beam=args.beam, lm_weight=args.lm_weight,
-                       ilm_weight=args.ilm_weight)
+                       ilm_weight=args.ilm_weight, rescoring=rescoring)
     for path, text in zip(args.files, texts):
         print(f"{path}: {text}")
 

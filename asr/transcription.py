@@ -77,7 +77,12 @@ def recogniser(name: str | os.PathLike) -> Recogniser:
         language_model = LexiconPenalty(language_model, tokenizer, read_lexicon(folder / LEXICON_FILE), penalty)
     return Recogniser(load(name), tokenizer, FeatureConfig(**config["features"]), language_model,
                       float(decoding.get("lm_weight", 0.0)), float(decoding.get("ilm_weight", 0.0)),
-                      int(decoding.get("beam", DEFAULT_BEAM)), Rescoring(**decoding.get("rescoring", {})))
+                      int(decoding.get("beam", DEFAULT_BEAM)), model_rescoring(config))
+
+
+def model_rescoring(config: dict) -> Rescoring:
+    """The second pass a recogniser's config.json asks for ({"decoding": {"rescoring": {...}}}; none: off)."""
+    return Rescoring(**config.get("decoding", {}).get("rescoring", {}))
 
 
 @cache

@@ -1,12 +1,12 @@
 """Whisper tiny.en's second pass over a transducer's n-best (`asr.whisper_rescoring`), on real
-recorded speech (Debian pocketsphinx-testdata): its log probabilities against CTranslate2's own
-alignment of the same tokens, the re-ranking, and the shipped entry (b) decoding with it."""
+recorded speech (Debian pocketsphinx-testdata): its log probabilities of a text and its neighbours,
+the re-ranking, and the shipped entry (b) decoding with it. The decoder's parity with CTranslate2's
+is tests/asr/test_whisper_decoder.py's."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,6 +14,7 @@ from asr.data import read_audio, recorded_speech
 from asr.decoding_tuning import BeamSearch, TuningFold, tuned_rescoring
 from asr.transcription import recogniser, segment_hypotheses, transcribe, whisper_rescorer
 from asr.wer import error_counts
+from helpers import zoo_in_process
 from asr.whisper_rescoring import Rescoring, best_rescored
 
 
@@ -24,27 +25,17 @@ def librivox():
 
 
 @pytest.mark.timeout(300)
-def test_whisper_scores_the_said_text_above_its_neighbours_and_as_its_own_alignment_does(librivox):
-    import ctranslate2
-
+def test_whisper_scores_the_said_text_above_its_neighbours(librivox):
     waveform, text = librivox
     words = text.split()
     texts = [text, " ".join(words[:-1]), " ".join(words[:3] + ["seven"] + words[4:]), ""]
-    scored = whisper_rescorer().log_probs(waveform, texts)
-    assert scored[0][0] > max(score for score, _ in scored[1:3])  # a missing and a wrong word cost
-    assert [tokens for _, tokens in scored] == [len(whisper_rescorer().tokenizer.encode(" " + t, add_special_tokens=False).ids) + 1
-                                                if t else 1 for t in texts]
-    # The text's tokens, less the end of text, as CTranslate2's own alignment scores them.
     rescorer = whisper_rescorer()
-    features = rescorer.extractor([waveform.numpy()], sampling_rate=16000, return_tensors="np").input_features
-    encoded = rescorer.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)))
-    tokens = rescorer.tokenizer.encode(" " + text, add_special_tokens=False).ids
-    aligned = rescorer.model.align(encoded, rescorer.start, [tokens], waveform.numel() // 160)[0]
-    reference = float(np.log(np.asarray(aligned.text_token_probs, dtype=np.float64)).sum())
-    without_end = whisper_rescorer().log_probs(waveform, [text])[0][0]
-    end = without_end - reference  # log P(end of text | the whole text): probable, and a log probability
-    assert -5 < end < 0, (without_end, reference)
-    assert math.isclose(rescorer.log_probs(waveform, [text, "ten of clubs"])[0][0], without_end, rel_tol=1e-4)
+    scored = rescorer.log_probs(waveform, texts)
+    assert scored[0][0] > max(score for score, _ in scored[1:3])  # a missing and a wrong word cost
+    assert [tokens for _, tokens in scored] == [len(rescorer.tokenizer.encode(" " + t, add_special_tokens=False).ids) + 1
+                                                if t else 1 for t in texts]
+    assert all(score < 0 for score, _ in scored)
+    assert math.isclose(rescorer.log_probs(waveform, [text, "ten of clubs"])[0][0], scored[0][0], rel_tol=1e-5)
     with pytest.raises(ValueError, match="Whisper rescores clips of at most 30 s; got 31.0 s"):
         rescorer.log_probs(torch.zeros(31 * 16000), ["a"])
 
@@ -64,7 +55,7 @@ def test_the_second_pass_adds_whisper_to_the_first_pass_scores():
 
 
 @pytest.mark.timeout(600)
-def test_entry_b_rescored_by_whisper_on_the_recordings():
+def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     found = recogniser("asr-transducer-whisper-tiny")
     rows = recorded_speech()
     audio = [read_audio(row["audio"], 16000) for row in rows]
@@ -80,6 +71,14 @@ def test_entry_b_rescored_by_whisper_on_the_recordings():
     assert all(text in [h for h, _ in parts[0][1]] for text, parts in zip(rescored, finals))  # chosen from the beam
     first, second = error_counts(references, plain).rate, error_counts(references, rescored).rate
     assert second < first, (first, second)  # Whisper has heard people; the first pass has heard synthesisers
+    # zoo transcribe: the model's own second pass (weight 1, bonus 2), and --rescore-weight 0 to turn it off.
+    changed = [i for i, (a, b) in enumerate(zip(plain, rescored)) if a != b][:2]
+    files = [str(rows[i]["audio"]) for i in changed]
+    shipped = transcribe("asr-transducer-whisper-tiny", files)
+    for extra, expected in (((), shipped), (("--rescore-weight", "0"), [plain[i] for i in changed])):
+        done = zoo_in_process(capsys, "transcribe", "asr-transducer-whisper-tiny", *files, *extra)
+        assert done.returncode == 0 and done.stdout.splitlines() == [f"{f}: {t}" for f, t in zip(files, expected)]
+    assert len(changed) == 2 and shipped != [plain[i] for i in changed]
     # The grid, chosen on these clips as one fold: weight 0 is the first pass's WER.
     search = BeamSearch(found.beam, found.ilm_weight, found.features)
     fold = TuningFold(rows, found.language_model.base, found.language_model.words)
