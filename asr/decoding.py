@@ -177,6 +177,60 @@ def beam_search_hypotheses(model: Transducer, encoder_out: torch.Tensor, lengths
     return results
 
 
+@torch.no_grad()
+def hypothesis_scores(model: Transducer, encoder_out: torch.Tensor, hypotheses: list[list[int]],
+                      max_symbols_per_frame: int = 1, language_model: LanguageModel | None = None,
+                      lm_weight: float = 0.0, ilm_weight: float = 0.0) -> list[float]:
+    """The score `beam_search_hypotheses` would give each of `hypotheses` (token ids) of one
+    utterance's encoder output (T, E) if its beam kept every prefix: the log of the summed
+    probability of all its alignments the search can take (at most `max_symbols_per_frame` tokens a
+    frame, the last of them moving on to the next frame without a blank), and with a
+    `language_model` and lm_weight != 0, + lm_weight x its log probability of each token and of the
+    end, - ilm_weight x the internal language model's of each token. A hypothesis from elsewhere
+    (another recogniser) is so scored as the beam's own are."""
+    if max_symbols_per_frame < 1:
+        raise ValueError(f"max_symbols_per_frame must be >= 1; got {max_symbols_per_frame}")
+    blank, fused = model.config.blank_id, language_model is not None and lm_weight != 0
+    scores = []
+    for tokens in hypotheses:
+        targets = torch.tensor(tokens, dtype=torch.long, device=encoder_out.device)
+        start = torch.full((1,), blank, dtype=torch.long, device=encoder_out.device)
+        decoder_out = model.decoder(torch.cat([start, targets])[None])[0]  # (U+1, D)
+        log_probs = model.joiner(encoder_out[:, None], decoder_out[None]).float().log_softmax(-1)  # (T, U+1, V)
+        next_token = log_probs[:, :-1].gather(2, targets.expand(log_probs.shape[0], -1)[..., None])[..., 0]
+        score = float(_alignment_sum(log_probs[..., blank].double(), next_token.double(), max_symbols_per_frame))
+        if fused:
+            score += lm_weight * sum(float(language_model.log_probs(tokens[:i])[token]) for i, token in enumerate(tokens))
+            score += lm_weight * float(language_model.log_probs(tokens)[END])
+            if ilm_weight and tokens:
+                internal = internal_log_probs(model, model.joiner.decoder_proj(decoder_out[:-1]))
+                score -= ilm_weight * float(internal[torch.arange(len(tokens)), targets].sum())
+        scores.append(score)
+    return scores
+
+
+def _alignment_sum(blank: torch.Tensor, token: torch.Tensor, max_symbols_per_frame: int) -> torch.Tensor:
+    """log of the summed probability of every alignment of U tokens to T frames that
+    `beam_search_hypotheses` can take, given the log probabilities of the blank (T, U+1) and of the
+    next token (T, U) at each frame and number of tokens emitted."""
+    frames, width = blank.shape
+    entering = torch.full((width,), -torch.inf, dtype=blank.dtype, device=blank.device)
+    entering[0] = 0.0  # log probability of starting frame t with u tokens emitted
+    for t in range(frames):
+        leaving = entering + blank[t]  # a blank ends the frame
+        in_frame = entering
+        for round_ in range(max_symbols_per_frame):
+            emitted = torch.full_like(entering, -torch.inf)
+            emitted[1:] = in_frame[:-1] + token[t]  # one more token at this frame
+            if round_ == max_symbols_per_frame - 1:  # the last round's token moves on without a blank
+                leaving = torch.logaddexp(leaving, emitted)
+            else:
+                leaving = torch.logaddexp(leaving, emitted + blank[t])
+                in_frame = emitted
+        entering = leaving
+    return entering[-1]
+
+
 def _token_log_probs(language_model: LanguageModel, keys: list[tuple[int, ...]], blank: int) -> torch.Tensor:
     """(N, V) language-model log probabilities of each hypothesis's next token; 0 for the blank."""
     scores = torch.stack([language_model.log_probs(k) for k in keys]).float()

@@ -9,7 +9,7 @@ read the validation sentences' neighbours. Errors are pooled over the folds.
 
     tuned_lm_weight(model, tokenizer, folds, weights, search) -> (weight, {"weight": WER})
     tuned_lexicon_penalty(model, tokenizer, folds, penalties, lm_weight, search) -> (penalty, {"penalty": WER})
-    tuned_rescoring(model, tokenizer, folds, grid, lm_weight, penalty, search) -> (Rescoring, {"weight,bonus": WER})
+    tuned_rescoring(model, tokenizer, folds, grid, lm_weight, penalty, search) -> (Rescoring, {Rescoring.key: WER})
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from asr.language_model import LanguageModel
 from asr.lexicon import LexiconPenalty
 from asr.model import Transducer
 from asr.text import TranscriptTokenizer
-from asr.transcription import segment_hypotheses, transcribe, whisper_rescorer
+from asr.transcription import Recogniser, second_pass_candidates, segment_hypotheses, transcribe
 from asr.whisper_rescoring import Rescoring, best_rescored
 from asr.wer import error_counts
 
@@ -95,25 +95,26 @@ def tuned_rescoring(model: Transducer, tokenizer: TranscriptTokenizer, folds: li
                     grid: list[Rescoring], lm_weight: float, penalty: float, search: BeamSearch
                     ) -> tuple[Rescoring, dict[str, float]]:
     """(the Rescoring of `grid` of the lowest WER pooled over `folds`, the lightest of equals (weight,
-    then bonus); {"weight,bonus": WER}). Each utterance is searched once (its fold's language model at
-    lm_weight, with the lexicon penalty) and its final beam scored once by Whisper; the grid then
+    then bonus, then without Whisper's transcript); {Rescoring.key: WER}). Each utterance is searched
+    once (its fold's language model at lm_weight, with the lexicon penalty) and its candidates scored
+    once by Whisper (with Whisper's own transcript if some setting asks for it); the grid then
     re-ranks those scores."""
     if not folds or not grid:
         raise ValueError(f"tuning needs folds and a grid to try; got {len(folds)} folds and {len(grid)} settings")
-    ranked = []  # per utterance: (reference, hypotheses [(text, score)], Whisper's [(log prob, tokens)])
+    with_transcript = any(setting.whisper_transcript for setting in grid)
+    ranked = []  # per utterance: (reference, its segments' Candidates)
     for fold in folds:
         fusion = LexiconPenalty(fold.language_model, tokenizer, fold.words, penalty) if penalty else fold.language_model
+        recogniser = Recogniser(model, tokenizer, search.features, fusion, lm_weight, search.ilm_weight, search.beam)
         audio = [read_audio(row["audio"], search.features.sample_rate) for row in fold.rows]
         found = segment_hypotheses(model, audio, tokenizer, search.features, search.beam, language_model=fusion,
                                    lm_weight=lm_weight, ilm_weight=search.ilm_weight)
         for row, parts in zip(fold.rows, found):
-            segments = [(hypotheses, whisper_rescorer().log_probs(segment, [t for t, _ in hypotheses]))
-                        for segment, hypotheses in parts]
-            ranked.append((row["text"], segments))
+            ranked.append((row["text"], [second_pass_candidates(recogniser, segment, hypotheses, with_transcript)
+                                         for segment, hypotheses in parts]))
     tried = {}
     for setting in grid:
-        hypotheses = [" ".join(" ".join(best_rescored(h, w, setting) for h, w in segments).split())
-                      for _, segments in ranked]
-        tried[f"{setting.weight},{setting.token_bonus}"] = error_counts([r for r, _ in ranked], hypotheses).rate
-    best = min(grid, key=lambda r: (tried[f"{r.weight},{r.token_bonus}"], r.weight, r.token_bonus))
+        hypotheses = [" ".join(" ".join(best_rescored(c, setting) for c in segments).split()) for _, segments in ranked]
+        tried[setting.key] = error_counts([r for r, _ in ranked], hypotheses).rate
+    best = min(grid, key=lambda r: (tried[r.key], r.weight, r.token_bonus, r.whisper_transcript))
     return best, tried

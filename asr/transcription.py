@@ -16,14 +16,14 @@ from typing import Literal
 import torch
 
 from asr.data import pcm_to_float, read_audio
-from asr.decoding import beam_search_hypotheses, greedy_search
+from asr.decoding import beam_search_hypotheses, greedy_search, hypothesis_scores
 from asr.features import FeatureConfig, log_mel, resample
 from asr.language_model import LanguageModel
 from asr.lexicon import LexiconPenalty, read_lexicon
 from asr.model import Transducer
 from asr.segmentation import segment_bounds
 from asr.text import TranscriptTokenizer
-from asr.whisper_rescoring import SAMPLE_RATE as WHISPER_RATE, Rescoring, WhisperRescorer, best_rescored
+from asr.whisper_rescoring import SAMPLE_RATE as WHISPER_RATE, Candidates, Rescoring, WhisperRescorer, best_rescored
 from asr.word_language_model import load_language_model
 from zoo.store import load, locate, read_config
 
@@ -39,6 +39,8 @@ DEFAULT_BEAM = 4
 MAX_SEGMENT_SECONDS = 20.0
 """Recordings longer than this are cut at their quietest moments (`asr.segmentation`) and transcribed
 segment by segment: memory follows the segment, and a Whisper encoder takes at most 30 s."""
+MAX_SYMBOLS_PER_FRAME = 3
+"""Tokens a search may emit at one encoder frame, by default."""
 MIN_SEGMENT_SECONDS = 0.1
 """Shorter recordings hold no word: they transcribe to "" (the encoders need a few frames), as do
 silent ones (`asr.segmentation`)."""
@@ -114,7 +116,8 @@ def prepare_waveforms(waveforms: Sequence[torch.Tensor | str | os.PathLike], rat
 @torch.no_grad()
 def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.Tensor | str | os.PathLike],
                tokenizer: TranscriptTokenizer | None = None, features: FeatureConfig | None = None,
-               method: Literal["greedy", "beam"] = "beam", beam: int | None = None, max_symbols_per_frame: int = 3,
+               method: Literal["greedy", "beam"] = "beam", beam: int | None = None,
+               max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME,
                batch_size: int = 16, language_model: LanguageModel | None = None,
                lm_weight: float | None = None, ilm_weight: float | None = None,
                sample_rate: int | None = None, max_segment_seconds: float = MAX_SEGMENT_SECONDS,
@@ -155,7 +158,10 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
     if method == "beam":
         found_segments = segment_hypotheses(model, waveforms, tokenizer, features, beam, max_symbols_per_frame, batch_size,
                                             language_model, lm_weight or 0.0, ilm_weight or 0.0, max_segment_seconds)
-        return [" ".join(" ".join(chosen_text(segment, hypotheses, rescoring) for segment, hypotheses in parts).split())
+        search = Recogniser(model, tokenizer, features, language_model, lm_weight or 0.0, ilm_weight or 0.0, beam,
+                            rescoring or Rescoring())
+        return [" ".join(" ".join(chosen_text(search, segment, hypotheses, max_symbols_per_frame)
+                                   for segment, hypotheses in parts).split())
                 for parts in found_segments]
     segments, owners = _segments(waveforms, features, max_segment_seconds)
     model.eval()
@@ -171,7 +177,8 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
 
 
 def segment_hypotheses(model: Transducer, waveforms: list[torch.Tensor], tokenizer: TranscriptTokenizer,
-                       features: FeatureConfig, beam: int, max_symbols_per_frame: int = 3, batch_size: int = 16,
+                       features: FeatureConfig, beam: int, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME,
+                       batch_size: int = 16,
                        language_model: LanguageModel | None = None, lm_weight: float = 0.0, ilm_weight: float = 0.0,
                        max_segment_seconds: float = MAX_SEGMENT_SECONDS
                        ) -> list[list[tuple[torch.Tensor, list[tuple[str, float]]]]]:
@@ -215,9 +222,27 @@ def _encoded(model: Transducer, chunk: list[torch.Tensor], features: FeatureConf
     return model.encode(log_mels.to(device), mask.to(device))
 
 
-def chosen_text(segment: torch.Tensor, hypotheses: list[tuple[str, float]], rescoring: Rescoring | None) -> str:
+def chosen_text(search: Recogniser, segment: torch.Tensor, hypotheses: list[tuple[str, float]],
+                max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> str:
     """The text of a segment (N,) at 16 kHz from its beam's final `hypotheses` [(text, score)], best
-    first: the first, or with a rescoring weight the best after Whisper's second pass."""
-    if rescoring is None or not rescoring.weight or len(hypotheses) == 1:
+    first (a search of at most max_symbols_per_frame tokens a frame): the first, or with
+    search.rescoring's weight the best after Whisper's second pass."""
+    rescoring = search.rescoring
+    if not rescoring.weight or (len(hypotheses) == 1 and not rescoring.whisper_transcript):
         return hypotheses[0][0]
-    return best_rescored(hypotheses, whisper_rescorer().log_probs(segment, [text for text, _ in hypotheses]), rescoring)
+    return best_rescored(second_pass_candidates(search, segment, hypotheses, rescoring.whisper_transcript,
+                                                max_symbols_per_frame), rescoring)
+
+
+def second_pass_candidates(search: Recogniser, segment: torch.Tensor, hypotheses: list[tuple[str, float]],
+                           whisper_transcript: bool, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> Candidates:
+    """The beam's final `hypotheses` of a segment (N,) at 16 kHz scored by Whisper, with Whisper's own
+    transcript if `whisper_transcript` (its first-pass score the sum over the search's alignments of
+    it with the search's language-model terms, `asr.decoding.hypothesis_scores`)."""
+
+    def first_pass_score(text: str) -> float:
+        encoded, lengths = _encoded(search.model, [segment], search.features)
+        return hypothesis_scores(search.model, encoded[0, : int(lengths[0])], [search.tokenizer.encode(text)],
+                                 max_symbols_per_frame, search.language_model, search.lm_weight, search.ilm_weight)[0]
+
+    return whisper_rescorer().candidates(segment, hypotheses, first_pass_score if whisper_transcript else None)

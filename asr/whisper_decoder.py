@@ -23,8 +23,9 @@ from torch import nn
 
 from asr.whisper_encoder import WHISPER_SPEC
 from zoo.ctranslate2_io import read_ctranslate2
-from zoo.nn import FusedMLP, Norm, SelfAttention
+from zoo.nn import FusedMLP, KVCache, Norm, SelfAttention
 from zoo.nn.attention import attention
+from zoo.nn.kv_cache import LayerKVCache
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,11 @@ class WhisperDecoderBlock(nn.Module):
         self.mlp = FusedMLP(config.width, 4 * config.width, "gelu")
         self.norm1, self.norm_cross, self.norm2 = (Norm(config.width) for _ in range(3))
 
-    def forward(self, x: torch.Tensor, memory: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x (N, L, W) -> (N, L, W); padding after a sequence's end never reaches its tokens (causal)."""
-        x = x + self.self_attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, memory: tuple[torch.Tensor, torch.Tensor],
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        """x (N, L, W) -> (N, L, W); padding after a sequence's end never reaches its tokens (causal).
+        cache: this block's past self-attention keys and values (x then holds only the new positions)."""
+        x = x + self.self_attn(self.norm1(x), cache=cache)
         x = x + self.cross(self.norm_cross(x), memory)
         return x + self.mlp(self.norm2(x))
 
@@ -112,14 +115,19 @@ class WhisperDecoder(nn.Module):
             raise ValueError(f"encoded must be one clip's (1, T', {c.width}); got {tuple(encoded.shape)}")
         return [block.cross.project_memory(encoded) for block in self.blocks]
 
-    def decode(self, tokens: torch.Tensor, memories: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """tokens (N, L) with a clip's `memories` -> hidden (N, L, W) after the final norm."""
-        c = self.config
-        if tokens.ndim != 2 or not 1 <= tokens.shape[1] <= c.max_tokens:
-            raise ValueError(f"tokens must be (N, L) with 1 <= L <= {c.max_tokens}; got {tuple(tokens.shape)}")
-        x = self.embeddings(tokens) + self.positions[: tokens.shape[1]]
-        for block, memory in zip(self.blocks, memories):
-            x = block(x, memory)
+    def decode(self, tokens: torch.Tensor, memories: list[tuple[torch.Tensor, torch.Tensor]],
+               cache: KVCache | None = None) -> torch.Tensor:
+        """tokens (N, L) with a clip's `memories` -> hidden (N, L, W) after the final norm. With
+        `cache`, the tokens follow the cached positions, whose self-attention keys and values it
+        holds, and theirs join it."""
+        c, start = self.config, 0 if cache is None else cache.length
+        if tokens.ndim != 2 or not 1 <= start + tokens.shape[1] <= c.max_tokens:
+            raise ValueError(f"tokens must be (N, L) with 1 <= L <= {c.max_tokens - start}; got {tuple(tokens.shape)}")
+        x = self.embeddings(tokens) + self.positions[start : start + tokens.shape[1]]
+        for index, (block, memory) in enumerate(zip(self.blocks, memories)):
+            x = block(x, memory, None if cache is None else cache.layer(index))
+        if cache is not None:
+            cache.advance(tokens.shape[1])
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -137,7 +145,7 @@ class WhisperDecoder(nn.Module):
             raise ValueError("prompt and every sequence must hold at least one token")
         inputs = [list(prompt) + list(s[:-1]) for s in sequences]
         length = max(map(len, inputs))
-        tokens = torch.tensor([row + [0] * (length - len(row)) for row in inputs])
+        tokens = torch.tensor([row + [0] * (length - len(row)) for row in inputs], device=encoded.device)
         hidden = self(tokens, encoded)  # (N, L, W)
         # The distribution at position p depends on tokens[: p + 1] only: one row per distinct prefix.
         rows: dict[tuple[int, ...], int] = {}
@@ -149,7 +157,7 @@ class WhisperDecoder(nn.Module):
                     rows[prefix] = len(where)
                     where.append((i, p))
                 picks.append((i, rows[prefix], sequence[p - len(prompt) + 1]))
-        index = torch.tensor(where)
+        index = torch.tensor(where, device=encoded.device)
         log_probs = self.logits(hidden[index[:, 0], index[:, 1]]).log_softmax(-1)  # (distinct prefixes, V)
         totals = [0.0] * len(sequences)
         chosen = log_probs[[r for _, r, _ in picks], [t for _, _, t in picks]].tolist()
@@ -158,18 +166,23 @@ class WhisperDecoder(nn.Module):
         return totals
 
     @torch.no_grad()
-    def greedy(self, encoded: torch.Tensor, prompt: Sequence[int], end: int) -> list[int]:
+    def greedy(self, encoded: torch.Tensor, prompt: Sequence[int], end: int, max_new: int) -> list[int]:
         """Whisper's greedy transcript of one clip's encoded audio (1, T', W) after `prompt`: at each
         step the most probable of the text tokens and `end` (Whisper's special tokens, numbered after
-        its end of text, are never chosen), until `end` (not returned) or the last position."""
-        memories, tokens = self.memories(encoded), list(prompt)
-        while len(tokens) < self.config.max_tokens:
-            hidden = self.decode(torch.tensor([tokens]), memories)[0, -1]
+        its end of text, are never chosen), until `end` (not returned), `max_new` tokens or the last
+        position; one token a step through a cache of the past keys and values."""
+        c = self.config
+        length = min(len(prompt) + max_new, c.max_tokens)
+        cache = KVCache(c.layers, 1, c.heads, c.width // c.heads, length, dtype=encoded.dtype, device=encoded.device)
+        memories, step, tokens = self.memories(encoded), list(prompt), []
+        while len(prompt) + len(tokens) < length:
+            hidden = self.decode(torch.tensor([step], device=encoded.device), memories, cache)[0, -1]
             token = int(self.logits(hidden)[: end + 1].argmax())
             if token == end:
                 break
             tokens.append(token)
-        return tokens[len(prompt):]
+            step = [token]
+        return tokens
 
     @classmethod
     def from_ctranslate2(cls, path: str | os.PathLike) -> WhisperDecoder:

@@ -7,20 +7,27 @@ text, teacher-forced in one batched decoder pass.
 
     rescorer = WhisperRescorer()
     rescorer.log_probs(waveform (N,) at 16 kHz, texts) -> [(log P(text | audio), Whisper tokens)]
-    best_rescored(hypotheses [(text, first-pass score)], scored, Rescoring(weight, token_bonus)) -> text
+    candidates = rescorer.candidates(waveform, hypotheses [(text, first-pass score)], first_pass_score)
+    best_rescored(candidates, Rescoring(weight, token_bonus, whisper_transcript)) -> text
 
 The rescored score is first-pass score + weight x (Whisper's log probability + token_bonus x its
-tokens); the weight and bonus are chosen on validation (`asr.decoding_tuning.tuned_rescoring`).
+tokens). Whisper's own greedy transcript may join the hypotheses, scored by the first pass as they
+are (for a transducer, its full RNN-T sum and language-model terms, `asr.decoding.hypothesis_scores`):
+where the first pass has never heard a voice like the clip's, Whisper's reading is often the right
+one. The weight, bonus and transcript are chosen on validation (`asr.decoding_tuning.tuned_rescoring`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from asr.spoken_form import spoken_form
+from asr.text import normalize
 from asr.whisper_decoder import WhisperDecoder
 from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 
@@ -30,6 +37,9 @@ HOP = 160
 """Samples per Whisper log-mel frame (10 ms)."""
 WINDOW_FRAMES = 3000
 """Log-mel frames of Whisper's 30 s window."""
+TOKENS_PER_SECOND = 10
+"""Longest transcript Whisper may write, in its tokens a second of audio: twice fast speech (about
+3 words a second, 1.3 tokens a word); what runs longer is a loop."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +51,36 @@ class Rescoring:
     token_bonus: float = 0.0
     """Added to Whisper's log probability per Whisper token of the hypothesis (its end included), so
     that a hypothesis is not preferred for having fewer factors."""
+    whisper_transcript: bool = False
+    """Whisper's own greedy transcript of the clip (in spoken form) joins the hypotheses, its first-pass
+    score the transducer's own of it (`Candidates.transcript`)."""
 
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise ValueError(f"Rescoring.weight must be >= 0; got {self.weight}")
+
+    @property
+    def key(self) -> str:
+        """"weight,bonus", with ",transcript" when Whisper's transcript joins: how tuning reports it."""
+        return f"{self.weight},{self.token_bonus}" + (",transcript" if self.whisper_transcript else "")
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What the second pass chooses among for one clip."""
+
+    hypotheses: list[tuple[str, float]]
+    """The first pass's final hypotheses (text, score), best first."""
+    scored: list[tuple[float, int]]
+    """Whisper's (log probability, tokens) of each hypothesis."""
+    transcript: tuple[str, float, float, int] | None = None
+    """Whisper's own transcript when the hypotheses lack it: (text, the first pass's score of it,
+    Whisper's log probability, tokens); None when they hold it or it was not asked for."""
+
+    def __post_init__(self) -> None:
+        if len(self.hypotheses) != len(self.scored) or not self.hypotheses:
+            raise ValueError(f"Candidates need one Whisper score per hypothesis; got {len(self.hypotheses)} hypotheses "
+                             f"and {len(self.scored)} scores")
 
 
 class WhisperRescorer:
@@ -82,21 +118,42 @@ class WhisperRescorer:
     def log_probs(self, waveform: torch.Tensor, texts: Sequence[str]) -> list[tuple[float, int]]:
         """(log P(text, end of text | waveform), Whisper tokens with the end) of each of `texts`, given
         `waveform` (N,) float at 16 kHz, at most 30 s."""
-        encoded = self.encode(waveform)
-        if not texts:
-            return []
+        return self._scored(self.encode(waveform), texts)
+
+    def _scored(self, encoded: torch.Tensor, texts: Sequence[str]) -> list[tuple[float, int]]:
         tokens = [self.tokens(text) for text in texts]
         return list(zip(self.decoder.sequence_log_probs(encoded, self.start, tokens), map(len, tokens)))
 
+    def transcript(self, encoded: torch.Tensor, seconds: float) -> str:
+        """Whisper's greedy transcript of a clip of `seconds` from its encoding (1, 1500, W), at most
+        TOKENS_PER_SECOND tokens a second of it (Whisper may loop on a voice it cannot read), in
+        spoken form and normalised as references are (`asr.spoken_form`, `asr.text.normalize`)."""
+        tokens = self.decoder.greedy(encoded, self.start, self.end, math.ceil(TOKENS_PER_SECOND * seconds) + 1)
+        return normalize(spoken_form(self.tokenizer.decode(tokens)))
 
-def best_rescored(hypotheses: Sequence[tuple[str, float]], scored: Sequence[tuple[float, int]],
-                  rescoring: Rescoring) -> str:
-    """The text of `hypotheses` [(text, first-pass score)] whose first-pass score + rescoring.weight x
-    (Whisper's log probability + token_bonus x its tokens), `scored` [(log prob, tokens)] in the same
-    order, is highest (the first of equals)."""
-    if len(hypotheses) != len(scored) or not hypotheses:
-        raise ValueError(f"best_rescored needs one Whisper score per hypothesis; got {len(hypotheses)} hypotheses "
-                         f"and {len(scored)} scores")
-    totals = [first + rescoring.weight * (log_prob + rescoring.token_bonus * tokens)
-              for (_, first), (log_prob, tokens) in zip(hypotheses, scored)]
-    return hypotheses[max(range(len(totals)), key=totals.__getitem__)][0]
+    def candidates(self, waveform: torch.Tensor, hypotheses: list[tuple[str, float]],
+                   first_pass_score: Callable[[str], float] | None = None) -> Candidates:
+        """The first pass's final `hypotheses` [(text, score)] of `waveform` (N,) at 16 kHz, each scored
+        by Whisper; with `first_pass_score` (text -> the first pass's score of it), Whisper's own
+        transcript too, unless the hypotheses hold it."""
+        encoded = self.encode(waveform)
+        texts = [text for text, _ in hypotheses]
+        own = self.transcript(encoded, waveform.numel() / SAMPLE_RATE) if first_pass_score is not None else None
+        if own is None or own in texts:
+            return Candidates(hypotheses, self._scored(encoded, texts))
+        *scored, (log_prob, tokens) = self._scored(encoded, texts + [own])
+        return Candidates(hypotheses, scored, (own, first_pass_score(own), log_prob, tokens))
+
+
+def best_rescored(candidates: Candidates, rescoring: Rescoring) -> str:
+    """The text of `candidates` (Whisper's transcript among them if it is there and rescoring asks for
+    it) whose first-pass score + rescoring.weight x (Whisper's log probability + token_bonus x its
+    tokens) is highest (the first of equals); weight 0 is no second pass: the first hypothesis."""
+    if not rescoring.weight:
+        return candidates.hypotheses[0][0]
+    rows = [(text, first, log_prob, tokens)
+            for (text, first), (log_prob, tokens) in zip(candidates.hypotheses, candidates.scored)]
+    if rescoring.whisper_transcript and candidates.transcript is not None:
+        rows.append(candidates.transcript)
+    totals = [first + rescoring.weight * (log_prob + rescoring.token_bonus * tokens) for _, first, log_prob, tokens in rows]
+    return rows[max(range(len(totals)), key=totals.__getitem__)][0]

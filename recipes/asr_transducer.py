@@ -145,6 +145,9 @@ class ASRTransducerConfig:
     rescore_bonuses; the best is saved with the model (empty or 0 chosen: no second pass)."""
     rescore_bonuses: tuple[float, ...] = (0.0,)
     """Per-token bonuses of Whisper's log probability tried with each of rescore_weights."""
+    rescore_transcript: tuple[bool, ...] = (False,)
+    """Whether Whisper's own greedy transcript joins the beam's hypotheses in the second pass, each
+    tried with every weight and bonus (`Rescoring.whisper_transcript`; false,true tries both)."""
     lm_tuning: Literal["validation", "leave_source_out"] = "validation"
     """How lm_weights and lexicon_penalties are chosen on the validation utterances (`asr.decoding_tuning`):
     "validation", all decoded with the shipped language model; "leave_source_out" (lm_text
@@ -208,11 +211,12 @@ class ASRTransducerConfig:
         object.__setattr__(self, "tuning_sets", tuple(self.tuning_sets))
         object.__setattr__(self, "rescore_weights", tuple(self.rescore_weights))
         object.__setattr__(self, "rescore_bonuses", tuple(self.rescore_bonuses))
-        if min(self.rescore_weights, default=0) < 0 or not self.rescore_bonuses or (self.rescore_weights and (
-                self.encoder != "whisper-tiny.en" or not self.lm_order)):
-            raise ValueError(f"rescore_weights must be >= 0 with some rescore_bonuses, and need encoder 'whisper-tiny.en' "
-                             f"(16 kHz, as Whisper reads) and a language model (lm_order > 0); got {self.rescore_weights}, "
-                             f"{self.rescore_bonuses}, {self.encoder!r}, lm_order {self.lm_order}")
+        object.__setattr__(self, "rescore_transcript", tuple(self.rescore_transcript))
+        if min(self.rescore_weights, default=0) < 0 or not self.rescore_bonuses or not self.rescore_transcript or (
+                self.rescore_weights and not self.lm_order):
+            raise ValueError(f"rescore_weights must be >= 0 with some rescore_bonuses and rescore_transcript, and need a "
+                             f"language model (lm_order > 0: the second pass is chosen with the decoding); got "
+                             f"{self.rescore_weights}, {self.rescore_bonuses}, {self.rescore_transcript}, lm_order {self.lm_order}")
         tunable = ("validation", KOKORO_VALIDATION_SPLIT) if KOKORO_VALIDATION_SPLIT in self.corpus.splits else ("validation",)
         if not self.tuning_sets or not set(self.tuning_sets) <= set(tunable) or len(set(self.tuning_sets)) < len(self.tuning_sets):
             raise ValueError(f"tuning_sets must be distinct sets among {tunable} (validation_kokoro needs corpus.text "
@@ -438,7 +442,7 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
     lm_weight, tried, penalty, penalties_tried, tuning = config.lm_weight, {}, 0.0, {}, []
     rescoring, rescorings_tried = Rescoring(), {}
     words = lexicon_words(text) if language_model is not None and config.lexicon_penalties else frozenset()
-    if language_model is not None and (config.lm_weights or config.lexicon_penalties):
+    if language_model is not None and (config.lm_weights or config.lexicon_penalties or config.rescore_weights):
         search = BeamSearch(config.beam, config.ilm_weight, features)
         tuning = [row for name in config.tuning_sets for row in sets[name][:config.tuning_utterances or limit]]
         folds = tuning_folds(config, tokenizer, tuning, language_model, words)
@@ -450,7 +454,8 @@ def evaluate_and_save(config: ASRTransducerConfig, model: Transducer, tokenizer:
                                                              lm_weight, search)
             log.info("lexicon penalty %s chosen (%s): WER %s", penalty, config.lm_tuning, penalties_tried)
         if config.rescore_weights:
-            grid = [Rescoring(w, b) for w in config.rescore_weights for b in config.rescore_bonuses]
+            grid = [Rescoring(w, b, t) for w in config.rescore_weights for b in config.rescore_bonuses
+                    for t in config.rescore_transcript]
             rescoring, rescorings_tried = tuned_rescoring(model, tokenizer, folds, grid, lm_weight, penalty, search)
             log.info("Whisper rescoring %s chosen (%s): WER %s", rescoring, config.lm_tuning, rescorings_tried)
     fused = LexiconPenalty(language_model, tokenizer, words, penalty) if penalty else language_model

@@ -85,12 +85,14 @@ def _rescoring_words(metrics: dict[str, Any]) -> str:
     tried, chosen = metrics.get("rescoring_validation_wer"), metrics.get("rescoring", {})
     if not tried:
         return ""
-    choice = _tried_words(tried)
+    choice = f"{_tried_words(tried)} at weight,bonus[,transcript: Whisper's own transcript among the hypotheses]"
     if not chosen["weight"]:
-        return f" No second pass (chosen on {_tuning_protocol(metrics)}: WER {choice} at weight,bonus)."
-    return (f" Second pass: the final beam rescored by Whisper tiny.en's own encoder and decoder (`asr.whisper_rescoring`; "
-            f"its log probability at weight {chosen['weight']}, a bonus of {chosen['token_bonus']} a Whisper token; chosen on "
-            f"{_tuning_protocol(metrics)}: WER {choice} at weight,bonus).")
+        return f" No second pass (chosen on {_tuning_protocol(metrics)}: WER {choice})."
+    transcript = " and Whisper's own greedy transcript (scored by the transducer as the beam's are)" if chosen.get(
+        "whisper_transcript") else ""
+    return (f" Second pass: the final beam{transcript} rescored by Whisper tiny.en's own encoder and decoder "
+            f"(`asr.whisper_rescoring`; its log probability at weight {chosen['weight']}, a bonus of {chosen['token_bonus']} "
+            f"a Whisper token; chosen on {_tuning_protocol(metrics)}: WER {choice}).")
 
 
 def _lexicon_words(metrics: dict[str, Any]) -> str:

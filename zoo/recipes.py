@@ -145,5 +145,10 @@ def _as_word(value: Any) -> str:
     if isinstance(value, dict):
         text = ",".join(f"{key}={item}" for key, item in value.items())
     else:
-        text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else str(value)
+        text = ",".join(map(_scalar_word, value)) if isinstance(value, tuple) else _scalar_word(value)
     return repr(text) if not text or any(c.isspace() for c in text) else text
+
+
+def _scalar_word(value: Any) -> str:
+    """A value as the command line writes it (booleans as true / false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

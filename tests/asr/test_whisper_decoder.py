@@ -103,6 +103,9 @@ def test_greedy_transcribes_as_ctranslate2s_greedy_search(rescorer, librivox):
     features = rescorer.extractor([waveform.numpy()], sampling_rate=16000, return_tensors="np").input_features
     expected = reference.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(features)), [rescorer.start],
                                   beam_size=1, suppress_blank=False)[0].sequences_ids[0]
-    got = rescorer.decoder.greedy(rescorer.encode(waveform), rescorer.start, rescorer.end)
+    encoded = rescorer.encode(waveform)
+    got = rescorer.decoder.greedy(encoded, rescorer.start, rescorer.end, max_new=100)
     assert got == expected
+    assert rescorer.decoder.greedy(encoded, rescorer.start, rescorer.end, max_new=3) == expected[:3]
+    assert rescorer.transcript(encoded, seconds=0.1) == normalize(spoken_form(rescorer.tokenizer.decode(expected[:2])))
     assert len(got) > 10 and normalize(spoken_form(rescorer.tokenizer.decode(got))).split()[:3] == text.split()[:3]

@@ -1,6 +1,7 @@
 """Whisper tiny.en's second pass over a transducer's n-best (`asr.whisper_rescoring`), on real
 recorded speech (Debian pocketsphinx-testdata): its log probabilities of a text and its neighbours,
-the re-ranking, and the shipped entry (b) decoding with it. The decoder's parity with CTranslate2's
+the re-ranking (Whisper's own transcript among the hypotheses or not), and the shipped entry (b)
+decoding with it. The decoder's parity with CTranslate2's
 is tests/asr/test_whisper_decoder.py's."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from asr.decoding_tuning import BeamSearch, TuningFold, tuned_rescoring
 from asr.transcription import recogniser, segment_hypotheses, transcribe, whisper_rescorer
 from asr.wer import error_counts
 from helpers import zoo_in_process
-from asr.whisper_rescoring import Rescoring, best_rescored
+from asr.whisper_rescoring import Candidates, Rescoring, best_rescored
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +43,22 @@ def test_whisper_scores_the_said_text_above_its_neighbours(librivox):
 
 def test_the_second_pass_adds_whisper_to_the_first_pass_scores():
     hypotheses = [("ten of clubs", -1.0), ("tan of clubs", -1.5), ("ten of club", -2.0)]
-    whisper = [(-8.0, 5), (-3.0, 5), (-9.0, 4)]
-    assert best_rescored(hypotheses, whisper, Rescoring()) == "ten of clubs"  # weight 0: the first pass's
-    assert best_rescored(hypotheses, whisper, Rescoring(weight=1.0)) == "tan of clubs"  # -4.0 against -9.0
-    assert best_rescored(hypotheses, whisper, Rescoring(weight=0.05)) == "ten of clubs"  # -1.4 against -1.65
+    found = Candidates(hypotheses, [(-8.0, 5), (-3.0, 5), (-9.0, 4)])
+    assert best_rescored(found, Rescoring()) == "ten of clubs"  # weight 0: the first pass's
+    assert best_rescored(found, Rescoring(weight=1.0)) == "tan of clubs"  # -4.0 against -9.0
+    assert best_rescored(found, Rescoring(weight=0.05)) == "ten of clubs"  # -1.4 against -1.65
     # A bonus a token favours the hypothesis of more tokens: -2 + (-8 + 9) = -1 against -1 + (-8 + 5) = -4.
-    assert best_rescored(hypotheses, [(-8.0, 5), (-8.0, 5), (-8.0, 9)], Rescoring(1.0, 1.0)) == "ten of club"
+    assert best_rescored(Candidates(hypotheses, [(-8.0, 5), (-8.0, 5), (-8.0, 9)]), Rescoring(1.0, 1.0)) == "ten of club"
+    # Whisper's own transcript counts only when asked for: -3 + (-0.5) = -3.5 against -4.0.
+    heard = Candidates(hypotheses, found.scored, transcript=("ten of cups", -3.0, -0.5, 5))
+    assert best_rescored(heard, Rescoring(1.0)) == "tan of clubs"
+    assert best_rescored(heard, Rescoring(1.0, whisper_transcript=True)) == "ten of cups"
+    assert best_rescored(heard, Rescoring(0.1, whisper_transcript=True)) == "ten of clubs"  # -1.8 against -3.05
+    better = Candidates(hypotheses, found.scored, transcript=("ten of cups", -0.5, -0.5, 5))
+    assert best_rescored(better, Rescoring(0.0, whisper_transcript=True)) == "ten of clubs"  # weight 0: no second pass
+    assert Rescoring(1.0, 2.0, True).key == "1.0,2.0,transcript" and Rescoring(0.5).key == "0.5,0.0"
     with pytest.raises(ValueError, match="one Whisper score per hypothesis; got 3 hypotheses and 2 scores"):
-        best_rescored(hypotheses, whisper[:2], Rescoring(1.0))
+        Candidates(hypotheses, found.scored[:2])
     with pytest.raises(ValueError, match="Rescoring.weight must be >= 0; got -1"):
         Rescoring(weight=-1)
 
@@ -82,6 +91,12 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     # The grid, chosen on these clips as one fold: weight 0 is the first pass's WER.
     search = BeamSearch(found.beam, found.ilm_weight, found.features)
     fold = TuningFold(rows, found.language_model.base, found.language_model.words)
-    chosen, tried = tuned_rescoring(found.model, found.tokenizer, [fold], [Rescoring(), Rescoring(1.0, 1.0)],
-                                    found.lm_weight, found.language_model.penalty, search)
-    assert tried == {"0.0,0.0": pytest.approx(first), "1.0,1.0": pytest.approx(second)} and chosen == Rescoring(1.0, 1.0)
+    # Whisper's own transcript among the hypotheses: on recorded people, often the one chosen.
+    heard = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0, True))
+    third = error_counts(references, heard).rate
+    assert third < second and any(text not in [h for h, _ in parts[0][1]] for text, parts in zip(heard, finals))
+    grid = [Rescoring(), Rescoring(1.0, 1.0), Rescoring(1.0, 1.0, True)]
+    chosen, tried = tuned_rescoring(found.model, found.tokenizer, [fold], grid, found.lm_weight,
+                                    found.language_model.penalty, search)
+    assert tried == {"0.0,0.0": pytest.approx(first), "1.0,1.0": pytest.approx(second),
+                     "1.0,1.0,transcript": pytest.approx(third)} and chosen == grid[2]

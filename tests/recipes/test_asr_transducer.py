@@ -63,7 +63,8 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, cap
     assert config["decoding"] == {"beam": 4, "lm_weight": defaults.lm_weight,
                                   "ilm_weight": defaults.ilm_weight, "lm_unit": "token",
                                   "lm_order": defaults.lm_order, "lexicon_penalty": 0.0,
-                                  "rescoring": {"weight": 0.0, "token_bonus": 0.0}} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
+                                  "rescoring": {"weight": 0.0, "token_bonus": 0.0,
+                                                "whisper_transcript": False}} and (tmp_path / "model" / LANGUAGE_MODEL_FILE).exists()
     assert config["metrics"]["sizes"] == {"validation": 4, "test_sentences": 4, "test_voices": 4, "test_accent": 4,
                                           "librivox": 5, "cards": 5, "train": 48}
     assert all(config["metrics"][name]["utterances"] == 2 for name in ("validation", "librivox", "cards"))
@@ -157,7 +158,7 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     again = command[:-4] + ["--init", str(tmp_path / "model"), "--evaluate_only", "true", "--lexicon_penalties", "5",
                             "--lm_sources", "wordnet", "--lm_tuning", "leave_source_out", "--tuning_utterances", "4",
                             "--corpus.kokoro_share", "0.2", "--tuning_sets", "validation,validation_kokoro",
-                            "--rescore_weights", "0,0.5", "--rescore_bonuses", "1",
+                            "--rescore_weights", "0,0.5", "--rescore_bonuses", "1", "--rescore_transcript", "false,true",
                             "--output", str(tmp_path / "evaluated")]
     result = subprocess.run(again, capture_output=True, text=True, timeout=580,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MEMZOO_HOME": str(tmp_path / "home")})
@@ -165,12 +166,15 @@ def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tm
     evaluated = json.loads((tmp_path / "evaluated" / "config.json").read_text())
     assert evaluated["decoding"]["lexicon_penalty"] == 5.0 and evaluated["metrics"]["lexicon_penalty_validation_wer"].keys() == {"5.0"}
     assert all(evaluated["metrics"][name] == config["metrics"][name] for name in TRAINING_METRICS)
-    # Whisper's second pass over the final beam, tried at weights 0 and 0.5 (a bonus of 1 a token).
+    # Whisper's second pass over the final beam, tried at weights 0 and 0.5 (a bonus of 1 a token),
+    # with and without Whisper's own transcript among the hypotheses.
     tried = evaluated["metrics"]["rescoring_validation_wer"]
-    assert tried.keys() == {"0.0,1.0", "0.5,1.0"}
+    assert tried.keys() == {"0.0,1.0", "0.5,1.0", "0.0,1.0,transcript", "0.5,1.0,transcript"}
+    assert tried["0.0,1.0"] == tried["0.0,1.0,transcript"]  # at weight 0 the first pass's choice stands
     chosen = min(tried, key=lambda setting: (tried[setting], setting))
-    assert evaluated["decoding"]["rescoring"] == evaluated["metrics"]["rescoring"] == dict(
-        zip(("weight", "token_bonus"), map(float, chosen.split(","))))
+    weight, bonus, *transcript = chosen.split(",")
+    assert evaluated["decoding"]["rescoring"] == evaluated["metrics"]["rescoring"] == {
+        "weight": float(weight), "token_bonus": float(bonus), "whisper_transcript": bool(transcript)}
     assert all(0 <= evaluated["metrics"][name]["rescored_wer"] for name in ("validation", "test_domain"))
     saved_weights = zoo.load(tmp_path / "evaluated").state_dict()
     assert all(torch.equal(value, saved[name]) for name, value in saved_weights.items())
