@@ -12,7 +12,8 @@ text, teacher-forced in one batched decoder pass.
 
 The rescored score is first-pass score + weight x (Whisper's log probability + token_bonus x its
 tokens). Whisper's own greedy transcript may join the hypotheses, scored by the first pass as they
-are (for a transducer, its full RNN-T sum and language-model terms, `asr.decoding.hypothesis_scores`):
+are (for a transducer, summed over every alignment its search can take, with the language model's
+terms: `asr.decoding.hypothesis_scores`):
 where the first pass has never heard a voice like the clip's, Whisper's reading is often the right
 one. The weight, bonus and transcript are chosen on validation (`asr.decoding_tuning.tuned_rescoring`).
 """
