@@ -191,19 +191,20 @@ def hypothesis_scores(model: Transducer, encoder_out: torch.Tensor, hypotheses: 
     if max_symbols_per_frame < 1:
         raise ValueError(f"max_symbols_per_frame must be >= 1; got {max_symbols_per_frame}")
     blank, fused = model.config.blank_id, language_model is not None and lm_weight != 0
+    encoder_proj = model.joiner.encoder_proj(encoder_out)  # (T, J), shared by the hypotheses
     scores = []
     for tokens in hypotheses:
         targets = torch.tensor(tokens, dtype=torch.long, device=encoder_out.device)
         start = torch.full((1,), blank, dtype=torch.long, device=encoder_out.device)
-        decoder_out = model.decoder(torch.cat([start, targets])[None])[0]  # (U+1, D)
-        log_probs = model.joiner(encoder_out[:, None], decoder_out[None]).float().log_softmax(-1)  # (T, U+1, V)
+        decoder_proj = model.joiner.decoder_proj(model.decoder(torch.cat([start, targets])[None])[0])  # (U+1, J)
+        log_probs = model.joiner.combine(encoder_proj[:, None], decoder_proj[None]).float().log_softmax(-1)  # (T, U+1, V)
         next_token = log_probs[:, :-1].gather(2, targets.expand(log_probs.shape[0], -1)[..., None])[..., 0]
         score = float(_alignment_sum(log_probs[..., blank].double(), next_token.double(), max_symbols_per_frame))
         if fused:
             score += lm_weight * sum(float(language_model.log_probs(tokens[:i])[token]) for i, token in enumerate(tokens))
             score += lm_weight * float(language_model.log_probs(tokens)[END])
             if ilm_weight and tokens:
-                internal = internal_log_probs(model, model.joiner.decoder_proj(decoder_out[:-1]))
+                internal = internal_log_probs(model, decoder_proj[:-1])
                 score -= ilm_weight * float(internal[torch.arange(len(tokens)), targets].sum())
         scores.append(score)
     return scores

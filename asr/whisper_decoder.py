@@ -14,15 +14,13 @@ share most of theirs. Whisper tiny.en: W = 384, 4 blocks of 6 heads, V = 51,864,
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from asr.whisper_encoder import WHISPER_SPEC
-from zoo.ctranslate2_io import read_ctranslate2
+from asr.whisper_encoder import layer_state, whisper_part
 from zoo.nn import FusedMLP, KVCache, Norm, SelfAttention
 from zoo.nn.attention import attention
 from zoo.nn.kv_cache import LayerKVCache
@@ -189,32 +187,22 @@ class WhisperDecoder(nn.Module):
         """The decoder of the CTranslate2 Whisper `model.bin` at `path` (or in the folder `path`), in
         float32, its shape read from the file. Projections Whisper has without a bias (keys) get
         CTranslate2's stored zero biases."""
-        model = read_ctranslate2(path)
-        if model.spec != WHISPER_SPEC:
-            raise ValueError(f"path must hold a CTranslate2 {WHISPER_SPEC}; {str(path)!r} holds a {model.spec}")
-        v = {name.removeprefix("decoder/"): t.float() for name, t in model.variables.items() if name.startswith("decoder/")}
+        v, layers = whisper_part(path, "decoder")
         vocab_size, width = v["embeddings/weight"].shape
-        layers = len({name.split("/")[0] for name in v if re.fullmatch(r"layer_\d+", name.split("/")[0])})
         config = WhisperDecoderConfig(vocab_size=vocab_size, width=width, layers=layers, heads=int(v["num_heads"]),
                                       max_tokens=v["position_encodings/encodings"].shape[0])
         state = {"embeddings.weight": v["embeddings/weight"], "positions": v["position_encodings/encodings"],
                  "norm.weight": v["layer_norm/gamma"], "norm.bias": v["layer_norm/beta"]}
         for i in range(layers):
             layer, block = f"layer_{i}", f"blocks.{i}"
+            state |= layer_state(v, i, "self_attn")
             for kind in ("weight", "bias"):
-                q, k, val = v[f"{layer}/self_attention/linear_0/{kind}"].chunk(3)
                 cross_k, cross_v = v[f"{layer}/attention/linear_1/{kind}"].chunk(2)
-                state |= {f"{block}.self_attn.q.{kind}": q, f"{block}.self_attn.k.{kind}": k,
-                          f"{block}.self_attn.v.{kind}": val,
-                          f"{block}.self_attn.out.{kind}": v[f"{layer}/self_attention/linear_1/{kind}"],
-                          f"{block}.cross.q.{kind}": v[f"{layer}/attention/linear_0/{kind}"],
+                state |= {f"{block}.cross.q.{kind}": v[f"{layer}/attention/linear_0/{kind}"],
                           f"{block}.cross.k.{kind}": cross_k, f"{block}.cross.v.{kind}": cross_v,
-                          f"{block}.cross.out.{kind}": v[f"{layer}/attention/linear_2/{kind}"],
-                          f"{block}.mlp.fc1.{kind}": v[f"{layer}/ffn/linear_0/{kind}"],
-                          f"{block}.mlp.fc2.{kind}": v[f"{layer}/ffn/linear_1/{kind}"]}
-            for norm, stored in (("norm1", "self_attention"), ("norm_cross", "attention"), ("norm2", "ffn")):
-                state |= {f"{block}.{norm}.weight": v[f"{layer}/{stored}/layer_norm/gamma"],
-                          f"{block}.{norm}.bias": v[f"{layer}/{stored}/layer_norm/beta"]}
+                          f"{block}.cross.out.{kind}": v[f"{layer}/attention/linear_2/{kind}"]}
+            state |= {f"{block}.norm_cross.weight": v[f"{layer}/attention/layer_norm/gamma"],
+                      f"{block}.norm_cross.bias": v[f"{layer}/attention/layer_norm/beta"]}
         decoder = cls(config)
         decoder.load_state_dict(state)
         return decoder

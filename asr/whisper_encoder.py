@@ -156,31 +156,46 @@ class WhisperEncoder(nn.Module):
         """The encoder of the CTranslate2 Whisper `model.bin` at `path` (or in the folder `path`), in
         float32, its shape read from the file. The key projection, which Whisper has without a
         bias, gets CTranslate2's stored zero bias (trainable from there)."""
-        model = read_ctranslate2(path)
-        if model.spec != WHISPER_SPEC:
-            raise ValueError(f"path must hold a CTranslate2 {WHISPER_SPEC}; {str(path)!r} holds a {model.spec}")
-        v = {name.removeprefix("encoder/"): t.float() for name, t in model.variables.items() if name.startswith("encoder/")}
+        v, layers = whisper_part(path, "encoder")
         width, input_dim, _ = v["conv1/weight"].shape
-        layers = len({name.split("/")[0] for name in v if re.fullmatch(r"layer_\d+", name.split("/")[0])})
         config = WhisperEncoderConfig(input_dim=input_dim, width=width, layers=layers, heads=int(v["num_heads"]),
                                       max_frames=v["position_encodings/encodings"].shape[0], dropout=dropout)
         state = {"conv1.weight": v["conv1/weight"], "conv1.bias": v["conv1/bias"], "conv2.weight": v["conv2/weight"],
                  "conv2.bias": v["conv2/bias"], "positions": v["position_encodings/encodings"],
                  "norm.weight": v["layer_norm/gamma"], "norm.bias": v["layer_norm/beta"]}
         for i in range(layers):
-            layer, block = f"layer_{i}", f"blocks.{i}"
-            for kind in ("weight", "bias"):
-                q, k, val = v[f"{layer}/self_attention/linear_0/{kind}"].chunk(3)
-                state |= {f"{block}.attn.q.{kind}": q, f"{block}.attn.k.{kind}": k, f"{block}.attn.v.{kind}": val,
-                          f"{block}.attn.out.{kind}": v[f"{layer}/self_attention/linear_1/{kind}"],
-                          f"{block}.mlp.fc1.{kind}": v[f"{layer}/ffn/linear_0/{kind}"],
-                          f"{block}.mlp.fc2.{kind}": v[f"{layer}/ffn/linear_1/{kind}"]}
-            for norm, stored in (("norm1", "self_attention"), ("norm2", "ffn")):
-                state |= {f"{block}.{norm}.weight": v[f"{layer}/{stored}/layer_norm/gamma"],
-                          f"{block}.{norm}.bias": v[f"{layer}/{stored}/layer_norm/beta"]}
+            state |= layer_state(v, i, "attn")
         encoder = cls(config)
         encoder.load_state_dict(state)
         return encoder
+
+
+def whisper_part(path: str | os.PathLike, part: str) -> tuple[dict[str, torch.Tensor], int]:
+    """The variables of `part` ("encoder" or "decoder") of the CTranslate2 Whisper `model.bin` at
+    `path` (or in the folder `path`) in float32, named without "part/", and its number of layers."""
+    model = read_ctranslate2(path)
+    if model.spec != WHISPER_SPEC:
+        raise ValueError(f"path must hold a CTranslate2 {WHISPER_SPEC}; {str(path)!r} holds a {model.spec}")
+    v = {name.removeprefix(f"{part}/"): t.float() for name, t in model.variables.items() if name.startswith(f"{part}/")}
+    return v, len({name.split("/")[0] for name in v if re.fullmatch(r"layer_\d+", name.split("/")[0])})
+
+
+def layer_state(v: dict[str, torch.Tensor], index: int, attention: str) -> dict[str, torch.Tensor]:
+    """The state of block `index` (blocks.{index}) that Whisper's encoder and decoder layers share, from
+    a part's variables `v` (`whisper_part`): self-attention as `attention`.q/k/v/out (CTranslate2 fuses
+    q, k, v in one projection), feed-forward mlp.fc1/fc2, and their pre-norms norm1 and norm2."""
+    layer, block, state = f"layer_{index}", f"blocks.{index}", {}
+    for kind in ("weight", "bias"):
+        q, k, val = v[f"{layer}/self_attention/linear_0/{kind}"].chunk(3)
+        state |= {f"{block}.{attention}.q.{kind}": q, f"{block}.{attention}.k.{kind}": k,
+                  f"{block}.{attention}.v.{kind}": val,
+                  f"{block}.{attention}.out.{kind}": v[f"{layer}/self_attention/linear_1/{kind}"],
+                  f"{block}.mlp.fc1.{kind}": v[f"{layer}/ffn/linear_0/{kind}"],
+                  f"{block}.mlp.fc2.{kind}": v[f"{layer}/ffn/linear_1/{kind}"]}
+    for norm, stored in (("norm1", "self_attention"), ("norm2", "ffn")):
+        state |= {f"{block}.{norm}.weight": v[f"{layer}/{stored}/layer_norm/gamma"],
+                  f"{block}.{norm}.bias": v[f"{layer}/{stored}/layer_norm/beta"]}
+    return state
 
 
 def packaged_whisper_tiny_en() -> Path:
