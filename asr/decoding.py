@@ -10,8 +10,10 @@ frames that arrive later (`asr.streaming`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from asr.language_model import END, LanguageModel
@@ -81,16 +83,17 @@ def greedy_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.T
     return greedy_continue(model, encoder_out, lengths, state, max_symbols_per_frame).hypotheses
 
 
-Hypotheses = dict[tuple[int, ...], torch.Tensor]
-"""Token sequence -> its log probability (a 0-d tensor)."""
+Hypotheses = dict[tuple[int, ...], float]
+"""Token sequence -> its log probability (a float32 value: the search adds in float32)."""
 
 
-def _log_add(hypotheses: Hypotheses, key: tuple[int, ...], score: torch.Tensor) -> None:
-    hypotheses[key] = torch.logaddexp(hypotheses[key], score) if key in hypotheses else score
+def _log_add(hypotheses: Hypotheses, key: tuple[int, ...], score: float) -> None:
+    """Merge `score` into key's (log-add in float32, as the scores are computed)."""
+    hypotheses[key] = float(np.logaddexp(np.float32(hypotheses[key]), np.float32(score))) if key in hypotheses else score
 
 
 def _best(hypotheses: Hypotheses, count: int) -> Hypotheses:
-    return dict(sorted(hypotheses.items(), key=lambda item: -item[1].item())[:count])
+    return dict(sorted(hypotheses.items(), key=lambda item: -item[1])[:count])
 
 
 def modified_beam_search(model: Transducer, encoder_out: torch.Tensor, lengths: torch.Tensor,
@@ -138,9 +141,11 @@ def beam_search_hypotheses(model: Transducer, encoder_out: torch.Tensor, lengths
     results = []
     for row in range(encoder_out.shape[0]):
         encoder_proj = model.joiner.encoder_proj(encoder_out[row, : int(lengths[row])])
-        hypotheses: Hypotheses = {(): torch.zeros((), device=device)}
+        hypotheses: Hypotheses = {(): 0.0}
+        fusion: dict[tuple[int, ...], torch.Tensor] = {}  # hypothesis -> its (V,) fusion terms, while in the beam
         for frame in encoder_proj:
             expanding, moved_on = hypotheses, {}
+            fusion = {k: fusion[k] for k in hypotheses if k in fusion}
             for round_ in range(max_symbols_per_frame):
                 keys = list(expanding)
                 contexts = [tuple(([blank] * context + list(k))[-context:]) for k in keys]
@@ -150,31 +155,44 @@ def beam_search_hypotheses(model: Transducer, encoder_out: torch.Tensor, lengths
                 decoder_proj = torch.stack([projected[c] for c in contexts])
                 log_probs = model.joiner.combine(frame, decoder_proj).float().log_softmax(-1)
                 if fused:
-                    log_probs = log_probs + lm_weight * _token_log_probs(language_model, keys, blank).to(device)
-                    if ilm_weight:
-                        log_probs = log_probs - ilm_weight * internal_log_probs(model, decoder_proj)
-                candidates = (log_probs + torch.stack([expanding[k] for k in keys])[:, None]).flatten()
+                    unseen = [i for i, k in enumerate(keys) if k not in fusion]
+                    if unseen:
+                        terms = _fusion_terms(model, [keys[i] for i in unseen], decoder_proj[unseen], language_model,
+                                              lm_weight, ilm_weight)
+                        fusion.update(zip([keys[i] for i in unseen], terms.to(device)))
+                    log_probs = log_probs + torch.stack([fusion[k] for k in keys])
+                scores = torch.tensor([expanding[k] for k in keys], dtype=torch.float32, device=device)
+                candidates = (log_probs + scores[:, None]).flatten()
                 top = candidates.topk(min(beam, candidates.numel()))
                 last_round, expanding = round_ == max_symbols_per_frame - 1, {}
-                possible = top.values > -torch.inf  # not ruled out by the language model
-                for score, index in zip(top.values[possible], top.indices[possible].tolist()):
+                for score, index in zip(top.values.tolist(), top.indices.tolist()):
+                    if score == -math.inf:  # ruled out by the language model
+                        continue
                     source, token = divmod(index, log_probs.shape[1])
                     if token == blank:
                         _log_add(moved_on, keys[source], score)
                     else:
                         _log_add(moved_on if last_round else expanding, keys[source] + (token,), score)
                 if len(moved_on) >= beam:  # expansions only lose probability: drop those already out of the beam
-                    floor = min(_best(moved_on, beam).values()).item()
-                    expanding = {k: v for k, v in expanding.items() if v.item() > floor}
+                    floor = min(_best(moved_on, beam).values())
+                    expanding = {k: v for k, v in expanding.items() if v > floor}
                 if not expanding:
                     break
             hypotheses = _best(moved_on, beam)
         if fused:
             ended = {k: v + lm_weight * float(language_model.log_probs(k)[END]) for k, v in hypotheses.items()}
-            hypotheses = ended if any(v.item() > -torch.inf for v in ended.values()) else hypotheses
-        ranked = sorted(hypotheses.items(), key=lambda item: -item[1].item())
-        results.append([(list(tokens), score.item()) for tokens, score in ranked])
+            hypotheses = ended if any(v > -math.inf for v in ended.values()) else hypotheses
+        results.append(sorted(((list(tokens), score) for tokens, score in hypotheses.items()), key=lambda item: -item[1]))
     return results
+
+
+def _fusion_terms(model: Transducer, keys: list[tuple[int, ...]], decoder_proj: torch.Tensor,
+                  language_model: LanguageModel, lm_weight: float, ilm_weight: float) -> torch.Tensor:
+    """(N, V) what shallow fusion adds to each next token's log probability after each of the
+    hypotheses `keys` (whose decoder projections are decoder_proj (N, J)): lm_weight x the language
+    model's log probability less ilm_weight x the internal language model's; 0 for the blank."""
+    terms = lm_weight * _token_log_probs(language_model, keys, model.config.blank_id)
+    return terms - ilm_weight * internal_log_probs(model, decoder_proj) if ilm_weight else terms
 
 
 @torch.no_grad()

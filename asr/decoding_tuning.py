@@ -110,8 +110,7 @@ def tuned_rescoring(model: Transducer, tokenizer: TranscriptTokenizer, folds: li
         found = segment_hypotheses(model, audio, tokenizer, search.features, search.beam, language_model=fusion,
                                    lm_weight=lm_weight, ilm_weight=search.ilm_weight)
         for row, parts in zip(fold.rows, found):
-            ranked.append((row["text"], [second_pass_candidates(recogniser, segment, hypotheses, with_transcript)
-                                         for segment, hypotheses in parts]))
+            ranked.append((row["text"], [second_pass_candidates(recogniser, segment, with_transcript) for segment in parts]))
     tried = {}
     for setting in grid:
         hypotheses = [" ".join(" ".join(best_rescored(c, setting) for c in segments).split()) for _, segments in ranked]

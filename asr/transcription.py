@@ -87,6 +87,19 @@ def model_rescoring(config: dict) -> Rescoring:
     return Rescoring(**config.get("decoding", {}).get("rescoring", {}))
 
 
+@dataclass
+class SearchedSegment:
+    """A segment of a recording after the first pass: what the second pass reads."""
+
+    waveform: torch.Tensor
+    """(N,) the levelled segment at the front end's rate."""
+    hypotheses: list[tuple[str, float]]
+    """The beam's final hypotheses (text, score), best first (`asr.decoding.beam_search_hypotheses`)."""
+    encoded: torch.Tensor
+    """(T', E) the transducer's encoder output of it, kept to score hypotheses from elsewhere
+    (Whisper's transcript) as the beam scores its own: T' x E floats, about a waveform's bytes."""
+
+
 @cache
 def whisper_rescorer() -> WhisperRescorer:
     """The process's Whisper tiny.en rescorer, loaded on first use."""
@@ -160,8 +173,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                                             language_model, lm_weight or 0.0, ilm_weight or 0.0, max_segment_seconds)
         search = Recogniser(model, tokenizer, features, language_model, lm_weight or 0.0, ilm_weight or 0.0, beam,
                             rescoring or Rescoring())
-        return [" ".join(" ".join(chosen_text(search, segment, hypotheses, max_symbols_per_frame)
-                                   for segment, hypotheses in parts).split())
+        return [" ".join(" ".join(chosen_text(search, segment, max_symbols_per_frame) for segment in parts).split())
                 for parts in found_segments]
     segments, owners = _segments(waveforms, features, max_segment_seconds)
     model.eval()
@@ -180,20 +192,20 @@ def segment_hypotheses(model: Transducer, waveforms: list[torch.Tensor], tokeniz
                        features: FeatureConfig, beam: int, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME,
                        batch_size: int = 16,
                        language_model: LanguageModel | None = None, lm_weight: float = 0.0, ilm_weight: float = 0.0,
-                       max_segment_seconds: float = MAX_SEGMENT_SECONDS
-                       ) -> list[list[tuple[torch.Tensor, list[tuple[str, float]]]]]:
-    """Per waveform (N,) at features.sample_rate, its segments (as `transcribe` cuts them), each with
-    its beam's final hypotheses [(text, score)], best first (`asr.decoding.beam_search_hypotheses`)."""
+                       max_segment_seconds: float = MAX_SEGMENT_SECONDS) -> list[list[SearchedSegment]]:
+    """Per waveform (N,) at features.sample_rate, its segments (as `transcribe` cuts them) after the
+    beam search."""
     segments, owners = _segments(waveforms, features, max_segment_seconds)
     model.eval()
-    found: list[list[tuple[torch.Tensor, list[tuple[str, float]]]]] = [[] for _ in waveforms]
+    found: list[list[SearchedSegment]] = [[] for _ in waveforms]
     for start in range(0, len(segments), batch_size):
         chunk = segments[start : start + batch_size]
         encoded, encoded_lengths = _encoded(model, chunk, features)
         finals = beam_search_hypotheses(model, encoded, encoded_lengths, beam, max_symbols_per_frame, language_model,
                                         lm_weight, ilm_weight)
-        for owner, segment, hypotheses in zip(owners[start : start + batch_size], chunk, finals):
-            found[owner].append((segment, [(tokenizer.decode(ids), score) for ids, score in hypotheses]))
+        for row, (owner, segment, hypotheses) in enumerate(zip(owners[start : start + batch_size], chunk, finals)):
+            found[owner].append(SearchedSegment(segment, [(tokenizer.decode(ids), score) for ids, score in hypotheses],
+                                                encoded[row, : int(encoded_lengths[row])].clone()))
     return found
 
 
@@ -222,27 +234,25 @@ def _encoded(model: Transducer, chunk: list[torch.Tensor], features: FeatureConf
     return model.encode(log_mels.to(device), mask.to(device))
 
 
-def chosen_text(search: Recogniser, segment: torch.Tensor, hypotheses: list[tuple[str, float]],
-                max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> str:
-    """The text of a segment (N,) at 16 kHz from its beam's final `hypotheses` [(text, score)], best
-    first (a search of at most max_symbols_per_frame tokens a frame): the first, or with
-    search.rescoring's weight the best after Whisper's second pass."""
-    rescoring = search.rescoring
+def chosen_text(search: Recogniser, segment: SearchedSegment, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> str:
+    """The text of a `segment` searched with at most max_symbols_per_frame tokens a frame: its best
+    hypothesis, or with search.rescoring's weight the best after Whisper's second pass."""
+    rescoring, hypotheses = search.rescoring, segment.hypotheses
     if not rescoring.weight or (len(hypotheses) == 1 and not rescoring.whisper_transcript):
         return hypotheses[0][0]
-    return best_rescored(second_pass_candidates(search, segment, hypotheses, rescoring.whisper_transcript,
-                                                max_symbols_per_frame), rescoring)
+    return best_rescored(second_pass_candidates(search, segment, rescoring.whisper_transcript, max_symbols_per_frame),
+                         rescoring)
 
 
-def second_pass_candidates(search: Recogniser, segment: torch.Tensor, hypotheses: list[tuple[str, float]],
-                           whisper_transcript: bool, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> Candidates:
-    """The beam's final `hypotheses` of a segment (N,) at 16 kHz scored by Whisper, with Whisper's own
-    transcript if `whisper_transcript` (its first-pass score the sum over the search's alignments of
-    it with the search's language-model terms, `asr.decoding.hypothesis_scores`)."""
+def second_pass_candidates(search: Recogniser, segment: SearchedSegment, whisper_transcript: bool,
+                           max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> Candidates:
+    """A `segment`'s hypotheses scored by Whisper, with Whisper's own transcript if
+    `whisper_transcript` (its first-pass score the sum over the search's alignments of it with the
+    search's language-model terms, `asr.decoding.hypothesis_scores`)."""
 
     def first_pass_score(text: str) -> float:
-        encoded, lengths = _encoded(search.model, [segment], search.features)
-        return hypothesis_scores(search.model, encoded[0, : int(lengths[0])], [search.tokenizer.encode(text)],
-                                 max_symbols_per_frame, search.language_model, search.lm_weight, search.ilm_weight)[0]
+        return hypothesis_scores(search.model, segment.encoded, [search.tokenizer.encode(text)], max_symbols_per_frame,
+                                 search.language_model, search.lm_weight, search.ilm_weight)[0]
 
-    return whisper_rescorer().candidates(segment, hypotheses, first_pass_score if whisper_transcript else None)
+    return whisper_rescorer().candidates(segment.waveform, segment.hypotheses,
+                                         first_pass_score if whisper_transcript else None)

@@ -5,10 +5,11 @@
         causal self-attention, cross-attention over the encoded audio (1, T', W), feed-forward
     -> LayerNorm -> (N, L, W) -> logits against the tied embeddings (V)
 
-`sequence_log_probs` scores N sequences that share one clip: the cross-attention keys and values are
-projected once for the clip (every query of every sequence attends the same keys, unmasked), and the
-vocabulary projection, most of the cost, runs once per distinct prefix: the hypotheses of a beam
-share most of theirs. Whisper tiny.en: W = 384, 4 blocks of 6 heads, V = 51,864, 448 positions.
+A clip's cross-attention keys and values are projected once (`memories`) for every query of every
+sequence. `sequence_log_probs` scores N sequences of one clip as a tree of their distinct prefixes
+(the hypotheses of a beam share most of theirs): each prefix is decoded once, attending its
+ancestors only (tree attention, as SpecInfer scores its token trees), and the vocabulary projection
+runs once per prefix. Whisper tiny.en: W = 384, 4 blocks of 6 heads, V = 51,864, 448 positions.
 """
 
 from __future__ import annotations
@@ -82,18 +83,19 @@ class WhisperDecoderBlock(nn.Module):
         self.norm1, self.norm_cross, self.norm2 = (Norm(config.width) for _ in range(3))
 
     def forward(self, x: torch.Tensor, memory: tuple[torch.Tensor, torch.Tensor],
-                cache: LayerKVCache | None = None) -> torch.Tensor:
+                cache: LayerKVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (N, L, W) -> (N, L, W); padding after a sequence's end never reaches its tokens (causal).
-        cache: this block's past self-attention keys and values (x then holds only the new positions)."""
-        x = x + self.self_attn(self.norm1(x), cache=cache)
+        cache: this block's past self-attention keys and values (x then holds only the new positions).
+        attn_mask: (L, L) bool, True where a position may attend another (and causally)."""
+        x = x + self.self_attn(self.norm1(x), cache=cache, attn_mask=attn_mask)
         x = x + self.cross(self.norm_cross(x), memory)
         return x + self.mlp(self.norm2(x))
 
 
 class WhisperDecoder(nn.Module):
     """forward(tokens (N, L), encoded (1, T', W)) -> hidden (N, L, W) after the final norm;
-    `logits(hidden (..., W))` -> (..., V); `sequence_log_probs` scores whole sequences, `greedy`
-    transcribes."""
+    `logits(hidden (..., W))` -> (..., V); `memories(encoded)` projects a clip for `decode`,
+    `sequence_log_probs` (which scores whole sequences) and `greedy` (which transcribes)."""
 
     def __init__(self, config: WhisperDecoderConfig) -> None:
         super().__init__()
@@ -114,68 +116,88 @@ class WhisperDecoder(nn.Module):
         return [block.cross.project_memory(encoded) for block in self.blocks]
 
     def decode(self, tokens: torch.Tensor, memories: list[tuple[torch.Tensor, torch.Tensor]],
-               cache: KVCache | None = None) -> torch.Tensor:
+               cache: KVCache | None = None, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """tokens (N, L) with a clip's `memories` -> hidden (N, L, W) after the final norm. With
         `cache`, the tokens follow the cached positions, whose self-attention keys and values it
-        holds, and theirs join it."""
+        holds, and theirs join it. With `tree` = (positions (L,), ancestors (L, L) bool), the L tokens
+        are nodes of a tree, each at its own position and attending only its ancestors and itself
+        (which come before it)."""
         c, start = self.config, 0 if cache is None else cache.length
-        if tokens.ndim != 2 or not 1 <= start + tokens.shape[1] <= c.max_tokens:
-            raise ValueError(f"tokens must be (N, L) with 1 <= L <= {c.max_tokens - start}; got {tuple(tokens.shape)}")
-        x = self.embeddings(tokens) + self.positions[start : start + tokens.shape[1]]
+        if tree is None:
+            if tokens.ndim != 2 or not 1 <= start + tokens.shape[1] <= c.max_tokens:
+                raise ValueError(f"tokens must be (N, L) with 1 <= L <= {c.max_tokens - start}; got {tuple(tokens.shape)}")
+            positions, mask = self.positions[start : start + tokens.shape[1]], None
+        else:
+            depths, mask = tree
+            if cache is not None or tokens.ndim != 2 or depths.shape != tokens.shape[1:] or int(depths.max()) >= c.max_tokens:
+                raise ValueError(f"a tree decodes without a cache, tokens (N, L) at positions (L,) below {c.max_tokens}; "
+                                 f"got tokens {tuple(tokens.shape)}, positions up to {int(depths.max())}")
+            positions = self.positions[depths]
+        x = self.embeddings(tokens) + positions
         for index, (block, memory) in enumerate(zip(self.blocks, memories)):
-            x = block(x, memory, None if cache is None else cache.layer(index))
+            x = block(x, memory, None if cache is None else cache.layer(index), mask)
         if cache is not None:
             cache.advance(tokens.shape[1])
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., W) -> (..., V), the output projection tied to the embeddings."""
-        return hidden @ self.embeddings.weight.T
+    def logits(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """hidden (..., W) -> (..., V), the output projection tied to the embeddings; with `count`,
+        the first `count` tokens' only (..., count)."""
+        return hidden @ self.embeddings.weight[:count].T
 
     @torch.no_grad()
-    def sequence_log_probs(self, encoded: torch.Tensor, prompt: Sequence[int],
+    def sequence_log_probs(self, memories: list[tuple[torch.Tensor, torch.Tensor]], prompt: Sequence[int],
                            sequences: Sequence[Sequence[int]]) -> list[float]:
-        """log P(sequence | prompt, encoded) of each of `sequences` (token ids, each scored after
-        `prompt`, teacher-forced), given one clip's encoded audio (1, T', W)."""
+        """log P(sequence | prompt, clip) of each of `sequences` (token ids, each scored after
+        `prompt`, teacher-forced), given one clip's `memories`. The distribution at a position
+        depends on the tokens up to it only, so each distinct prefix of prompt + sequence[:-1] is one
+        node of a tree, decoded once."""
         if not sequences:
             return []
         if not prompt or any(not s for s in sequences):
             raise ValueError("prompt and every sequence must hold at least one token")
-        inputs = [list(prompt) + list(s[:-1]) for s in sequences]
-        length = max(map(len, inputs))
-        tokens = torch.tensor([row + [0] * (length - len(row)) for row in inputs], device=encoded.device)
-        hidden = self(tokens, encoded)  # (N, L, W)
-        # The distribution at position p depends on tokens[: p + 1] only: one row per distinct prefix.
-        rows: dict[tuple[int, ...], int] = {}
-        where, picks = [], []
-        for i, (row, sequence) in enumerate(zip(inputs, sequences)):
-            for p in range(len(prompt) - 1, len(row)):
+        nodes: dict[tuple[int, ...], int] = {}  # prefix -> node, parents before children
+        tokens, depths, parents, picks = [], [], [], []  # picks: (sequence, node predicting, token)
+        for i, sequence in enumerate(sequences):
+            row = list(prompt) + list(sequence[:-1])
+            for p in range(len(row)):
                 prefix = tuple(row[: p + 1])
-                if prefix not in rows:
-                    rows[prefix] = len(where)
-                    where.append((i, p))
-                picks.append((i, rows[prefix], sequence[p - len(prompt) + 1]))
-        index = torch.tensor(where, device=encoded.device)
-        log_probs = self.logits(hidden[index[:, 0], index[:, 1]]).log_softmax(-1)  # (distinct prefixes, V)
+                if prefix not in nodes:
+                    nodes[prefix] = len(tokens)
+                    tokens.append(row[p])
+                    depths.append(p)
+                    parents.append(nodes[prefix[:-1]] if p else None)
+                if p >= len(prompt) - 1:
+                    picks.append((i, nodes[prefix], sequence[p - len(prompt) + 1]))
+        ancestors = torch.eye(len(tokens), dtype=torch.bool)
+        for node, parent in enumerate(parents):
+            if parent is not None:
+                ancestors[node] |= ancestors[parent]
+        device = memories[0][0].device
+        hidden = self.decode(torch.tensor([tokens], device=device), memories,
+                             tree=(torch.tensor(depths, device=device), ancestors.to(device)))[0]  # (nodes, W)
+        predicting = {node: row for row, node in enumerate(dict.fromkeys(node for _, node, _ in picks))}
+        log_probs = self.logits(hidden[list(predicting)]).log_softmax(-1)  # (predicting nodes, V)
+        chosen = log_probs[[predicting[node] for _, node, _ in picks], [token for _, _, token in picks]].tolist()
         totals = [0.0] * len(sequences)
-        chosen = log_probs[[r for _, r, _ in picks], [t for _, _, t in picks]].tolist()
         for (i, _, _), value in zip(picks, chosen):
             totals[i] += value
         return totals
 
     @torch.no_grad()
-    def greedy(self, encoded: torch.Tensor, prompt: Sequence[int], end: int, max_new: int) -> list[int]:
-        """Whisper's greedy transcript of one clip's encoded audio (1, T', W) after `prompt`: at each
-        step the most probable of the text tokens and `end` (Whisper's special tokens, numbered after
-        its end of text, are never chosen), until `end` (not returned), `max_new` tokens or the last
+    def greedy(self, memories: list[tuple[torch.Tensor, torch.Tensor]], prompt: Sequence[int], end: int,
+               max_new: int) -> list[int]:
+        """Whisper's greedy transcript of one clip (its `memories`) after `prompt`: at each step the
+        most probable of the text tokens and `end` (Whisper's special tokens, numbered after its end
+        of text, are never chosen), until `end` (not returned), `max_new` tokens or the last
         position; one token a step through a cache of the past keys and values."""
-        c = self.config
+        c, keys = self.config, memories[0][0]
         length = min(len(prompt) + max_new, c.max_tokens)
-        cache = KVCache(c.layers, 1, c.heads, c.width // c.heads, length, dtype=encoded.dtype, device=encoded.device)
-        memories, step, tokens = self.memories(encoded), list(prompt), []
+        cache = KVCache(c.layers, 1, c.heads, c.width // c.heads, length, dtype=keys.dtype, device=keys.device)
+        step, tokens = list(prompt), []
         while len(prompt) + len(tokens) < length:
-            hidden = self.decode(torch.tensor([step], device=encoded.device), memories, cache)[0, -1]
-            token = int(self.logits(hidden)[: end + 1].argmax())
+            hidden = self.decode(torch.tensor([step], device=keys.device), memories, cache)[0, -1]
+            token = int(self.logits(hidden, end + 1).argmax())
             if token == end:
                 break
             tokens.append(token)

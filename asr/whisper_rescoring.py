@@ -116,20 +116,26 @@ class WhisperRescorer:
                                   return_tensors="pt").input_features.transpose(1, 2)  # (1, 3000, 80)
         return self.encoder(features, torch.tensor([features.shape[1]]))[0]
 
+    @torch.no_grad()
+    def memories(self, waveform: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What Whisper's decoder reads of `waveform` (N,) at 16 kHz, at most 30 s: each block's
+        cross-attention keys and values (1, H, 1500, D) of its encoding (`encode`)."""
+        return self.decoder.memories(self.encode(waveform))
+
     def log_probs(self, waveform: torch.Tensor, texts: Sequence[str]) -> list[tuple[float, int]]:
         """(log P(text, end of text | waveform), Whisper tokens with the end) of each of `texts`, given
         `waveform` (N,) float at 16 kHz, at most 30 s."""
-        return self._scored(self.encode(waveform), texts)
+        return self._scored(self.memories(waveform), texts)
 
-    def _scored(self, encoded: torch.Tensor, texts: Sequence[str]) -> list[tuple[float, int]]:
+    def _scored(self, memories: list[tuple[torch.Tensor, torch.Tensor]], texts: Sequence[str]) -> list[tuple[float, int]]:
         tokens = [self.tokens(text) for text in texts]
-        return list(zip(self.decoder.sequence_log_probs(encoded, self.start, tokens), map(len, tokens)))
+        return list(zip(self.decoder.sequence_log_probs(memories, self.start, tokens), map(len, tokens)))
 
-    def transcript(self, encoded: torch.Tensor, seconds: float) -> str:
-        """Whisper's greedy transcript of a clip of `seconds` from its encoding (1, 1500, W), at most
+    def transcript(self, memories: list[tuple[torch.Tensor, torch.Tensor]], seconds: float) -> str:
+        """Whisper's greedy transcript of a clip of `seconds` from its `memories`, at most
         TOKENS_PER_SECOND tokens a second of it (Whisper may loop on a voice it cannot read), in
         spoken form and normalised as references are (`asr.spoken_form`, `asr.text.normalize`)."""
-        tokens = self.decoder.greedy(encoded, self.start, self.end, math.ceil(TOKENS_PER_SECOND * seconds) + 1)
+        tokens = self.decoder.greedy(memories, self.start, self.end, math.ceil(TOKENS_PER_SECOND * seconds) + 1)
         return normalize(spoken_form(self.tokenizer.decode(tokens)))
 
     def candidates(self, waveform: torch.Tensor, hypotheses: list[tuple[str, float]],
@@ -137,12 +143,12 @@ class WhisperRescorer:
         """The first pass's final `hypotheses` [(text, score)] of `waveform` (N,) at 16 kHz, each scored
         by Whisper; with `first_pass_score` (text -> the first pass's score of it), Whisper's own
         transcript too, unless the hypotheses hold it."""
-        encoded = self.encode(waveform)
+        memories = self.memories(waveform)
         texts = [text for text, _ in hypotheses]
-        own = self.transcript(encoded, waveform.numel() / SAMPLE_RATE) if first_pass_score is not None else None
+        own = self.transcript(memories, waveform.numel() / SAMPLE_RATE) if first_pass_score is not None else None
         if own is None or own in texts:
-            return Candidates(hypotheses, self._scored(encoded, texts))
-        *scored, (log_prob, tokens) = self._scored(encoded, texts + [own])
+            return Candidates(hypotheses, self._scored(memories, texts))
+        *scored, (log_prob, tokens) = self._scored(memories, texts + [own])
         return Candidates(hypotheses, scored, (own, first_pass_score(own), log_prob, tokens))
 
 

@@ -52,14 +52,15 @@ def main() -> None:
         first, both, alone, sources = [], [], [], Counter()
         for parts in finals:
             texts = {"first": [], "both": [], "alone": []}
-            for segment, hypotheses in parts:
-                candidates = second_pass_candidates(found, segment, hypotheses, found.rescoring.whisper_transcript)
+            for segment in parts:
+                candidates = second_pass_candidates(found, segment, found.rescoring.whisper_transcript)
                 chosen = best_rescored(candidates, found.rescoring)
-                beam = [text for text, _ in hypotheses]
+                beam = [text for text, _ in segment.hypotheses]
                 sources[SOURCES[0] if chosen == beam[0] else SOURCES[1] if chosen in beam else SOURCES[2]] += 1
                 texts["first"].append(beam[0])
                 texts["both"].append(chosen)
-                texts["alone"].append(rescorer.transcript(rescorer.encode(segment), segment.numel() / SAMPLE_RATE))
+                waveform = segment.waveform
+                texts["alone"].append(rescorer.transcript(rescorer.memories(waveform), waveform.numel() / SAMPLE_RATE))
             first.append(" ".join(texts["first"]))
             both.append(" ".join(texts["both"]))
             alone.append(" ".join(texts["alone"]))

@@ -72,12 +72,12 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     finals = segment_hypotheses(found.model, audio, found.tokenizer, found.features, found.beam,
                                 language_model=found.language_model, lm_weight=found.lm_weight,
                                 ilm_weight=found.ilm_weight)
-    assert all(len(parts) == 1 and parts[0][1][0][0] == text for parts, text in zip(finals, plain))  # its best
-    assert all(len(hypotheses) > 1 and [s for _, s in hypotheses] == sorted((s for _, s in hypotheses), reverse=True)
-               for (_, hypotheses), in finals)
+    assert all(len(parts) == 1 and parts[0].hypotheses[0][0] == text for parts, text in zip(finals, plain))  # its best
+    assert all(len(segment.hypotheses) > 1 and [s for _, s in segment.hypotheses] == sorted(
+        (s for _, s in segment.hypotheses), reverse=True) for segment, in finals)
     references = [row["text"] for row in rows]
     rescored = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0))
-    assert all(text in [h for h, _ in parts[0][1]] for text, parts in zip(rescored, finals))  # chosen from the beam
+    assert all(text in [h for h, _ in parts[0].hypotheses] for text, parts in zip(rescored, finals))  # chosen from the beam
     first, second = error_counts(references, plain).rate, error_counts(references, rescored).rate
     assert second < first, (first, second)  # Whisper has heard people; the first pass has heard synthesisers
     # zoo transcribe: the model's own second pass (weight 1, bonus 2), and --rescore-weight 0 to turn it off.
@@ -94,7 +94,7 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     # Whisper's own transcript among the hypotheses: on recorded people, often the one chosen.
     heard = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0, True))
     third = error_counts(references, heard).rate
-    assert third < second and any(text not in [h for h, _ in parts[0][1]] for text, parts in zip(heard, finals))
+    assert third < second and any(text not in [h for h, _ in parts[0].hypotheses] for text, parts in zip(heard, finals))
     grid = [Rescoring(), Rescoring(1.0, 1.0), Rescoring(1.0, 1.0, True)]
     chosen, tried = tuned_rescoring(found.model, found.tokenizer, [fold], grid, found.lm_weight,
                                     found.language_model.penalty, search)
