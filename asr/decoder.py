@@ -35,6 +35,21 @@ class StatelessDecoder(nn.Module):
             x = self.conv(F.pad(x.transpose(1, 2), (self.context_size - 1, 0))).transpose(1, 2)
         return F.relu(x)
 
+    def last(self, contexts: torch.Tensor) -> torch.Tensor:
+        """contexts (N, context_size) int64 -> (N, width): the output after each context's last
+        token, forward(contexts)[:, -1], as a search needs it a step at a time: the grouped
+        convolution at that one position as a batched product over the groups (for a few contexts,
+        a convolution call's setup costs more than its arithmetic)."""
+        if contexts.ndim != 2 or contexts.shape[1] != self.context_size:
+            raise ValueError(f"contexts must be (N, {self.context_size}); got {tuple(contexts.shape)}")
+        x = self.embedding(contexts)  # (N, C, width)
+        if self.conv is None:
+            return F.relu(x[:, -1])
+        groups, (width, per_group, _) = self.conv.groups, self.conv.weight.shape
+        x = x.transpose(1, 2).reshape(len(contexts), groups, per_group, self.context_size)  # (N, G, in, C)
+        weight = self.conv.weight.view(groups, width // groups, per_group, self.context_size)  # (G, out, in, C)
+        return F.relu(torch.einsum("ngic,goic->ngo", x, weight).reshape(len(contexts), width))
+
 
 class Joiner(nn.Module):
     """forward(enc (..., E), dec (..., D)) -> logits (..., V), broadcasting enc against dec."""

@@ -22,7 +22,7 @@ from asr.model import Transducer
 
 def _decoder_proj(model: Transducer, contexts: torch.Tensor) -> torch.Tensor:
     """(N, context_size) last tokens -> the joiner's decoder projection of the last position (N, J)."""
-    return model.joiner.decoder_proj(model.decoder(contexts)[:, -1])
+    return model.joiner.decoder_proj(model.decoder.last(contexts))
 
 
 @dataclass

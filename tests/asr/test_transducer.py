@@ -1,5 +1,6 @@
 """The transducer model: padding-invariant Conformer encoding, the four training objectives against
-each other, the pruned warm-up, saving and loading, and greedy / beam decoding of a trained model."""
+each other, the pruned warm-up, saving and loading, greedy / beam decoding of a trained model, and
+the decoder stepped one position at a time as a search steps it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 import zoo
 from asr.conformer import subsampled_lengths
+from asr.decoder import StatelessDecoder
 from asr.decoding import greedy_search, modified_beam_search
 from asr.model import TransducerConfig
 from tiny_transducer import BINS, tiny, token_utterances
@@ -123,3 +125,15 @@ def test_the_model_builds_on_the_meta_device_as_a_planner_builds_it():
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in tiny().named_parameters()}
     assert shapes == {name: p.shape for name, p in tiny().named_parameters()}
+
+
+@pytest.mark.parametrize("context_size", [1, 2, 3])
+def test_a_search_steps_the_decoder_as_it_runs_over_a_sequence(context_size):
+    torch.manual_seed(0)
+    decoder = StatelessDecoder(vocab_size=12, width=16, context_size=context_size).double()
+    contexts = torch.randint(0, 12, (9, context_size))
+    contexts[0] = 0  # blanks: the context of a hypothesis with no token yet
+    with torch.no_grad():
+        assert relative_error(decoder.last(contexts), decoder(contexts)[:, -1]) < 1e-12
+    with pytest.raises(ValueError, match=rf"contexts must be \(N, {context_size}\); got \(9, {context_size + 1}\)"):
+        decoder.last(torch.zeros(9, context_size + 1, dtype=torch.long))
