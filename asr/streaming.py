@@ -133,6 +133,7 @@ class StreamingTranscriber:
         self._decode(final=True)
         return self._new_words(final=True)
 
+    @torch.no_grad()
     def _decode(self, final: bool) -> None:
         """Encode the window and decode the frames of newly completed chunks (every frame when final)."""
         if self.pending:

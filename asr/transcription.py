@@ -188,6 +188,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
     return [" ".join(" ".join(parts).split()) for parts in joined]
 
 
+@torch.no_grad()
 def segment_hypotheses(model: Transducer, waveforms: list[torch.Tensor], tokenizer: TranscriptTokenizer,
                        features: FeatureConfig, beam: int, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME,
                        batch_size: int = 16,

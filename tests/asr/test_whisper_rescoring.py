@@ -73,6 +73,9 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
                                 language_model=found.language_model, lm_weight=found.lm_weight,
                                 ilm_weight=found.ilm_weight)
     assert all(len(parts) == 1 and parts[0].hypotheses[0][0] == text for parts, text in zip(finals, plain))  # its best
+    # the encoder output kept to score Whisper's transcript holds no autograd graph (its activations)
+    assert all(parts[0].encoded.shape[1] == found.model.config.encoder.width and not parts[0].encoded.requires_grad
+               for parts in finals)
     assert all(len(segment.hypotheses) > 1 and [s for _, s in segment.hypotheses] == sorted(
         (s for _, s in segment.hypotheses), reverse=True) for segment, in finals)
     references = [row["text"] for row in rows]
