@@ -26,6 +26,10 @@ from zoo.nn import FusedMLP, KVCache, Norm, SelfAttention
 from zoo.nn.attention import attention
 from zoo.nn.kv_cache import LayerKVCache
 
+Memories = list[tuple[torch.Tensor, torch.Tensor]]
+"""One clip as the decoder reads it: each block's cross-attention keys and values (1, H, T', D)
+(`WhisperDecoder.memories`)."""
+
 
 @dataclass(frozen=True)
 class WhisperDecoderConfig:
@@ -108,15 +112,15 @@ class WhisperDecoder(nn.Module):
     def forward(self, tokens: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
         return self.decode(tokens, self.memories(encoded))
 
-    def memories(self, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def memories(self, encoded: torch.Tensor) -> Memories:
         """Each block's cross-attention keys and values (1, H, T', D) of one clip's encoded audio (1, T', W)."""
         c = self.config
         if encoded.ndim != 3 or encoded.shape[0] != 1 or encoded.shape[2] != c.width:
             raise ValueError(f"encoded must be one clip's (1, T', {c.width}); got {tuple(encoded.shape)}")
         return [block.cross.project_memory(encoded) for block in self.blocks]
 
-    def decode(self, tokens: torch.Tensor, memories: list[tuple[torch.Tensor, torch.Tensor]],
-               cache: KVCache | None = None, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, memories: Memories, cache: KVCache | None = None,
+               tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """tokens (N, L) with a clip's `memories` -> hidden (N, L, W) after the final norm. With
         `cache`, the tokens follow the cached positions, whose self-attention keys and values it
         holds, and theirs join it. With `tree` = (positions (L,), ancestors (L, L) bool), the L tokens
@@ -146,8 +150,8 @@ class WhisperDecoder(nn.Module):
         return hidden @ self.embeddings.weight[:count].T
 
     @torch.no_grad()
-    def sequence_log_probs(self, memories: list[tuple[torch.Tensor, torch.Tensor]], prompt: Sequence[int],
-                           sequences: Sequence[Sequence[int]]) -> list[float]:
+    def sequence_log_probs(self, memories: Memories, prompt: Sequence[int], sequences: Sequence[Sequence[int]]
+                           ) -> list[float]:
         """log P(sequence | prompt, clip) of each of `sequences` (token ids, each scored after
         `prompt`, teacher-forced), given one clip's `memories`. The distribution at a position
         depends on the tokens up to it only, so each distinct prefix of prompt + sequence[:-1] is one
@@ -185,8 +189,7 @@ class WhisperDecoder(nn.Module):
         return totals
 
     @torch.no_grad()
-    def greedy(self, memories: list[tuple[torch.Tensor, torch.Tensor]], prompt: Sequence[int], end: int,
-               max_new: int) -> list[int]:
+    def greedy(self, memories: Memories, prompt: Sequence[int], end: int, max_new: int) -> list[int]:
         """Whisper's greedy transcript of one clip (its `memories`) after `prompt`: at each step the
         most probable of the text tokens and `end` (Whisper's special tokens, numbered after its end
         of text, are never chosen), until `end` (not returned), `max_new` tokens or the last

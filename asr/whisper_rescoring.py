@@ -29,7 +29,7 @@ import torch
 
 from asr.spoken_form import spoken_form
 from asr.text import normalize
-from asr.whisper_decoder import WhisperDecoder
+from asr.whisper_decoder import Memories, WhisperDecoder
 from asr.whisper_encoder import WhisperEncoder, packaged_whisper_tiny_en
 
 SAMPLE_RATE = 16000
@@ -117,7 +117,7 @@ class WhisperRescorer:
         return self.encoder(features, torch.tensor([features.shape[1]]))[0]
 
     @torch.no_grad()
-    def memories(self, waveform: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def memories(self, waveform: torch.Tensor) -> Memories:
         """What Whisper's decoder reads of `waveform` (N,) at 16 kHz, at most 30 s: each block's
         cross-attention keys and values (1, H, 1500, D) of its encoding (`encode`)."""
         return self.decoder.memories(self.encode(waveform))
@@ -127,11 +127,11 @@ class WhisperRescorer:
         `waveform` (N,) float at 16 kHz, at most 30 s."""
         return self._scored(self.memories(waveform), texts)
 
-    def _scored(self, memories: list[tuple[torch.Tensor, torch.Tensor]], texts: Sequence[str]) -> list[tuple[float, int]]:
+    def _scored(self, memories: Memories, texts: Sequence[str]) -> list[tuple[float, int]]:
         tokens = [self.tokens(text) for text in texts]
         return list(zip(self.decoder.sequence_log_probs(memories, self.start, tokens), map(len, tokens)))
 
-    def transcript(self, memories: list[tuple[torch.Tensor, torch.Tensor]], seconds: float) -> str:
+    def transcript(self, memories: Memories, seconds: float) -> str:
         """Whisper's greedy transcript of a clip of `seconds` from its `memories`, at most
         TOKENS_PER_SECOND tokens a second of it (Whisper may loop on a voice it cannot read), in
         spoken form and normalised as references are (`asr.spoken_form`, `asr.text.normalize`)."""
