@@ -159,7 +159,7 @@ def beam_search_hypotheses(model: Transducer, encoder_out: torch.Tensor, lengths
                     if unseen:
                         terms = _fusion_terms(model, [keys[i] for i in unseen], decoder_proj[unseen], language_model,
                                               lm_weight, ilm_weight)
-                        fusion.update(zip([keys[i] for i in unseen], terms.to(device)))
+                        fusion.update(zip([keys[i] for i in unseen], terms))
                     log_probs = log_probs + torch.stack([fusion[k] for k in keys])
                 scores = torch.tensor([expanding[k] for k in keys], dtype=torch.float32, device=device)
                 candidates = (log_probs + scores[:, None]).flatten()
@@ -190,8 +190,9 @@ def _fusion_terms(model: Transducer, keys: list[tuple[int, ...]], decoder_proj: 
                   language_model: LanguageModel, lm_weight: float, ilm_weight: float) -> torch.Tensor:
     """(N, V) what shallow fusion adds to each next token's log probability after each of the
     hypotheses `keys` (whose decoder projections are decoder_proj (N, J)): lm_weight x the language
-    model's log probability less ilm_weight x the internal language model's; 0 for the blank."""
-    terms = lm_weight * _token_log_probs(language_model, keys, model.config.blank_id)
+    model's log probability less ilm_weight x the internal language model's; 0 for the blank. On
+    decoder_proj's device."""
+    terms = lm_weight * _token_log_probs(language_model, keys, model.config.blank_id).to(decoder_proj.device)
     return terms - ilm_weight * internal_log_probs(model, decoder_proj) if ilm_weight else terms
 
 
@@ -218,12 +219,12 @@ def hypothesis_scores(model: Transducer, encoder_out: torch.Tensor, hypotheses: 
         log_probs = model.joiner.combine(encoder_proj[:, None], decoder_proj[None]).float().log_softmax(-1)  # (T, U+1, V)
         next_token = log_probs[:, :-1].gather(2, targets.expand(log_probs.shape[0], -1)[..., None])[..., 0]
         score = float(_alignment_sum(log_probs[..., blank].double(), next_token.double(), max_symbols_per_frame))
-        if fused:
-            score += lm_weight * sum(float(language_model.log_probs(tokens[:i])[token]) for i, token in enumerate(tokens))
+        if fused:  # the beam's own fusion terms of each token after its prefix, and of the end
+            if tokens:
+                terms = _fusion_terms(model, [tuple(tokens[:i]) for i in range(len(tokens))], decoder_proj[:-1],
+                                      language_model, lm_weight, ilm_weight)
+                score += float(terms[torch.arange(len(tokens)), targets].double().sum())
             score += lm_weight * float(language_model.log_probs(tokens)[END])
-            if ilm_weight and tokens:
-                internal = internal_log_probs(model, decoder_proj[:-1])
-                score -= ilm_weight * float(internal[torch.arange(len(tokens)), targets].sum())
         scores.append(score)
     return scores
 
