@@ -1,15 +1,15 @@
 """Activation swapping under chunked model states (`Strategy(offload="chunks",
-swap_activations=...)`, `trainers.activation_swap`): what the step's other tensors (activations,
+swap_activations=...)`, `trainers.memory.activations.swap`): what the step's other tensors (activations,
 temporaries) hold at their peak, the process's peak RSS, and throughput, with saved activations
 kept in memory or swapped to disk, each with and without block recompute; then each block's
 choice made under a budget for a fraction of what the blocks save (`Strategy(activation_memory=)`,
-`trainers.activation_plan`), the fractions of --plans.
+`trainers.memory.activations.plan`), the fractions of --plans.
 
 Each row is a fresh process training GPT (GPT-2's vocabulary, 6 x 512, 512-token blocks of
 Shakespeare in GPT-2 BPE, micro batches of 4, 2 per step) for a few steps with its states in chunks
 under a budget that holds them all (8 GiB), so that the rows differ only in where activations go.
 "Step tensors peak" is the most bytes of the step's other tensors alive at once, as the chunk
-engine measured it in the first step (`trainers.tensor_peak.TensorPeak`, the figure its placement
+engine measured it in the first step (`trainers.memory.tensor_peak.TensorPeak`, the figure its placement
 plans with), and where it falls: the moment of that step (each a change of the chunks in use) and
 the chunks in use then, named by kind and their first tensor; peak RSS is getrusage's ru_maxrss at
 the end.
@@ -89,7 +89,7 @@ def launch(recompute: str, swap: int | None, steps: int, directory: Path, room: 
 
 
 def main() -> None:
-    from trainers.devices import parse_bytes
+    from trainers.estimate.devices import parse_bytes
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)

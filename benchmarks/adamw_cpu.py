@@ -15,7 +15,7 @@ import time
 import torch
 from torch.optim.adamw import adamw
 
-from trainers.tensor_peak import TensorPeak
+from trainers.memory.tensor_peak import TensorPeak
 
 
 def update_seconds(states: list[list[torch.Tensor]], implementation: str, repeats: int) -> tuple[float, int]:

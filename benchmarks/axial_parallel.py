@@ -4,7 +4,7 @@
 
 For each world size it launches torchrun (gloo) running this file with --worker, which splits
 fold_tiny's model (4 Evoformer blocks, widths 32/32) over all ranks with `Strategy.tp` = world
-(`trainers.tensor_parallel` applying the plan's `axial` Evoformer; no FSDP, so every collective
+(`trainers.parallel.tensor` applying the plan's `axial` Evoformer; no FSDP, so every collective
 counted is axial parallelism's) and runs one training step (recycles=0) per crop, measuring on
 rank 0:
 - Evoformer saved: bytes autograd keeps for the Evoformer's backward (the project's
@@ -29,16 +29,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fold_memory import inputs  # noqa: E402
 from measure import finish_worker, launch_ranks  # noqa: E402
-from trainers.step_counters import CollectiveLog  # noqa: E402
+from trainers.estimate.counters import CollectiveLog  # noqa: E402
 
 
 def worker(crops: list[int], rows: int, out: str) -> None:
     from protein.model import FoldingModel
     from recipes.fold_tiny import FoldTinyConfig
-    from trainers.distributed import setup_distributed
-    from trainers.saved_activations import SavedActivations
-    from trainers.tensor_parallel import apply_tensor_parallel
-    from trainers.tensor_peak import TensorPeak
+    from trainers.parallel.mesh import setup_distributed
+    from trainers.memory.saved_activations import SavedActivations
+    from trainers.parallel.tensor import apply_tensor_parallel
+    from trainers.memory.tensor_peak import TensorPeak
     from zoo.plan import model_plan
 
     world = int(os.environ.get("WORLD_SIZE", "1"))

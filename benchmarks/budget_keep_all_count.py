@@ -1,5 +1,5 @@
 """How close the memory budget's count of "keep everything, chunked" is to its trace
-(`trainers.budget.KEEP_ALL_SLACK`): the count is full recompute's traced peak plus every operator
+(`trainers.estimate.budget.KEEP_ALL_SLACK`): the count is full recompute's traced peak plus every operator
 output's bytes (what the knapsack weighs); the trace is the step that keeps everything, with the
 same chunks.
 
@@ -7,7 +7,7 @@ same chunks.
 
 The case is tests/trainers/test_memory_budget.py's Evoformer (64-residue chains cropped to 48, 8
 MSA rows, default widths) at a quarter of its traced unconstrained peak, chunks of budget / 16 as
-the ladder sets them; one process traces everything (`trainers.estimating_process`).
+the ladder sets them; one process traces everything (`trainers.estimate.process`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from protein.data import CropConfig, FoldingExamples, collate_folding, load_chai
 from protein.evoformer import EvoformerConfig
 from protein.model import FoldConfig, FoldingModel
 from trainers import Strategy, TrainConfig
-from trainers.budget import MIN_CHUNK_BYTES, PLANNING_MARGIN
-from trainers.data import first_micro_batch
-from trainers.estimate import layout_job, trace_jobs
-from trainers.estimating_process import run_fresh
+from trainers.estimate.budget import MIN_CHUNK_BYTES, PLANNING_MARGIN
+from trainers.loop.data import first_micro_batch
+from trainers.estimate.trace import layout_job, trace_jobs
+from trainers.estimate.process import run_fresh
 
 
 def measure(blocks: int) -> dict[str, float]:

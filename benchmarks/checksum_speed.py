@@ -1,4 +1,4 @@
-"""How fast a chunk file's checksum is: zlib's CRC-32 (what `trainers.chunk_store` uses) against
+"""How fast a chunk file's checksum is: zlib's CRC-32 (what `trainers.memory.chunks.store` uses) against
 BLAKE2b (what it used before), over random bytes in memory, one thread, best of --repeats.
 
     python benchmarks/checksum_speed.py [--mib 64] [--repeats 5]

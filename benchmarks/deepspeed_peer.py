@@ -16,7 +16,7 @@ import deepspeed
 import torch
 from torch import nn
 
-from trainers.memory import live_tensor_bytes
+from trainers.memory.measure import live_tensor_bytes
 
 OFFLOAD_KEYS = {"none": {}, "optimizer": {"offload_optimizer": {"device": "cpu"}},
                 "params": {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}

@@ -1,4 +1,4 @@
-"""What the estimating process costs (`trainers.estimating_process`): the seconds a call takes to
+"""What the estimating process costs (`trainers.estimate.process`): the seconds a call takes to
 start through the fork server against a freshly spawned process that imports the same modules,
 and the memory the idle server holds while the calling process lives.
 
@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import forkserver
 from pathlib import Path
 
-from trainers.estimating_process import PRELOADED, run_fresh
+from trainers.estimate.process import PRELOADED, run_fresh
 
 
 def _nothing() -> int:

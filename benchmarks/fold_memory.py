@@ -6,7 +6,7 @@ the plain model needs at --budget-crop.
                                      [--chunk-budget-mib 4] [--max-crop 1024]
 
 Settings: "plain" (fp32), "recompute" (each Evoformer block recomputed in backward, applied by
-trainers.recompute.apply_recompute from the model's plan), "recompute+chunk" (the Evoformer's
+trainers.memory.recompute.apply_recompute from the model's plan), "recompute+chunk" (the Evoformer's
 chunked modules held to --chunk-budget-mib per chunk), "recompute+chunk+bf16" (bf16 autocast with
 the fp32 islands of protein.precision). The model is fold_tiny's (4 blocks, widths 32/32), one
 crop per step, 8 MSA rows, no recycling; the step is forward + losses + backward. Peak = tensor
@@ -26,7 +26,7 @@ from measure import timed_peak
 from protein.features import msa_features
 from protein.model import FoldingModel
 from recipes.fold_tiny import FoldTinyConfig
-from trainers.recompute import RecomputePolicy, apply_recompute, uniform_keep
+from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
 
 SETTINGS = ("plain", "recompute", "recompute+chunk", "recompute+chunk+bf16")
 

@@ -5,7 +5,7 @@ kernel against its PyTorch path and `torch.compile`.
     python benchmarks/fused_layers.py [--device cpu|cuda] [--dtype float32|bfloat16] [--skip-time]
 
 Saved bytes: the distinct storages autograd keeps for backward through a stack of two blocks
-(`trainers.saved_activations.SavedActivations`, parameters excluded), divided by two, in MiB. The
+(`trainers.memory.saved_activations.SavedActivations`, parameters excluded), divided by two, in MiB. The
 block input counts for both sides; a tensor two operations save counts once. Both sides train with
 their configuration's dropouts (HF defaults: BERT and GPT-2 0.1 everywhere, ViT none); the
 no-dropout rows show the gap when attention dropout is off. Step time: forward + backward of a
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn.activation import activate, bias_act_dropout
 from zoo.nn.block import TransformerBlock, TransformerBlockConfig
 

@@ -197,8 +197,8 @@ budget() {
     # unconstrained torch.cuda.max_memory_allocated, beside the unconstrained run (one GPU). Not the
     # Conformer: its recordings (Debian pocketsphinx-testdata) do not fit in the GPU bundle.
     section "budget"
-    # The cuBLAS workspaces every planned peak on a GPU adds (trainers.memory.cuda_workspace_bytes).
-    record python3 -c "import torch; from trainers.memory import cuda_workspace_bytes as w
+    # The cuBLAS workspaces every planned peak on a GPU adds (trainers.memory.measure.cuda_workspace_bytes).
+    record python3 -c "import torch; from trainers.memory.measure import cuda_workspace_bytes as w
 for dtype in (torch.float32, torch.bfloat16): print('cuBLAS workspaces', dtype, w(torch.device('cuda'), dtype) / 2**20, 'MiB')"
     MEMZOO_DEVICE=cuda record python3 benchmarks/memory_budget.py --size large --families gpt fold \
         --out "$out/memory_budget.jsonl"

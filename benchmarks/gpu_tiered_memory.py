@@ -1,6 +1,6 @@
 """The largest GPT that trains under a fixed GPU memory budget, and throughput at equal size: model
 states in chunks across GPU, pinned host memory and disk (`Strategy(offload="chunks")`, the device
-tier of `trainers.chunk_device`) against FSDP2's static CPU offload (`Strategy(zero=3,
+tier of `trainers.memory.chunks.device`) against FSDP2's static CPU offload (`Strategy(zero=3,
 offload="params")`: every parameter on the host, each block copied up for its forward and backward,
 every gradient down, the update on the host) and against plain training with the states on the GPU.
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiered_memory import BLOCK, gpt_and_data  # noqa: E402
 
-from trainers.metrics import METRICS_FILE  # noqa: E402
+from trainers.loop.metrics import METRICS_FILE  # noqa: E402
 
 MODES = ("gpu", "fsdp-offload", "chunks")
 """States on the GPU; FSDP2 static CPU offload; chunks in three tiers."""
@@ -165,7 +165,7 @@ def describe(row: dict) -> str:
 
 
 def main() -> None:
-    from trainers.devices import parse_bytes
+    from trainers.estimate.devices import parse_bytes
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="4GiB", help="device memory each run may allocate")

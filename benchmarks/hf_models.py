@@ -127,7 +127,7 @@ def peak(device: torch.device) -> int:
 
 
 def worker(model_name: str, implementation: str, device_name: str, dtype_name: str, steps: int) -> dict:
-    from trainers.saved_activations import SavedActivations
+    from trainers.memory.saved_activations import SavedActivations
 
     device, dtype = torch.device(device_name), getattr(torch, dtype_name)
     model = build(model_name, implementation).to(device=device, dtype=dtype).train()

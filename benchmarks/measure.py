@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from trainers.memory import cuda_workspace_bytes
-from trainers.tensor_peak import TensorPeak
+from trainers.memory.measure import cuda_workspace_bytes
+from trainers.memory.tensor_peak import TensorPeak
 
 
 def status_bytes(field: str) -> int:
@@ -70,10 +70,10 @@ def ranks_device() -> str:
 
 def finish_worker(out: str, rows: list[dict]) -> None:
     """End a launched rank: rank 0 appends `rows` to `out` as JSON lines, then every rank leaves
-    the process group and exits (`trainers.distributed.exit_process`: no teardown aborts)."""
+    the process group and exits (`trainers.parallel.mesh.exit_process`: no teardown aborts)."""
     import torch.distributed as dist
 
-    from trainers.distributed import exit_process, shutdown_distributed
+    from trainers.parallel.mesh import exit_process, shutdown_distributed
 
     if dist.get_rank() == 0:
         with open(out, "a") as sink:

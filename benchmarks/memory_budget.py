@@ -26,8 +26,8 @@ import time
 import torch
 
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.data import first_micro_batch
-from trainers.memory import cuda_workspace_bytes
+from trainers.loop.data import first_micro_batch
+from trainers.memory.measure import cuda_workspace_bytes
 from zoo.nn import chunk_memory
 
 FAMILIES = ("gpt", "conformer", "fold")

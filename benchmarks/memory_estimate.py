@@ -208,7 +208,7 @@ def _rss() -> int:
 def worker(out: str, families: list[str], cases: list[str]) -> None:
     import torch.distributed as dist
 
-    from trainers.distributed import setup_distributed
+    from trainers.parallel.mesh import setup_distributed
 
     setup_distributed()
     world = dist.get_world_size()
@@ -224,7 +224,7 @@ def worker(out: str, families: list[str], cases: list[str]) -> None:
 
 def estimates(families: list[str], world: int) -> list[dict]:
     from trainers import Strategy
-    from trainers.estimate import estimate_layouts
+    from trainers.estimate.trace import estimate_layouts
 
     rows = []
     for family in families:

@@ -58,7 +58,7 @@ def train(strategy, microbatches: int, vocab: int = SHAPE["vocab_size"], balance
     per data-parallel rank, and its history."""
     from nlp.gpt import GPT, GPTConfig
     from trainers import TrainConfig, Trainer
-    from trainers.data import first_micro_batch
+    from trainers.loop.data import first_micro_batch
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**SHAPE, "vocab_size": vocab}, bias=False, dropout=0.0))
@@ -131,7 +131,7 @@ def draw(timelines: list[dict], path: Path, title: str) -> None:
 
 def collectives_per_step(trainer, data) -> dict[str, int]:
     """Count of this rank's parameter all-gathers and gradient reduce-scatters in one more step."""
-    from trainers.step_counters import CollectiveLog
+    from trainers.estimate.counters import CollectiveLog
 
     trainer.config = dataclasses.replace(trainer.config, max_steps=trainer.step + 1)
     with CollectiveLog() as counting:
@@ -146,8 +146,8 @@ def worker(out: str, timelines: str) -> None:
     import torch.distributed as dist
 
     from trainers import Strategy
-    from trainers.pipeline_schedules import analytic_bubble
-    from trainers.pipeline_split import stage_costs
+    from trainers.pipeline.schedules import analytic_bubble
+    from trainers.pipeline.balance import stage_costs
 
     world = int(os.environ["WORLD_SIZE"])
     rows = []

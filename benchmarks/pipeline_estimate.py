@@ -67,7 +67,7 @@ def worker(out: str, families: list[str]) -> None:
 
 
 def estimates(families: list[str]) -> list[dict]:
-    from trainers.estimate import estimate_layouts
+    from trainers.estimate.trace import estimate_layouts
 
     rows = []
     for family in families:

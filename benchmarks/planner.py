@@ -8,7 +8,7 @@ For each world size it lists the layouts of a GPT (4 blocks, width 256, 256 toke
 batches of 4 and 2 examples (one data-parallel rank: ZeRO 0 only); and pipelined over 2 ranks (2
 blocks a stage) under GPipe, 1F1B and zero-bubble, ZeRO 0, no recompute, micro batches of 4 and 2
 (with tensor parallelism over the rest at 4 ranks); estimates each with the planner's
-cost model on the "cpu" device measured here or a GPU preset (`trainers.planner.step_time` on the
+cost model on the "cpu" device measured here or a GPU preset (`trainers.estimate.planner.step_time` on the
 traced step), and measures each: one torchrun launch (gloo with OMP_NUM_THREADS=1, or NCCL under
 MEMZOO_DEVICE=cuda) trains every layout for 5 steps, the median of steps 3-5. It prints the device's
 collective latency and bandwidth, predicted against measured seconds with each traced rank's FLOPs,
@@ -75,7 +75,7 @@ def worker(out: str) -> None:
 
     from nlp.gpt import GPT, GPTConfig
     from trainers import Strategy, Trainer
-    from trainers.distributed import setup_distributed
+    from trainers.parallel.mesh import setup_distributed
 
     setup_distributed()
     world = dist.get_world_size()
@@ -97,9 +97,9 @@ def predictions(world: int, device: str) -> tuple[list[dict], object]:
     """Each layout's predicted seconds, traced peak and FLOPs per traced rank; and the device spec."""
     from nlp.gpt import GPT, GPTConfig
     from trainers import Strategy
-    from trainers.devices import device_spec
-    from trainers.estimate import estimate_layouts
-    from trainers.planner import step_time
+    from trainers.estimate.devices import device_spec
+    from trainers.estimate.trace import estimate_layouts
+    from trainers.estimate.planner import step_time
 
     spec = device_spec(device, world)
     chosen = layouts(world)

@@ -5,7 +5,7 @@
 Each shape BxTxUxV runs every method on the same encoder output (B, T, H), decoder output (B, U+1, H)
 and joiner out(tanh(enc_proj(enc) + dec_proj(dec))) of width --joiner-dim, in one process. A step
 is the loss and the gradients of encoder_out, decoder_out and every parameter. Peak = the largest
-total of tensor bytes alive at once beyond the inputs and parameters (trainers.tensor_peak on CPU, the
+total of tensor bytes alive at once beyond the inputs and parameters (trainers.memory.tensor_peak on CPU, the
 CUDA allocator's peak above the inputs on a GPU), so the encoder/decoder gradients count for every
 method; "working" is that peak less those two gradients (what the loss itself needs). Methods:
   full               joiner on (B, T, U+1), asr.losses.rnnt_loss (fused closed-form gradient written

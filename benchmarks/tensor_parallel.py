@@ -80,8 +80,8 @@ def tp_model(shape: dict, tp: int, sequence_parallel: bool):
     """GPT of `shape` split over the "tp" dimension of this job's mesh (no FSDP: only TP's traffic),
     and the device it runs on."""
     from nlp.gpt import GPT, GPTConfig
-    from trainers.distributed import setup_distributed
-    from trainers.tensor_parallel import apply_tensor_parallel
+    from trainers.parallel.mesh import setup_distributed
+    from trainers.parallel.tensor import apply_tensor_parallel
     from zoo.plan import model_plan
 
     env = setup_distributed(tp)
@@ -95,8 +95,8 @@ def tp_model(shape: dict, tp: int, sequence_parallel: bool):
 def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from trainers.step_counters import CollectiveLog
-    from trainers.saved_activations import SavedActivations
+    from trainers.estimate.counters import CollectiveLog
+    from trainers.memory.saved_activations import SavedActivations
     from zoo.nn.logits import loss_only
 
     model, device = tp_model(shape, tp, sequence_parallel)

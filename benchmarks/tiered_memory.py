@@ -1,6 +1,6 @@
 """The largest GPT that trains under a process memory budget B on a CPU machine: model states in
 memory (AdamW, fp32: 16 bytes a parameter) against states in chunks on disk
-(`Strategy(offload="chunks")`, `trainers.chunked_states`).
+(`Strategy(offload="chunks")`, `trainers.memory.chunks.states`).
 
 Each run is a fresh process training a GPT (GPT-2's 50,257-token vocabulary, 128-token blocks of
 Shakespeare, 2 micro batches of 2) for a few steps; its peak resident memory is getrusage's
@@ -158,7 +158,7 @@ def describe(row: dict) -> str:
 
 
 def main() -> None:
-    from trainers.devices import parse_bytes
+    from trainers.estimate.devices import parse_bytes
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="2GiB", help="peak resident memory each run may reach")

@@ -59,7 +59,7 @@ def worker(steps: int, out: str) -> None:
 
     from nlp.gpt import GPT, GPTConfig
     from trainers import Strategy, TrainConfig, Trainer, zero_model_states
-    from trainers.memory import live_tensor_bytes
+    from trainers.memory.measure import live_tensor_bytes
 
     rows = []
     for size, shape in SIZES.items():

@@ -57,9 +57,9 @@ from asr.word_language_model import WordLanguageModel
 from recipes.asr_transducer_card import RECORDED, model_card
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.checkpoint import resume_candidates
-from trainers.data import first_micro_batch
-from trainers.distributed import from_main_rank
+from trainers.state.checkpoint import resume_candidates
+from trainers.loop.data import first_micro_batch
+from trainers.parallel.mesh import from_main_rank
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
 

@@ -26,7 +26,7 @@ from nlp.data import pad_collate
 from nlp.tokenizers import tokenizer_from_spec
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.data import first_micro_batch
+from trainers.loop.data import first_micro_batch
 from zoo.corpora import VADER_SOURCES, vader_snippets
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir

@@ -39,8 +39,8 @@ from protein.pair_confidence import PairTraining
 from protein.structure_module import StructureConfig
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.data import first_micro_batch
-from trainers.distributed import from_main_rank, map_over_ranks
+from trainers.loop.data import first_micro_batch
+from trainers.parallel.mesh import from_main_rank, map_over_ranks
 from zoo.recipes import Recipe, command_line
 from zoo.store import read_config, user_zoo_dir
 

@@ -26,7 +26,7 @@ from nlp.gpt import GPT, GPTConfig
 from nlp.tokenizers import CharTokenizer, GPT2Tokenizer, TextTokenizer
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.data import first_micro_batch
+from trainers.loop.data import first_micro_batch
 from zoo.corpora import shakespeare_text
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir

@@ -26,7 +26,7 @@ import torch
 import zoo
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.data import first_micro_batch
+from trainers.loop.data import first_micro_batch
 from vision.augment import Augmentation
 from vision.classify import accuracy
 from vision.digits import frame_like_mnist, mnist_digits, opencv_digits, stratified_split

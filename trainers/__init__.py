@@ -6,10 +6,10 @@ trainer applies it.
 """
 
 from trainers.config import TrainConfig
-from trainers.devices import DeviceSpec
-from trainers.estimate import MemoryEstimate, estimate_layouts, estimate_memory
-from trainers.memory import zero_model_states
-from trainers.planner import Plan, SearchSpace, plan
+from trainers.estimate.devices import DeviceSpec
+from trainers.estimate.trace import MemoryEstimate, estimate_layouts, estimate_memory
+from trainers.memory.measure import zero_model_states
+from trainers.estimate.planner import Plan, SearchSpace, plan
 from trainers.strategy import Strategy
 from trainers.trainer import Trainer
 

@@ -5,7 +5,7 @@ materialise.
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
 - zero 0 and 1: `replicate` (FSDP2's data-parallel twin: full parameters, all-reduced gradients);
-  stage 1 adds the state-sharded optimizer of `trainers.optim`.
+  stage 1 adds the state-sharded optimizer of `trainers.state.optimizer`.
 - zero 2: `fully_shard(reshard_after_forward=False)`: gradients and optimizer state sharded,
   parameters kept gathered from forward to backward.
 - zero 3: `fully_shard(reshard_after_forward=True)`: parameters sharded outside their block's
@@ -24,12 +24,12 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from trainers.distributed import DistEnv
-from trainers.pipeline_parallel import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
-from trainers.pipeline_stage import StageModule
-from trainers.recompute import RecomputePolicy, apply_recompute, uniform_keep
+from trainers.parallel.mesh import DistEnv
+from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
+from trainers.pipeline.stage import StageModule
+from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.strategy import Strategy
-from trainers.tensor_parallel import apply_tensor_parallel, check_plan
+from trainers.parallel.tensor import apply_tensor_parallel, check_plan
 from zoo.plan import model_plan, resolve
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -100,7 +100,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         if missing:
             raise ValueError(f"the recompute policy names no choice for recompute units {missing[:3]}")
         apply_recompute(model, recompute, units)
-    if strategy.offload == "chunks":  # one data-parallel layout, the chunks' (trainers.chunked_states)
+    if strategy.offload == "chunks":  # one data-parallel layout, the chunks' (trainers.memory.chunks.states)
         return model, None
 
     common = dict(

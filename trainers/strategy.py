@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from trainers.devices import parse_bytes
+from trainers.estimate.devices import parse_bytes
 
 ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params", "chunks"]
@@ -26,7 +26,7 @@ of GPipe, with breadth-first's data parallelism)."""
 class Strategy:
     """Memory strategy applied to any model by the `Trainer`.
 
-    The ranks form the job's `DeviceMesh` (`trainers.distributed.DistEnv.mesh`) with dimensions
+    The ranks form the job's `DeviceMesh` (`trainers.parallel.mesh.DistEnv.mesh`) with dimensions
     ("pp", "dp", "tp"): `pp` ranks each run a slice of the model's blocks (pipeline stages), `tp`
     ranks split each layer, and world / (pp * tp) ranks hold the data-parallel replicas (or ZeRO
     shards) of each stage. The model is split for the pipeline first, then each stage for tensor
@@ -44,7 +44,7 @@ class Strategy:
     CPU and each block is copied to the device when it runs (FSDP2 `CPUOffloadPolicy`); "chunks":
     parameters, gradients and AdamW moments live in chunks that move between memory and files in
     `offload_dir`, as many kept in memory as `memory_budget` leaves room for
-    (`trainers.chunked_states`; fp32, no tensor or pipeline parallelism; ZeRO 0: every
+    (`trainers.memory.chunks.states`; fp32, no tensor or pipeline parallelism; ZeRO 0: every
     data-parallel rank keeps all chunks, 3: each keeps and updates its share of them and gathers the
     others' parameter chunks as the model uses them). On a GPU the chunks in use are on the device,
     as many kept there as `device_memory_budget` leaves room for, the rest in pinned host memory and
@@ -104,13 +104,13 @@ class Strategy:
     pp_split: tuple[int, ...] | None = None
     """Blocks of each pipeline stage, in stage order: pp * stages_per_rank counts of at least one,
     summing to the model's blocks (`zoo.plan.ModelPlan.blocks`). None: the stages balance each
-    block's estimated cost on the example batch (`trainers.pipeline_split`). The planner and the
+    block's estimated cost on the example batch (`trainers.pipeline.balance`). The planner and the
     memory budget give the split they traced, so that the run is the one they estimated."""
 
     memory_budget: int | str | None = None
     """Bytes each rank's training step may hold at its peak: an int, or a string with a unit
     ("6GiB", "512 MiB"), kept as an int. The trainer then plans for its own model, world and batch
-    (`trainers.budget`) and applies the cheapest way to stay under it: smaller chunks of the
+    (`trainers.estimate.budget`) and applies the cheapest way to stay under it: smaller chunks of the
     chunked operations, which operator outputs each block keeps for backward (the rest is
     recomputed), and, when that is not enough, a higher ZeRO stage (several data-parallel ranks)
     or offload (on a GPU). `recompute` is then chosen by the budget; `zero` and `offload` are
@@ -122,7 +122,7 @@ class Strategy:
     device_memory_budget: int | str | None = None
     """Under offload="chunks": bytes of device memory the chunks and the step's device tensors may
     hold at their peak (an int, or a string with a unit: "4GiB"), the device tier above host memory
-    and disk (`trainers.chunk_device`). None: on a GPU, the device memory free when training starts;
+    and disk (`trainers.memory.chunks.device`). None: on a GPU, the device memory free when training starts;
     on a CPU-only machine, no device tier. Given on a CPU-only machine, the device tier is a second
     pool of host memory under this budget, beside `memory_budget` (which then counts the process
     without it): the moves of all three tiers, on any machine."""
@@ -130,7 +130,7 @@ class Strategy:
     swap_activations: int | str | None = None
     """Under offload="chunks": tensors that autograd saves for backward, of at least this many
     bytes (an int, or a string with a unit: "1MiB"), are written to files in `offload_dir` as
-    forward saves them and read back ahead of backward (`trainers.activation_swap`); what a block
+    forward saves them and read back ahead of backward (`trainers.memory.activations.swap`); what a block
     saves at all follows `recompute`. None: activations stay in memory. Under `activation_memory`
     or `block_activations`: the size from which the swapping blocks' tensors go (None: all)."""
 
@@ -139,7 +139,7 @@ class Strategy:
     during a step (an int, or a string with a unit). A probe forward before the first step measures
     what each block saves and how long its forward takes; blocks keep their activations while they
     fit, and each other block swaps them to files or recomputes them from its input, whichever the
-    probe found faster (`trainers.activation_plan`). Needs recompute="none" (the choice is per block)."""
+    probe found faster (`trainers.memory.activations.plan`). Needs recompute="none" (the choice is per block)."""
 
     block_activations: tuple[str, ...] | None = None
     """Under offload="chunks": each block's choice set by hand, "NAME=CHOICE" for every block of the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import math
@@ -19,27 +18,29 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
-from trainers.activation_plan import (CHOICES, BlockCost, Choice, apply_block_activations, block_activation_policy,
+from trainers.memory.activations.plan import (CHOICES, BlockCost, Choice, apply_block_activations, block_activation_policy,
                                      choose_block_activations, disk_seconds_per_byte, measure_blocks,
                                      parse_block_activations)
-from trainers.budget import BudgetPlan, fit_budget, set_chunk_bytes, tighten
-from trainers.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
+from trainers.estimate.budget import BudgetPlan, fit_budget, tighten
+from trainers.memory.operation_chunks import set_chunk_bytes
+from trainers.state.checkpoint import (CorruptCheckpoint, ensure_writable, full_state_dict, load_checkpoint, read_trainer_state,
                                  resume_candidates, save_checkpoint)
-from trainers.chunked_states import ChunkedStates
+from trainers.memory.chunks.states import ChunkedStates, largest_block_tensor
 from trainers.config import TrainConfig
-from trainers.continuation import REFUSED, REPORTED, changed_settings, check_continuation, flat_settings, run_settings
-from trainers.data import MicroBatch, StepSampler, check_batch_sizes, pipeline_microbatches
-from trainers.distributed import setup_distributed
-from trainers.loss_scale import DynamicLossScaler
-from trainers.memory import RankMemory, StepMemoryProbe, gather_reports
-from trainers.metrics import MetricsSink
-from trainers.gradients import clip_factor, scale_gradients, total_norm
-from trainers.optim import TrainOptimizer, check_parameter_prefixes
+from trainers.state.continuation import REFUSED, REPORTED, changed_settings, check_continuation, flat_settings, run_settings
+from trainers.loop.data import MicroBatch, StepSampler, check_batch_sizes, micro_batch_seed, pipeline_microbatches
+from trainers.parallel.mesh import setup_distributed
+from trainers.state.loss_scale import DynamicLossScaler
+from trainers.memory.measure import RankMemory, StepMemoryProbe, gather_reports
+from trainers.loop.metrics import MetricsSink
+from trainers.state.gradients import clip_factor, scale_gradients, total_norm
+from trainers.state.optimizer import TrainOptimizer, check_parameter_prefixes
 from trainers.parallelize import parallelize, recompute_units
-from trainers.pipeline_schedules import check_schedule
-from trainers.pipeline_step import build_pipeline, pipeline_passes
-from trainers.recompute import RecomputePolicy, uniform_keep
-from trainers.schedule import warmup_cosine_lr
+from trainers.pipeline.schedules import check_schedule
+from trainers.pipeline.step import build_pipeline, pipeline_passes
+from trainers.memory.recompute import RecomputePolicy, uniform_keep
+from trainers.state.schedule import warmup_cosine_lr
+from trainers.step import accumulate_gradients, gradient_sync, model_loss, to_device
 from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
 from zoo.plan import model_plan
@@ -54,65 +55,6 @@ BUDGET_STEPS_HELD = 2
 and the second, when optimizer state exists)."""
 DEVICE_RERUNS = 2
 """Times a step with chunked states runs again after its forward or backward ran out of device memory."""
-
-
-def micro_batch_seed(seed: int, step: int, index: int) -> int:
-    """Seed of the random draws (data augmentation, dropout) of micro batch `index` of the global
-    batch of optimizer step `step`: the same on any number of ranks, and replayed exactly on resume."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-def _to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def model_loss(model: nn.Module, model_class: str, batch: Mapping[str, Any]) -> torch.Tensor:
-    """`model(**batch)["loss"]`, checked to be a scalar tensor (`model_class` names the model in
-    the error)."""
-    with loss_only():  # a model that can skips its logits (zoo.nn.logits), in evaluation too
-        output = model(**batch)
-    if not isinstance(output, Mapping) or "loss" not in output:
-        raise TypeError(f"{model_class}.forward(**batch) must return a mapping with a 'loss'; got {type(output).__name__}")
-    loss = output["loss"]
-    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-        raise TypeError(f"{model_class}.forward(**batch)['loss'] must be a scalar tensor; got {getattr(loss, 'shape', loss)}")
-    return loss
-
-
-def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[Mapping[str, Any]],
-                         before_backward: Callable[[bool], None] | None, accumulation: int,
-                         scale: float) -> tuple[torch.Tensor, int]:
-    """Forward and backward of a step's `accumulation` micro batches (on this rank, unpipelined),
-    each loss times `scale / accumulation`; returns the sum of their losses and the input_ids they
-    held. `before_backward(last)` is told before each micro batch whether it is the step's last:
-    under ZeRO 0-1 (replicated gradients) only the last backward all-reduces
-    (`set_requires_gradient_sync`); sharded gradients are reduce-scattered after every micro batch
-    (None), so that each rank keeps only its shard."""
-    loss_sum, units = None, 0
-    for index, batch in enumerate(batches):
-        if before_backward is not None:
-            before_backward(index == accumulation - 1)
-        loss = model_loss(model, model_class, batch)
-        (loss * (scale / accumulation)).backward()
-        loss_sum = loss.detach().float() if loss_sum is None else loss_sum + loss.detach().float()
-        if isinstance(batch.get("input_ids"), torch.Tensor):
-            units += batch["input_ids"].numel()
-    return loss_sum, units
-
-
-def gradient_sync(model: nn.Module, strategy: Strategy) -> Callable[[bool], None] | None:
-    """What `accumulate_gradients` tells before each backward under `strategy`: whether the
-    replicated gradients all-reduce after it (ZeRO 0-1); None where every backward reduces."""
-    return model.set_requires_gradient_sync if strategy.zero <= 1 else None
-
-
-def largest_block_tensor(model: nn.Module) -> int | None:
-    """Elements of the largest trainable tensor in the blocks `model`'s plan declares (None
-    without blocks): the size chunks are made for (`trainers.chunks`)."""
-    names = model_plan(model).block_names(model)
-    sizes = [p.numel() for name in names for p in model.get_submodule(name).parameters() if p.requires_grad]
-    return max(sizes) if sizes else None
 
 
 class Trainer:
@@ -153,7 +95,7 @@ class Trainer:
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
         self.budget_plan: BudgetPlan | None = None
-        """Under a memory budget, what the trainer chose to hold it (`trainers.budget`)."""
+        """Under a memory budget, what the trainer chose to hold it (`trainers.estimate.budget`)."""
         self.recompute: RecomputePolicy | None = None
         self._budget_steps_held = 0
         if strategy.memory_budget is not None and strategy.offload != "chunks":
@@ -193,7 +135,7 @@ class Trainer:
                 group=self.env.mesh["dp"].get_group(), anchor=anchor,
             )
         self.block_activations: dict[str, Choice] | None = None
-        """Under a per-block activation plan: each block's choice (`trainers.activation_plan`)."""
+        """Under a per-block activation plan: each block's choice (`trainers.memory.activations.plan`)."""
         self.block_costs: list[BlockCost] | None = None
         """Under Strategy.activation_memory: what the probe measured of each block (rank 0's)."""
         if strategy.block_activations is not None:
@@ -289,7 +231,7 @@ class Trainer:
                 weight = len(chunk) if index < len(chunks) else 0
                 # Random draws of the examples (crops) depend on the chunk alone, not on the run so far.
                 torch.manual_seed(micro_batch_seed(config.seed, -1, index))
-                loss = self._loss(_to_device(collate([dataset[i] for i in chunk]), env.device))
+                loss = self._loss(to_device(collate([dataset[i] for i in chunk]), env.device))
                 totals[0] += loss.double() * weight
                 totals[1] += weight
         finally:
@@ -311,7 +253,7 @@ class Trainer:
     def memory_report(self) -> list[dict[str, Any]]:
         """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
         the activation peak, measured from live tensors during one training step (the second
-        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.RankMemory`). Empty before then,
+        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.measure.RankMemory`). Empty before then,
         under offload="chunks" (whose steps record their disk traffic instead) and without
         `TrainConfig.measure_memory`."""
         return self._memory or []
@@ -335,7 +277,7 @@ class Trainer:
         Returns False when nothing has been saved yet.
 
         strict: refuse a checkpoint saved under settings that make the rest of the run another
-        computation (`trainers.continuation.REFUSED`: optimizer, schedule, global batch, seed,
+        computation (`trainers.state.continuation.REFUSED`: optimizer, schedule, global batch, seed,
         precision) before loading anything; False loads it anyway and logs the differences. Changes
         that keep the run correct (`REPORTED`: more steps, another world size or ZeRO stage) are logged.
         """
@@ -515,10 +457,10 @@ class Trainer:
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         if self.pipeline is not None:
             loss_sum, units = pipeline_passes(self.pipeline, self.pipeline_parts,
-                                              (_to_device(b, env.device) for b in batches), accumulation,
+                                              (to_device(b, env.device) for b in batches), accumulation,
                                               self.microbatches, scale, env.device)
         else:
-            loss_sum, units = accumulate_gradients(self.model, self.model_class, (_to_device(b, env.device) for b in batches),
+            loss_sum, units = accumulate_gradients(self.model, self.model_class, (to_device(b, env.device) for b in batches),
                                                    gradient_sync(self.model, self.strategy), accumulation, scale)
         if probe is not None:
             probe.after_backward()
@@ -540,7 +482,7 @@ class Trainer:
         return self._step_record(loss_sum, units, accumulation, lr, grad_norm, take_step)
 
     def _chunked_step(self, make_batches: Callable[[], Iterator[Batch]], accumulation: int) -> dict[str, Any]:
-        """One step with the model states in chunks (`trainers.chunked_states`). A step whose forward
+        """One step with the model states in chunks (`trainers.memory.chunks.states`). A step whose forward
         or backward runs out of device memory runs again from its first micro batch, with more of the
         device budget left to the allocator, up to `DEVICE_RERUNS` times (where
         `ChunkedStates.can_rerun_step`)."""
@@ -549,7 +491,7 @@ class Trainer:
         if self.block_activations is None and self.strategy.activation_memory is not None:
             first = next(batches)  # drawn (and its random state seeded) as the step would
             batches = itertools.chain([first], batches)
-            self._choose_block_activations(_to_device(first, self.env.device))
+            self._choose_block_activations(to_device(first, self.env.device))
         read, written, ahead = chunks.store.bytes_read, chunks.store.bytes_written, chunks.store.bytes_prefetched
         device = chunks.device
         up, down, up_ahead = (device.bytes_up, device.bytes_down, device.bytes_ahead) if device is not None else (0, 0, 0)
@@ -561,7 +503,7 @@ class Trainer:
             try:
                 with chunks.step_region():
                     loss_sum, units = accumulate_gradients(self.model, self.model_class,
-                                                           (_to_device(b, self.env.device) for b in batches),
+                                                           (to_device(b, self.env.device) for b in batches),
                                                            chunks.begin_micro_batch, accumulation, 1.0)
                     grad_norm = chunks.finish_backward()
                     backward_done = True

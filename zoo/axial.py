@@ -11,7 +11,7 @@ needs another layout, its code says so with these functions:
 
 On one device, and whenever no trainer applied axial parallelism, each returns x unchanged, so the
 model stays single-device code with a few sharding annotations (GSPMD's idea); `trainers` installs
-the collectives (`trainers.axial_parallel`). The model holds no distributed code.
+the collectives (`trainers.parallel.axial`). The model holds no distributed code.
 """
 
 from __future__ import annotations

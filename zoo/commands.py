@@ -1,14 +1,16 @@
-"""Verbs of the `zoo` command line that the domain packages add (`zoo generate`, `zoo transcribe`, ...).
+"""Verbs of the `zoo` command line that other packages add: `zoo train` and `zoo plan` (`trainers`),
+`zoo generate`, `zoo transcribe`, ... (the domains).
 
-A domain announces its verbs as `memzoo.commands` entry points (pyproject.toml) naming a `Command`,
-so the CLI finds them without importing any domain itself.
+A package announces its verbs as `memzoo.commands` entry points (pyproject.toml) naming a `Command`,
+so the CLI finds them without importing any of those packages itself.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from zoo.plugins import entry_point_named, entry_point_names, named_entry_points
 
@@ -27,18 +29,23 @@ class Command:
     """Declares the verb's arguments on its sub-parser."""
     run: Callable[[argparse.Namespace], None]
     """Runs the verb; raises ValueError (or OSError) with a message for the user on bad input."""
+    parser_options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the verb's sub-parser beside its help (`usage`, `add_help`)."""
+    open_ended: bool = False
+    """The verb takes `--field value` words of its own after its arguments (a recipe's or a model
+    config's options): they reach `run` as `args.words` instead of being refused."""
 
 
 def commands() -> dict[str, Command]:
-    """Every installed domain verb by name (importing every domain's command line)."""
+    """Every registered verb by name (importing every package's command line)."""
     return named_entry_points(ENTRY_POINT_GROUP)
 
 
 def command_names() -> list[str]:
-    """The installed domain verbs' names, importing none of them."""
+    """The registered verbs' names, importing none of them."""
     return entry_point_names(ENTRY_POINT_GROUP)
 
 
 def command_named(name: str) -> Command | None:
-    """The domain verb `name`, importing its domain's command line alone; None when no domain has it."""
+    """The registered verb `name`, importing its package's command line alone; None when none has it."""
     return entry_point_named(ENTRY_POINT_GROUP, name)

@@ -89,6 +89,26 @@ def _convert(text: str, annotation: Any, where: str) -> Any:
         raise ValueError(f"--{where} expects {getattr(annotation, '__name__', annotation)}; got {text!r}") from error
 
 
+def parse_overrides(words: list[str]) -> dict[str, str]:
+    """`--field value` and `--field=value` words as {field: value}; ValueError for any other word."""
+    overrides = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if not word.startswith("--") or word == "--":
+            raise ValueError(f"expected --field value; got {word!r}")
+        if "=" in word:
+            key, value = word[2:].split("=", 1)
+            index += 1
+        else:
+            if index + 1 >= len(words):
+                raise ValueError(f"{word} needs a value")
+            key, value = word[2:], words[index + 1]
+            index += 2
+        overrides[key] = value
+    return overrides
+
+
 def apply_overrides(config: Any, overrides: dict[str, str]) -> Any:
     """Set dotted fields (`train.max_steps`, `strategy.zero`) of a nested dataclass from strings,
     converted to each field's annotated type; returns a new config. Each dataclass is rebuilt once

@@ -25,8 +25,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 
 from helpers import shakespeare_gpt  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
-from trainers.data import first_micro_batch  # noqa: E402
-from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
+from trainers.loop.data import first_micro_batch  # noqa: E402
+from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 
 CASES = {"pp": dict(n_layer=8, rows=16), "dp": dict(n_layer=2, n_embd=256, block_size=32, rows=2)}
 

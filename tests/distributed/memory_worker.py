@@ -24,8 +24,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
 from pipeline_worker import MODELS, config  # noqa: E402
 from trainers import MemoryEstimate, Strategy, TrainConfig, Trainer  # noqa: E402
-from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
-from trainers.estimate import layout_job, trace_jobs  # noqa: E402
+from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
+from trainers.estimate.trace import layout_job, trace_jobs  # noqa: E402
 from zoo.plan import model_plan  # noqa: E402
 
 

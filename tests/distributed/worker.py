@@ -52,8 +52,8 @@ from vision.vit import ViT, ViTConfig  # noqa: E402
 from helpers import chunk_budget, lm_examples, run_commands, tiny_gpt  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
-from trainers.distributed import exit_process, shutdown_distributed  # noqa: E402
-from trainers.optim import clean_fqn  # noqa: E402
+from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
+from trainers.state.optimizer import clean_fqn  # noqa: E402
 from zoo.plan import ModelPlan, PipelineSplit  # noqa: E402
 
 STEPS = 3
@@ -428,9 +428,9 @@ def tp_activations(out: str) -> None:
     all ranks by tensor parallelism, without and with sequence parallelism."""
     from torch.distributed.tensor import DTensor
 
-    from trainers.distributed import setup_distributed
-    from trainers.saved_activations import SavedActivations
-    from trainers.tensor_parallel import apply_tensor_parallel
+    from trainers.parallel.mesh import setup_distributed
+    from trainers.memory.saved_activations import SavedActivations
+    from trainers.parallel.tensor import apply_tensor_parallel
     from zoo.plan import model_plan
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -510,9 +510,11 @@ def vocab_parallel_loss() -> dict[str, float]:
     relative errors of the loss and the gradients (hidden whole, weight and bias this rank's rows)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from trainers.distributed import setup_distributed
+    from trainers.parallel.mesh import setup_distributed
+    from trainers.parallel.vocab import install_vocab_parallel_loss
     from zoo.nn import linear_cross_entropy
 
+    install_vocab_parallel_loss()
     mesh = setup_distributed(2).mesh["tp"]
     generator = torch.Generator().manual_seed(11)
     hidden, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((13, 16), (49, 16), (49,)))

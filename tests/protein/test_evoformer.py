@@ -8,7 +8,7 @@ import torch
 
 from protein.evoformer import (EvoformerBlock, EvoformerConfig, MSAColumnAttention, MSARowAttention,
                                OuterProductMean, TriangleAttention, TriangleMultiplication)
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.parity import relative_error
 
 CONFIG = EvoformerConfig(msa_dim=8, pair_dim=6, msa_heads=2, pair_heads=2, head_dim=4, outer_product_dim=3,

@@ -12,8 +12,8 @@ from protein.data import CropConfig, FoldingExamples, collate_folding, load_chai
 from protein.evoformer import EvoformerConfig
 from protein.model import FoldConfig, FoldingModel
 from protein.structure_module import StructureConfig
-from trainers.recompute import RecomputePolicy, apply_recompute, uniform_keep
-from trainers.saved_activations import SavedActivations
+from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
+from trainers.memory.saved_activations import SavedActivations
 
 TINY = FoldConfig(evoformer=EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
                                             outer_product_dim=4, triangle_dim=16),

@@ -1,4 +1,4 @@
-"""Each block's activations kept, swapped or recomputed (`trainers.activation_plan`): the choice
+"""Each block's activations kept, swapped or recomputed (`trainers.memory.activations.plan`): the choice
 under a budget, the settings refused, and training that matches training in memory whatever each
 block does."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from helpers import chunk_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.activation_plan import BlockCost, choose_block_activations, parse_block_activations
+from trainers.memory.activations.plan import BlockCost, choose_block_activations, parse_block_activations
 from zoo.parity import relative_error
 
 

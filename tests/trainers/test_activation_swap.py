@@ -1,4 +1,4 @@
-"""Saved tensors to files and back (trainers.activation_swap): bit for bit, with their strides, files
+"""Saved tensors to files and back (trainers.memory.activations.swap): bit for bit, with their strides, files
 removed with autograd's record, changed files refused, and a whole backward through swapped tensors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trainers.activation_swap import ActivationSwap, SwappedTensor, fills_its_region
+from trainers.memory.activations.swap import ActivationSwap, SwappedTensor, fills_its_region
 
 
 @pytest.fixture

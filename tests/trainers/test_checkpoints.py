@@ -62,7 +62,7 @@ KILL_DURING_SAVE = """
 import os, signal, sys
 sys.path.append({tests!r})
 from helpers import lm_examples, tiny_gpt
-import trainers.checkpoint as checkpoint
+import trainers.state.checkpoint as checkpoint
 from trainers import TrainConfig, Trainer
 
 real_replace = os.replace

@@ -11,7 +11,7 @@ from torch.utils.data import default_collate
 
 from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.chunked_states import KINDS
+from trainers.memory.chunks.states import KINDS
 from zoo.parity import relative_error
 
 
@@ -65,7 +65,7 @@ def test_chunked_gpt_trains_as_in_memory_through_the_disk(tmp_path, swap, recomp
 @pytest.mark.parametrize("device_room", [6 * 2**20, 2**30], ids=["device-tight", "device-roomy"])
 def test_chunked_gpt_with_a_device_tier_trains_as_in_memory(tmp_path, device_room):
     """Three tiers (the device tier a pool of host memory under its own budget, as on a GPU
-    machine; `trainers.chunk_device`): the same losses and parameters as training in memory.
+    machine; `trainers.memory.chunks.device`): the same losses and parameters as training in memory.
     Tight (6 MiB on the device for 26 MB of states beside the step's tensors): chunks go up and
     down every step, mostly into the buffers of chunks that left, and the updates run partly on
     the device, partly in host memory. Roomy: once

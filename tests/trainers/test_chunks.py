@@ -7,8 +7,8 @@ import torch
 
 from helpers import TINY
 from nlp.gpt import GPT
-from trainers.chunk_store import ChunkStore
-from trainers.chunks import chunk_owners, lay_out, search_chunk_size
+from trainers.memory.chunks.store import ChunkStore
+from trainers.memory.chunks.layout import chunk_owners, lay_out, search_chunk_size
 
 
 def test_chunk_owners_share_the_elements_nearly_equally_largest_first():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trainers.estimating_process import run_fresh
+from trainers.estimate.process import run_fresh
 
 
 def test_each_call_runs_in_its_own_process_with_the_callers_environment(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainers.fake_trace import HostFakeMode, fake_copy, move_fake_states
+from trainers.estimate.fake import HostFakeMode, fake_copy, move_fake_states
 
 
 def test_fake_states_move_to_the_device_as_fresh_twins_and_ties_stay_one():

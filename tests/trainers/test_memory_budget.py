@@ -12,10 +12,10 @@ import torch
 
 from helpers import lm_examples, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.budget import GPU_PLANNING_MARGIN, MemoryBudgetError, _fit_in_fresh_process
-from trainers.data import first_micro_batch
-from trainers.estimating_process import run_fresh
-from trainers.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
+from trainers.estimate.budget import GPU_PLANNING_MARGIN, MemoryBudgetError, _fit_in_fresh_process
+from trainers.loop.data import first_micro_batch
+from trainers.estimate.process import run_fresh
+from trainers.memory.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
 from zoo.parity import relative_error
 
 

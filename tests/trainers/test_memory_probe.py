@@ -6,7 +6,7 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from trainers import Strategy, zero_model_states
-from trainers.memory import StepMemoryProbe
+from trainers.memory.measure import StepMemoryProbe
 
 WIDTH, ROWS = 64, 256
 ACTIVATION = ROWS * WIDTH * 4

@@ -4,7 +4,7 @@ zero-bubble schedule stays within 1F1B's peak of micro batches in flight."""
 
 import pytest
 
-from trainers.pipeline_schedules import Action, analytic_bubble, schedule_orders, simulate
+from trainers.pipeline.schedules import Action, analytic_bubble, schedule_orders, simulate
 
 LAYOUTS = [(name, pp, v, m) for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("looped_bfs", 2),
                                             ("zero_bubble", 1))

@@ -10,10 +10,10 @@ from torch import nn
 
 from helpers import tiny_gpt
 from trainers import Strategy
-from trainers.data import pipeline_microbatches
-from trainers.pipeline_parallel import check_pipeline_plan, given_split
-from trainers.pipeline_split import PieceCosts, balanced_split, estimate_costs, stage_costs
-from trainers.pipeline_stage import prune
+from trainers.loop.data import pipeline_microbatches
+from trainers.pipeline.split import check_pipeline_plan, given_split
+from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs, stage_costs
+from trainers.pipeline.stage import prune
 from zoo.plan import ModelPlan, model_plan
 
 

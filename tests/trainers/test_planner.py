@@ -11,10 +11,10 @@ import torch
 from helpers import TINY
 from nlp.gpt import GPT
 from trainers import Strategy
-from trainers.devices import DEVICES, DeviceSpec, device_spec, parse_bytes
-from trainers.estimate import MemoryEstimate
-from trainers.memory import RankMemory
-from trainers.planner import SearchSpace, compute_seconds, plan
+from trainers.estimate.devices import DEVICES, DeviceSpec, device_spec, parse_bytes
+from trainers.estimate.trace import MemoryEstimate
+from trainers.memory.measure import RankMemory
+from trainers.estimate.planner import SearchSpace, compute_seconds, plan
 
 CPU = DeviceSpec("cpu", 1 << 34, 1e11, 5e10, 1e9, 1e9, 4e9, 2, False, 1e-4, 5e9, 2e-6)
 """A fixed CPU-like device, so that the ranking does not depend on this machine's load."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainers.fake_trace import HostFakeMode
-from trainers.step_counters import Work, WorkCount
+from trainers.estimate.fake import HostFakeMode
+from trainers.estimate.counters import Work, WorkCount
 
 
 def test_work_is_flops_for_matmuls_bytes_for_the_rest_and_nothing_for_views():

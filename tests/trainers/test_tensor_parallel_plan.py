@@ -6,7 +6,7 @@ from torch import nn
 
 from helpers import tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.tensor_parallel import check_plan
+from trainers.parallel.tensor import check_plan
 from zoo.plan import ModelPlan
 
 

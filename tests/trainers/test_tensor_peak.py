@@ -2,7 +2,7 @@
 
 import torch
 
-from trainers.tensor_peak import TensorPeak
+from trainers.memory.tensor_peak import TensorPeak
 
 MIB = 1 << 20
 

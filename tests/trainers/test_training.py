@@ -55,7 +55,7 @@ def test_low_precision_converges_like_fp32(tmp_path, precision, fp32_losses):
 
 
 def test_fp16_overflow_skips_the_step_and_halves_the_scale():
-    from trainers.loss_scale import DynamicLossScaler
+    from trainers.state.loss_scale import DynamicLossScaler
 
     scaler = DynamicLossScaler(scale=1024.0, growth_interval=2)
     assert scaler.update(float("inf")) is False and scaler.scale == 512.0 and scaler.skipped_steps == 1

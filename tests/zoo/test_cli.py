@@ -232,7 +232,7 @@ def test_plan_traces_the_example_batch_of_each_architecture(arch, fields, capsys
 
 
 def test_plan_of_an_architecture_without_an_example_batch_says_so():
-    from zoo.plan_command import cmd_plan
+    from trainers.commands.plan import cmd_plan
     from zoo.registry import register
 
     @dataclasses.dataclass

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn.activation import bias_act_dropout
 from zoo.nn.mlp import FusedMLP, fused_mlp
 from zoo.parity import relative_error

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn.attention import SelfAttention, attention
 from zoo.parity import relative_error
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn.dropout import dropout, keep_mask
 from zoo.nn.norm import Norm, dropout_add, dropout_add_norm, layer_norm, rms_norm
 from zoo.parity import relative_error

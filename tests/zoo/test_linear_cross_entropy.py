@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainers.tensor_peak import TensorPeak
+from trainers.memory.tensor_peak import TensorPeak
 from zoo.nn import linear_cross_entropy
 from zoo.parity import relative_error
 

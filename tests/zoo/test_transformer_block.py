@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn.block import TransformerBlock, TransformerBlockConfig, block_plan
 from zoo.nn.embedding import Embeddings
 from zoo.parity import relative_error

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainers.saved_activations import SavedActivations
+from trainers.memory.saved_activations import SavedActivations
 from test_fused_activation import REFERENCE
 from zoo.nn import backend
 from zoo.nn.activation import bias_act_dropout

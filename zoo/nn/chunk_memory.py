@@ -3,7 +3,7 @@ layers (`zoo.nn.attention`'s query chunks, `zoo.nn.cross_entropy`'s token chunks
 
 Chunking changes how much of an intermediate (attention scores, logits) is alive at once, never
 what is computed: results agree with the unchunked computation up to float summation order. A
-trainer holding a memory budget lowers it (`trainers.budget`); everyone else keeps the default.
+trainer holding a memory budget lowers it (`trainers.estimate.budget`); everyone else keeps the default.
 """
 
 from __future__ import annotations

@@ -11,23 +11,34 @@ allocate anyway.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
-from torch.distributed.tensor import DTensor, Shard
 
 from zoo.nn.chunk_memory import rows_per_chunk
 from zoo.nn.backend import Backend, resolve_backend
 from zoo.nn.loss_gradients import GradientsFromForward
-from zoo.nn.vocab_parallel import VocabParallelLinearCrossEntropy, vocab_first_row
 
 Reduction = Literal["mean", "sum"]
 
 IGNORE_INDEX = -100
 """Label of a position without a target (Hugging Face's and torch's convention)."""
 
+SplitWeightLoss = Callable[..., torch.Tensor]
+"""A fused loss for a weight split over ranks: called as `linear_cross_entropy` is, with its keyword
+arguments (`ignore_index`, `label_smoothing`, `reduction`, `chunk_size`)."""
+_split_weight_losses: dict[type, SplitWeightLoss] = {}
 
-def _check(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
+
+def register_split_weight_loss(weight_type: type, loss: SplitWeightLoss) -> None:
+    """Route `linear_cross_entropy` calls whose weight is a `weight_type` (a tensor subclass whose
+    rows are split over ranks) to `loss`. The training core installs its vocabulary-parallel loss
+    this way (`trainers.parallel.vocab`), so that zoo.nn holds no distributed code."""
+    _split_weight_losses[weight_type] = loss
+
+
+def check_inputs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
            reduction: str, label_smoothing: float) -> None:
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden must be (N, H) and weight (V, H) with the same H; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
@@ -119,32 +130,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     backend: the chunk's loss and logit gradient by a Triton kernel or PyTorch (`zoo.nn.backend`).
     Returns the scalar float32 loss; its backward yields gradients for hidden, weight and bias.
 
-    A weight (and bias) split by vocabulary rows over a tensor-parallel group, a DTensor sharded
-    along dim 0 of a 1-D mesh, takes `zoo.nn.vocab_parallel`: each rank forms only its own logits
-    (PyTorch path), and the loss is the same on every rank.
+    A weight of a type registered by `register_split_weight_loss` (a DTensor split by vocabulary
+    rows over a tensor-parallel group, once `trainers.parallel.vocab` is installed) takes that loss.
     """
-    if isinstance(weight, DTensor):
-        return _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing, reduction, chunk_size)
-    _check(hidden, weight, labels, bias, reduction, label_smoothing)
+    for weight_type, split_loss in _split_weight_losses.items():
+        if isinstance(weight, weight_type):
+            return split_loss(hidden, weight, labels, bias, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                              reduction=reduction, chunk_size=chunk_size)
+    check_inputs(hidden, weight, labels, bias, reduction, label_smoothing)
     if chunk_size is None:
         chunk_size = rows_per_chunk(4 * weight.shape[0])  # float32 logits of one token
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     return _LinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, label_smoothing, reduction, chunk_size,
                                      resolve_backend(backend, hidden))
-
-
-def _vocab_parallel(hidden, weight, labels, bias, ignore_index, label_smoothing, reduction, chunk_size):
-    for name, tensor in (("weight", weight), ("bias", bias)):
-        if tensor is not None and (not isinstance(tensor, DTensor) or tensor.device_mesh.ndim != 1
-                                   or tuple(tensor.placements) != (Shard(0),)):
-            raise TypeError(f"a vocabulary-parallel {name} must be a DTensor sharded along dim 0 of a 1-D mesh; "
-                            f"got {type(tensor).__name__} {getattr(tensor, 'placements', '')}")
-    weight_local, bias_local = weight.to_local(), None if bias is None else bias.to_local()
-    _check(hidden, weight_local, labels, bias_local, reduction, label_smoothing)
-    if chunk_size is None:
-        chunk_size = rows_per_chunk(4 * weight_local.shape[0])  # float32 logits of one token
-    mesh, vocab = weight.device_mesh, weight.shape[0]
-    first = vocab_first_row(vocab, mesh.size(), mesh.get_local_rank())
-    return VocabParallelLinearCrossEntropy.apply(hidden, weight_local, bias_local, labels, first, vocab, ignore_index,
-                                                 label_smoothing, reduction, chunk_size, mesh.get_group())

@@ -6,7 +6,7 @@ import torch
 
 
 class GradientsFromForward(torch.autograd.Function):
-    """Base of fused losses (`zoo.nn.cross_entropy`, `zoo.nn.vocab_parallel`) whose forward
+    """Base of fused losses (`zoo.nn.cross_entropy`, and `trainers.parallel.vocab` above it) whose forward
     already formed the gradients of (hidden, weight, bias) for a unit loss. The forward saves
     them (None where not wanted), sets ctx.dtypes = (weight dtype, bias dtype) and ctx.other_inputs
     = the number of its inputs after those three; backward scales them by the incoming gradient.

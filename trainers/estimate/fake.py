@@ -1,0 +1,157 @@
+"""Run real training code on fake tensors: shapes, dtypes and storages without memory or compute.
+
+The memory estimator (`trainers.estimate.trace`) traces one training step of a model as a rank of a
+larger job would run it: its parameters and activations are `FakeTensor`s, and the job's process
+group is torch's "fake" backend, whose collectives return at once. Three things make the trainer's
+own code run unchanged there:
+
+- `HostFakeMode` keeps small results computed from real tensors only (a batch's lengths, a drawn
+  seed) real, so code that reads them on the host (`.item()`, `.tolist()`, `int(...)`) runs, as it
+  does when validating lengths or ordering samples, and a fake tensor indexed by such a real mask
+  gets the mask's shape; everything large, and everything computed from a fake tensor, is fake.
+- `fake_process_group` forms the fake job for one rank and builds device meshes on real tensors
+  (a mesh's coordinates are data-dependent: `nonzero` of its rank table).
+- `fake_copy` gives a real model's fake twin without copying its weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._redistribute import _gen_transform_infos
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._pytree import tree_leaves
+
+HOST_BYTES = 1 << 16
+"""Largest result (bytes) of an operation on real tensors only that stays real."""
+
+
+class HostFakeMode(FakeTensorMode):
+    """`FakeTensorMode` in which operations on real tensors only whose results are small (at most
+    `HOST_BYTES`), or data-dependent (`.item()`, `nonzero`), run for real; so do small integer
+    factories (a drawn seed, positions). New floating-point tensors (parameters, buffers) are fake,
+    so that no later operation has to convert them."""
+
+    def __init__(self) -> None:
+        super().__init__(allow_non_fake_inputs=True)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._pin_memory.default:
+            # FSDP2 pins parameters it offloads to a GPU's host; fake tensors have no pinned
+            # memory, and a host copy takes the same bytes.
+            func, args, kwargs = torch.ops.aten.clone.default, args[:1], {}
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(isinstance(t, FakeTensor) for t in inputs):
+            if func in _MASK_INDEXED and any(_is_real_mask(t) for t in args[1]):
+                # A fake tensor indexed by a real boolean mask: the mask's positions give the shape.
+                indices = [index for t in args[1] for index in (t.nonzero().unbind(1) if _is_real_mask(t) else [t])]
+                args = (args[0], indices, *args[2:])
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        try:
+            shaped = super().__torch_dispatch__(func, types, args, kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        results = [t for t in tree_leaves(shaped) if isinstance(t, torch.Tensor)]
+        if sum(t.numel() * t.element_size() for t in results) > HOST_BYTES:
+            return shaped
+        if not inputs and any(t.is_floating_point() for t in results):
+            return shaped  # a new float tensor (a parameter, a buffer) is the model's, not host data
+        with unset_fake_temporarily():
+            return func(*args, **kwargs)
+
+
+_MASK_INDEXED = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default}
+"""Operators whose output shape follows from a boolean mask among their indices."""
+
+
+def _is_real_mask(index: Any) -> bool:
+    return isinstance(index, torch.Tensor) and not isinstance(index, FakeTensor) and index.dtype == torch.bool
+
+
+def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake twins of its own (same shapes,
+    dtypes, devices, `requires_grad`); `model` is left as it was and no weight is copied."""
+    memo: dict[int, Any] = {}
+    for param in model.parameters():
+        memo[id(param)] = nn.Parameter(mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = mode.from_tensor(buffer)
+    return copy.deepcopy(model, memo)
+
+
+def move_fake_states(model: nn.Module, device: torch.device) -> None:
+    """Replace `model`'s parameters and buffers that are not on `device` (meta ones aside) by fake
+    twins on it, in every module that holds them (a tied parameter stays one): what FSDP2 does
+    when it wraps a model for a GPU. FSDP2's own move (`param.data = param.to(device)`) left the
+    fake parameters on the CPU, and on the H200 it refused them ("Expects the parameter to already
+    be moved to device cuda:0 but got cpu")."""
+    moved: dict[int, torch.Tensor] = {}
+
+    def twin(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in moved:
+            on_device = tensor.detach().to(device)
+            moved[id(tensor)] = (nn.Parameter(on_device, requires_grad=tensor.requires_grad)
+                                 if isinstance(tensor, nn.Parameter) else on_device)
+        return moved[id(tensor)]
+
+    for module in model.modules():
+        for states in (module._parameters, module._buffers):
+            for name, tensor in states.items():
+                if tensor is not None and not tensor.is_meta and tensor.device != device:
+                    states[name] = twin(tensor)
+
+
+def _mesh_init_on_real_tensors(init):  # type: ignore[no-untyped-def]
+    @functools.wraps(init)
+    def wrapped(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        with unset_fake_temporarily():
+            init(self, *args, **kwargs)
+
+    return wrapped
+
+
+@contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """Be `rank` of a `world_size`-rank job on torch's fake backend inside the context. Needs a
+    process without a process group (the estimator runs in its own when the caller has one)."""
+    if dist.is_initialized():
+        raise RuntimeError("fake_process_group needs a process without a process group; this one has "
+                           f"{dist.get_world_size()} ranks")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    original = DeviceMesh.__init__
+    DeviceMesh.__init__ = _mesh_init_on_real_tensors(original)
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = original
+        dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Clear DTensor's caches of sharding decisions, whose results hold the meshes they were made
+    on: a later fake job's equal mesh (the same ranks seen from another rank) would otherwise get
+    back a mesh whose process groups were destroyed with the job."""
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()

@@ -1,0 +1,174 @@
+"""What each block does with the activations it saves for backward, under chunked model states:
+keep them in memory, swap them to files (`trainers.memory.activations.swap`), or recompute them from its
+input (`trainers.memory.recompute`).
+
+Set by hand (`Strategy.block_activations`) or chosen under a budget (`Strategy.activation_memory`):
+a probe forward before the first step measures, per block, the bytes of the tensors it saves and
+the seconds its forward takes, and a probe file measures the disk's seconds per byte written and
+read back. Blocks keep their activations while they fit the budget, those that would cost most per
+byte to lose first; every other block swaps them when writing and reading them back takes less
+time than rerunning its forward, else recomputes. The rule charges a swap its whole disk time,
+although the transfers run on a background thread beside the computation, so it leans towards
+recompute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from trainers.memory.activations.swap import ActivationSwap
+from trainers.memory.chunks.store import read_file, write_file
+from trainers.memory.recompute import RecomputePolicy, uniform_keep
+
+Choice = Literal["keep", "swap", "recompute"]
+CHOICES = ("keep", "swap", "recompute")
+PROBE_FILE_BYTES = 16 << 20
+"""Bytes of the file that measures the disk."""
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """What a block's saved activations weigh and what losing them costs."""
+
+    name: str
+    saved_bytes: int
+    """Bytes of the tensors its forward saves for backward (parameters not counted)."""
+    forward_seconds: float
+    """Seconds its forward takes: what recompute adds in backward."""
+
+    def swap_seconds(self, seconds_per_byte: float) -> float:
+        """Seconds to write its saved tensors and read them back."""
+        return self.saved_bytes * seconds_per_byte
+
+
+def choose_block_activations(costs: list[BlockCost], room: int, seconds_per_byte: float) -> dict[str, Choice]:
+    """Each block's choice: "keep" while the kept blocks' saved bytes fit `room`, the blocks whose
+    loss would cost most time per byte first; then "swap" where writing and reading back is
+    faster than the forward, else "recompute"."""
+    def lost_seconds(cost: BlockCost) -> float:
+        return min(cost.forward_seconds, cost.swap_seconds(seconds_per_byte))
+
+    plan: dict[str, Choice] = {}
+    used = 0
+    for cost in sorted(costs, key=lambda cost: lost_seconds(cost) / max(cost.saved_bytes, 1), reverse=True):
+        if used + cost.saved_bytes <= room:
+            plan[cost.name] = "keep"
+            used += cost.saved_bytes
+        elif cost.swap_seconds(seconds_per_byte) < cost.forward_seconds:
+            plan[cost.name] = "swap"
+        else:
+            plan[cost.name] = "recompute"
+    return {cost.name: plan[cost.name] for cost in costs}
+
+
+def parse_block_activations(entries: tuple[str, ...], blocks: list[str]) -> dict[str, Choice]:
+    """Strategy.block_activations ("NAME=CHOICE" each) as a plan; ValueError unless it gives every
+    block of `blocks` one of `CHOICES`, once, and names no other."""
+    plan: dict[str, Choice] = {}
+    for entry in entries:
+        name, _, choice = entry.partition("=")
+        plan[name] = choice
+    unknown, missing = sorted(set(plan) - set(blocks)), [name for name in blocks if name not in plan]
+    if unknown or missing or len(plan) != len(entries):
+        raise ValueError(f"Strategy.block_activations must give each block of the model ({', '.join(blocks)}) one of "
+                         f"{', '.join(CHOICES)}, once; got {list(entries)}")
+    return plan
+
+
+def block_activation_policy(units: list[str]) -> RecomputePolicy:
+    """The recompute policy a per-block plan changes: every recompute unit of the model keeping
+    all it saves until the plan is applied."""
+    return RecomputePolicy(uniform_keep(units, "none"))
+
+
+def apply_block_activations(model: nn.Module, plan: Mapping[str, Choice], policy: RecomputePolicy,
+                            swap: ActivationSwap) -> None:
+    """Make each block of `plan` do its choice from its next forward on: `policy` recomputes the
+    "recompute" blocks from their inputs and keeps everything the others save; `swap` swaps only
+    while a "swap" block's forward runs."""
+    swap.enabled = False
+    for name, choice in plan.items():
+        policy.keep[name] = "inputs" if choice == "recompute" else "all"
+        if choice == "swap":
+            block = model.get_submodule(name)
+            block.register_forward_pre_hook(lambda module, args: setattr(swap, "enabled", True))
+            block.register_forward_hook(lambda module, args, output: setattr(swap, "enabled", False), always_call=True)
+
+
+def measure_blocks(model: nn.Module, blocks: list[str], forward: Callable[[], object],
+                   is_parameter: Callable[[torch.Tensor], bool]) -> list[BlockCost]:
+    """Run `forward` (the model on one micro batch, gradients on; never backward) and measure each
+    block of `blocks`: the bytes autograd saves inside it (not the tensors `is_parameter` names)
+    and its forward's seconds. Nothing saved inside a block is kept, so the blocks hold no more
+    than a forward without autograd; what is saved outside them is kept, for a loss that takes
+    gradients within its forward (the sample-wise transducer loss through its joiner). The random
+    state is put back afterwards, so that training draws as if the probe had not run."""
+    saved = dict.fromkeys(blocks, 0)
+    seconds = dict.fromkeys(blocks, 0.0)
+    running: list[str] = []
+    started: dict[str, float] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor | None:  # the probe never runs the blocks' backward
+        if not running:
+            return tensor
+        if not is_parameter(tensor):
+            saved[running[-1]] += tensor.nbytes
+        return None
+
+    def enter(name: str):
+        def hook(module, args) -> None:
+            running.append(name)
+            started[name] = time.perf_counter()
+        return hook
+
+    def leave(name: str):
+        def hook(module, args, output) -> None:
+            seconds[name] += time.perf_counter() - started[name]
+            running.pop()
+        return hook
+
+    handles = [handle for name in blocks for handle in (
+        model.get_submodule(name).register_forward_pre_hook(enter(name)),
+        model.get_submodule(name).register_forward_hook(leave(name)))]
+    try:
+        with _random_state_kept(), torch.autograd.graph.saved_tensors_hooks(pack, lambda nothing: nothing):
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [BlockCost(name, saved[name], seconds[name]) for name in blocks]
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def disk_seconds_per_byte(directory: str | Path) -> float:
+    """Seconds per byte to write a file in `directory` (flushed to the disk) and read it back
+    (past the page cache), as the swap does, measured on `PROBE_FILE_BYTES`."""
+    directory = Path(directory)
+    path = directory / "disk_probe.bin"
+    data = torch.ones(PROBE_FILE_BYTES, dtype=torch.uint8).numpy()
+    started = time.perf_counter()
+    checksum = write_file(directory, path, memoryview(data), "the disk probe")
+    read_file(path, memoryview(data), checksum)
+    elapsed = time.perf_counter() - started
+    os.unlink(path)
+    return elapsed / PROBE_FILE_BYTES

@@ -1,0 +1,209 @@
+"""Cut a model into pipeline stages from its `ModelPlan.pipeline` and keep this rank's share.
+
+`split_for_pipeline` runs first, before tensor parallelism, recompute and data parallelism: it
+estimates each piece's cost on an example micro batch (`trainers.pipeline.balance`), cuts the blocks
+into pp * stages_per_rank balanced stages, places stage s on pipeline rank s % pp, and prunes the
+model to this rank's modules (a model built on the meta device never allocates the others).
+`build_stages` then wraps the (by then parallelised) modules in `StageModule`s.
+
+Modules named by both `pre` and `post` (GPT's word embedding, also its output head) are held by the
+first and the last stage. `TiedCopies` keeps the two copies equal, as Megatron's embedding group
+does: their gradients are summed between the two ranks before each step, and a model materialised
+from the meta device takes the first stage's initial values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainers.parallel.mesh import DistEnv
+from trainers.state.optimizer import clean_fqn, local_tensor
+from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs
+from trainers.pipeline.stage import StageModule, prune
+from trainers.strategy import Strategy
+from zoo.plan import ModelPlan, PipelineSplit, resolve
+
+PIPELINE_METHODS = ("pipeline_enter", "pipeline_block", "pipeline_exit")
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """Which blocks each stage runs and which stages this rank holds."""
+
+    ranges: list[range]
+    """Block indices of each stage, in stage order."""
+    block_names: list[str]
+    """Every block's module name, in order (ModelPlan.blocks)."""
+    pre: list[str]
+    """Module names of `pipeline_enter` (first stage)."""
+    post: list[str]
+    """Module names of `pipeline_exit` (last stage)."""
+    pp: int
+    """Pipeline ranks."""
+    pp_rank: int
+    """This rank's pipeline coordinate."""
+    costs: PieceCosts | None
+    """The estimated costs the split balanced (None for a split given by Strategy.pp_split)."""
+    tied: list[str]
+    """Parameter names held by both the first and the last stage."""
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def local_stages(self) -> list[int]:
+        """Indices of the stages on this rank, ascending."""
+        return [s for s in range(self.num_stages) if s % self.pp == self.pp_rank]
+
+    def stage_modules(self, stage: int) -> tuple[list[str], list[str]]:
+        """(block names, held module names) of `stage`."""
+        held = (self.pre if stage == 0 else []) + (self.post if stage == self.num_stages - 1 else [])
+        return [self.block_names[i] for i in self.ranges[stage]], held
+
+
+def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
+    """The model's `PipelineSplit`; ValueError naming what is missing when it cannot be pipelined."""
+    name = type(model).__name__
+    if plan.pipeline is None:
+        raise ValueError(f"Strategy.pp > 1 needs split points, but {name} declares none: its parallel_plan() must "
+                         "return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and blocks")
+    if not plan.blocks:
+        raise ValueError(f"Strategy.pp > 1 cuts the model's blocks into stages, but {name}'s ModelPlan.blocks is empty")
+    missing = [m for m in PIPELINE_METHODS if not callable(getattr(model, m, None))]
+    if missing:
+        raise ValueError(f"Strategy.pp > 1 runs {name} through {', '.join(PIPELINE_METHODS)}, but it lacks "
+                         f"{', '.join(missing)} (see zoo.plan.PipelineSplit)")
+    return plan.pipeline
+
+
+def resolve_pieces(model: nn.Module, patterns: tuple[str, ...], field: str) -> tuple[list[str], list[str]]:
+    """(module names, buffer names) that `patterns` of PipelineSplit.`field` name: module patterns
+    (`zoo.plan.resolve`), or the names of buffers held directly by a module (feature statistics).
+    ValueError naming the field for a parameter held outside a module of its own (a stage's data
+    parallelism shards modules) and for a pattern that matches nothing."""
+    buffers = dict(model.named_buffers())
+    parameters = dict(model.named_parameters())
+    module_patterns = tuple(p for p in patterns if p not in buffers)
+    for pattern in module_patterns:
+        if pattern in parameters:
+            raise ValueError(f"PipelineSplit.{field} names the parameter {pattern!r}; name the module that holds it "
+                             "(or put it in a module of its own), which a stage can hold and shard")
+    modules = resolve(model, module_patterns, f"pipeline.{field}") if module_patterns else []
+    return modules, [p for p in patterns if p in buffers]
+
+
+def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
+    return {f"{name}.{p}" for name in modules for p, _ in model.get_submodule(name).named_parameters()}
+
+
+def agreed(costs: PieceCosts) -> PieceCosts:
+    """The mean of every rank's `costs` (measured times differ), so that all ranks cut the same
+    stages (collective)."""
+    values = torch.tensor([costs.enter, *costs.blocks, costs.exit], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.AVG)
+    return PieceCosts(values[0].item(), values[1:-1].tolist(), values[-1].item())
+
+
+def given_split(counts: tuple[int, ...], blocks: int) -> list[range]:
+    """Block ranges of consecutive stages of `counts` blocks each (Strategy.pp_split); ValueError
+    unless they cover the model's `blocks`."""
+    if sum(counts) != blocks:
+        raise ValueError(f"Strategy.pp_split={counts} covers {sum(counts)} blocks; the model has {blocks}")
+    ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+    return [range(end - count, end) for end, count in zip(ends, counts)]
+
+
+def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, env: DistEnv,
+                       example_batch: Mapping[str, Any] | None, microbatches: int) -> PipelineLayout:
+    """Cut `model` into strategy.pp * strategy.stages_per_rank stages and prune it to this rank's."""
+    split = check_pipeline_plan(model, plan)
+    block_names = plan.block_names(model)
+    pre, pre_buffers = resolve_pieces(model, split.pre, "pre")
+    post, post_buffers = resolve_pieces(model, split.post, "post")
+    modules = model.get_submodule
+    if strategy.pp_split is not None:
+        costs, ranges = None, given_split(strategy.pp_split, len(block_names))
+    else:
+        costs = agreed(estimate_costs(model, [modules(n) for n in block_names], [modules(n) for n in pre],
+                                      [modules(n) for n in post], example_batch, strategy.recompute != "none",
+                                      microbatches))
+        ranges = balanced_split(costs, strategy.pp * strategy.stages_per_rank)
+    layout = PipelineLayout(
+        ranges=ranges, block_names=block_names, pre=pre, post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
+        tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)))
+    keep: set[str] = set()
+    for stage in layout.local_stages:
+        blocks, held = layout.stage_modules(stage)
+        keep.update(blocks, held)
+    if 0 in layout.local_stages:
+        keep.update(pre_buffers)
+    if layout.num_stages - 1 in layout.local_stages:
+        keep.update(post_buffers)
+    prune(model, keep)
+    for name in keep.intersection(pre_buffers + post_buffers):  # outside every stage's data parallelism
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if not module._buffers[leaf].is_meta:
+            module._buffers[leaf] = module._buffers[leaf].to(env.device)
+    return layout
+
+
+def build_stages(model: nn.Module, layout: PipelineLayout) -> list[StageModule]:
+    """This rank's `StageModule`s over the (parallelised) modules of the pruned `model`."""
+    stages = []
+    for stage in layout.local_stages:
+        blocks, held = layout.stage_modules(stage)
+        stages.append(StageModule(model, stage, layout.num_stages, [model.get_submodule(n) for n in blocks],
+                                  [model.get_submodule(n) for n in held]))
+    return stages
+
+
+class TiedCopies:
+    """The parameters held by both the first and the last stage, and the two-rank group (per
+    data- and tensor-parallel coordinate) that keeps them equal."""
+
+    def __init__(self, model: nn.Module, layout: PipelineLayout, env: DistEnv) -> None:
+        self.group: dist.ProcessGroup | None = None
+        ranks = env.mesh.mesh  # (pp, dp, tp) global ranks
+        last = layout.num_stages - 1
+        first_rank, last_rank = 0, last % layout.pp
+        for dp in range(ranks.shape[1]):
+            for tp in range(ranks.shape[2]):
+                pair = [int(ranks[first_rank, dp, tp]), int(ranks[last_rank, dp, tp])]
+                group = dist.new_group(pair) if layout.tied else None  # every rank joins every creation
+                if env.rank in pair:
+                    self.group = group
+        holds = {clean_fqn(name): p for name, p in model.named_parameters()}
+        self.params = [holds[name] for name in layout.tied if name in holds]
+        self.source = int(ranks[first_rank, env.mesh["dp"].get_local_rank(), env.mesh["tp"].get_local_rank()])
+        self._counted_here = env.pp_rank == first_rank  # the first stage's copies count, once
+
+    def counted(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`params` without this rank's copies when the other rank's count for both (gradient
+        norm, parameter count)."""
+        if self._counted_here:
+            return params
+        copies = {id(p) for p in self.params}
+        return [p for p in params if id(p) not in copies]
+
+    @torch.no_grad()
+    def sync_values(self) -> None:
+        """Give the last stage's copies the first stage's values (after initialisation)."""
+        for param in self.params:
+            dist.broadcast(local_tensor(param), self.source, group=self.group)
+
+    @torch.no_grad()
+    def sum_gradients(self) -> None:
+        """Sum the two copies' gradients, so both take the whole model's gradient (a copy its
+        stage did not use counts as zero)."""
+        for param in self.params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(local_tensor(param.grad), group=self.group)
