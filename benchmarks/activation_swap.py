@@ -63,10 +63,11 @@ def run(recompute: str, swap: int | None, room: int | None, steps: int, director
         tensors.setdefault(member.chunk, []).append(member.name)
     in_use = [f"{kind} {tensors[chunk][0]}" + (f" +{len(tensors[chunk]) - 1}" if len(tensors[chunk]) > 1 else "")
               for kind, chunk in sorted(moments[peak].chunks)]
-    plan = trainer.block_activations or {}
+    activations = trainer.block_activations
+    plan = activations.choices if activations is not None else {}
     return {"recompute": recompute, "swap": swap, "room": room, "losses": [r["loss"] for r in history],
             "plan": [sum(1 for choice in plan.values() if choice == kind) for kind in ("keep", "swap", "recompute")],
-            "saved_bytes": sum(cost.saved_bytes for cost in trainer.block_costs or ()),
+            "saved_bytes": sum(cost.saved_bytes for cost in (activations and activations.costs) or ()),
             "step_tensors_peak": moments[peak].other_bytes, "peak_moment": [peak, len(moments), in_use],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "swapped_per_step": [r.get("swapped_activation_bytes", 0) for r in history],

@@ -89,8 +89,8 @@ def train(family: str, size: str, budget: int | None, steps: int, output_dir: st
     report = trainer.memory_report()[0]
     peaks.append(report["cuda_max_allocated"] if report["cuda_max_allocated"] is not None else report["peak"])
     return {"losses": [r["loss"] for r in history], "peak": max(peaks),
-            "plan": None if trainer.budget_plan is None else trainer.budget_plan.describe(),
-            "candidates": None if trainer.budget_plan is None else trainer.budget_plan.tried,
+            "plan": None if trainer.budget is None else trainer.budget.plan.describe(),
+            "candidates": None if trainer.budget is None else trainer.budget.plan.tried,
             "plan_seconds": planned, "step_seconds": [r["step_seconds"] for r in history],
             "device": trainer.env.device}
 

@@ -56,6 +56,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm (computed over all shards) to this value; 0 disables."""
 
+    max_skipped_steps: int = 16
+    """Steps in a row that may be skipped because their gradient norm is not finite (each skip is
+    logged) before training stops with an error. Under fp16 each skip halves the loss scale, so the
+    default lets the starting scale of 2^16 fall to 1."""
+
     seed: int = 0
     """Seed of data order, augmentation and dropout: each micro batch reseeds torch's generator from
     (seed, step, its position in the global batch), so results do not depend on the number of ranks."""
@@ -136,7 +141,7 @@ def _longest_prefix_value(values: dict[str, float], name: str, default: float) -
 
 _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "lr": float, "min_lr_ratio": float,
           "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "anchor_decay": "scales", "betas": "pair", "eps": float,
-          "grad_clip": float, "seed": int, "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
+          "grad_clip": float, "max_skipped_steps": int, "seed": int, "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
           "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
           "measure_memory": bool}
 _KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",
@@ -147,7 +152,7 @@ _RULES = {
     "global_batch_size": _POSITIVE, "micro_batch_size": _POSITIVE, "max_steps": _POSITIVE, "lr": _POSITIVE,
     "min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"), "warmup_steps": _NON_NEGATIVE,
     "weight_decay": _NON_NEGATIVE, "betas": (lambda v: 0 <= v < 1, "a pair in [0, 1)"), "eps": _POSITIVE,
-    "grad_clip": _NON_NEGATIVE, "seed": _NON_NEGATIVE, "log_every": _POSITIVE, "eval_every": _NON_NEGATIVE,
+    "grad_clip": _NON_NEGATIVE, "max_skipped_steps": _POSITIVE, "seed": _NON_NEGATIVE, "log_every": _POSITIVE, "eval_every": _NON_NEGATIVE,
     "eval_batches": _POSITIVE, "checkpoint_every": _NON_NEGATIVE, "keep_checkpoints": _POSITIVE,
 }
 """Each numeric field's (test, what it must be); every value must also be finite."""

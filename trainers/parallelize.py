@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from trainers.parallel.scalars import average_scalar_gradients
 from trainers.parallel.mesh import DistEnv
 from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
 from trainers.pipeline.stage import StageModule
@@ -42,13 +43,6 @@ class PipelineParts:
     stages: list[StageModule]
     """This rank's stages, ascending; each is an FSDP root over its blocks."""
     tied: TiedCopies
-
-
-def recompute_units(model: nn.Module) -> list[str]:
-    """The modules a recompute policy decides for, without pipeline parallelism: the blocks of the
-    model's plan, then the other units its plan names for recompute."""
-    plan = model_plan(model)
-    return plan.block_names(model) + resolve(model, plan.recompute, "recompute")
 
 
 def trains(module: nn.Module) -> bool:
@@ -115,11 +109,12 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     else:
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
     stages = [] if layout is None else build_stages(model, layout)
+    whole = set().union(*(average_scalar_gradients(root, env.mesh["dp"].get_group()) for root in stages or [model]))
     for name in block_names:
         if trains(model.get_submodule(name)):
-            wrap(model.get_submodule(name))
+            wrap(model.get_submodule(name), ignored_params=whole)
     for root in stages or [model]:
-        wrap(root)
+        wrap(root, ignored_params=whole)
 
     if on_meta:
         model.to_empty(device="cpu" if strategy.offload == "params" else env.device)

@@ -1,9 +1,11 @@
 """A training step's forward and backward on this rank, unpipelined: the model's loss checked, the
 micro batches' losses accumulated, and when replicated gradients reduce. The trainer and the memory
-estimator (`trainers.estimate.trace`) both step through these."""
+estimator (`trainers.estimate.trace`) both step through these. And what follows a step whose
+gradient norm was not finite (`SkippedSteps`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -14,6 +16,7 @@ from trainers.strategy import Strategy
 from zoo.nn.logits import loss_only
 
 Batch = Mapping[str, Any]
+log = logging.getLogger("trainers")
 
 
 def to_device(batch: Batch, device: torch.device) -> dict[str, Any]:
@@ -59,3 +62,29 @@ def gradient_sync(model: nn.Module, strategy: Strategy) -> Callable[[bool], None
     """What `accumulate_gradients` tells before each backward under `strategy`: whether the
     replicated gradients all-reduce after it (ZeRO 0-1); None where every backward reduces."""
     return model.set_requires_gradient_sync if strategy.zero <= 1 else None
+
+
+class SkippedSteps:
+    """Optimizer steps skipped in a row because their gradient norm was not finite (each logged on
+    rank 0); `FloatingPointError` once `limit` have been (`TrainConfig.max_skipped_steps`)."""
+
+    def __init__(self, limit: int, log_skips: bool) -> None:
+        self.limit, self.log_skips = limit, log_skips
+        self.in_a_row = 0
+
+    def record(self, step: int, grad_norm: float, taken: bool, loss_scale: float | None = None) -> None:
+        """Step `step` (1-based) with gradient norm `grad_norm` was `taken` or skipped; under fp16,
+        `loss_scale` is the scale the next step uses."""
+        if taken:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        scaled = "" if loss_scale is None else f"; the loss scale falls to {loss_scale:g}"
+        if self.log_skips:
+            log.warning("step %d skipped: its gradient norm is %s%s (%d in a row; TrainConfig.max_skipped_steps=%d)",
+                        step, grad_norm, scaled, self.in_a_row, self.limit)
+        if self.in_a_row >= self.limit:
+            raise FloatingPointError(
+                f"the gradient norm was not finite in {self.in_a_row} steps in a row, up to step {step} "
+                f"(TrainConfig.max_skipped_steps={self.limit}): training diverged; lower TrainConfig.lr, clip "
+                f"harder (TrainConfig.grad_clip) or check the data")

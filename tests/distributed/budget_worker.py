@@ -53,8 +53,8 @@ def main(out: str, *layouts: str) -> None:
         held, history = train(layout, budget)
         results[layout] = {"budget": budget, "free": [r["loss"] for r in free_history],
                            "held": [r["loss"] for r in history], "peaks": [r["measured_peak_bytes"] for r in history],
-                           "plan": held.budget_plan.describe(), "planned_peak": held.budget_plan.peak,
-                           "strategy": held.strategy, "tried": held.budget_plan.tried}
+                           "plan": held.budget.plan.describe(), "planned_peak": held.budget.plan.peak,
+                           "strategy": held.strategy, "tried": held.budget.plan.tried}
     if dist.get_rank() == 0:
         torch.save(results, out)
 

@@ -3,6 +3,7 @@ tensors gathered on rank 0) to a file the test compares. One launch runs several
 separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after another.
 
     worker.py strategies OUT [zero:offload ...]   train each strategy 3 steps; params + grads
+    worker.py scalars OUT [zero:precision ...]     a model with 0-dim parameters 3 steps per stage: params, losses
     worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
     worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
     worker.py memory OUT ZERO                      memory report of a fp32 run
@@ -95,6 +96,50 @@ def strategies(out: str, *combos: str) -> None:
         history = trainer.fit(lm_examples(64))
         params = {k: v.clone() for k, v in trainer.full_state_dict().items()}
         results[combo] = {"params": params, "grads": gradients_on_probe_batch(trainer),
+                          "losses": [r["loss"] for r in history]}
+    if dist.get_rank() == 0:
+        torch.save(results, out)
+
+
+class ScaledLinear(nn.Module):
+    """A linear layer whose output a learned 0-dim parameter scales."""
+
+    def __init__(self, width: int, out: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, out)
+        self.scale = nn.Parameter(torch.tensor(0.8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x)) * self.scale
+
+
+class GainedRegression(nn.Module):
+    """Two blocks (FSDP units), one holding a 0-dim parameter, and a 0-dim gain at the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([ScaledLinear(4, 16), nn.Linear(16, 1)])
+        self.gain = nn.Parameter(torch.tensor(0.5))
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("blocks.*",))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        prediction = self.blocks[1](self.blocks[0](x)).squeeze(-1) * self.gain
+        return {"loss": F.mse_loss(prediction.float(), y)}
+
+
+def scalars(out: str, *combos: str) -> None:
+    generator = torch.Generator().manual_seed(3)
+    xs = torch.randn(64, 4, generator=generator)
+    data = [{"x": x, "y": torch.sin(x).sum()} for x in xs]
+    results = {}
+    for combo in combos:
+        zero, precision = combo.split(":")
+        trainer = Trainer(GainedRegression(), config(), Strategy(zero=int(zero), precision=precision))
+        history = trainer.fit(data)
+        results[combo] = {"params": {k: v.clone() for k, v in trainer.full_state_dict().items()},
                           "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
@@ -534,7 +579,7 @@ def vocab_parallel_loss() -> dict[str, float]:
             "bias": error(shards[1].grad.to_local(), reference[2].grad[rows])}
 
 
-COMMANDS = {"strategies": strategies, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
+COMMANDS = {"strategies": strategies, "scalars": scalars, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
             "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
             "tp_activations": tp_activations, "chunks": chunks}

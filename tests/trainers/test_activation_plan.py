@@ -66,16 +66,16 @@ def test_blocks_that_keep_swap_or_recompute_train_as_in_memory(tmp_path):
 
     by_hand = chunked("by-hand", block_activations=("blocks.0=keep", "blocks.1=swap", "blocks.2=recompute",
                                                     "blocks.3=swap"))
-    assert by_hand.block_activations == {"blocks.0": "keep", "blocks.1": "swap", "blocks.2": "recompute",
+    assert by_hand.block_activations.choices == {"blocks.0": "keep", "blocks.1": "swap", "blocks.2": "recompute",
                                          "blocks.3": "swap"}
     assert all(r["swapped_activation_bytes"] > 0 for r in by_hand.history)
     kept = chunked("kept", activation_memory=2**40)
-    assert set(kept.block_activations.values()) == {"keep"}
+    assert set(kept.block_activations.choices.values()) == {"keep"}
     assert all(r["swapped_activation_bytes"] == 0 for r in kept.history)
-    saved = sum(cost.saved_bytes for cost in kept.block_costs)
-    assert all(cost.saved_bytes > 2**16 and cost.forward_seconds > 0 for cost in kept.block_costs)
+    saved = sum(cost.saved_bytes for cost in kept.block_activations.costs)
+    assert all(cost.saved_bytes > 2**16 and cost.forward_seconds > 0 for cost in kept.block_activations.costs)
     budgeted = chunked("budget", activation_memory=saved // 4)
-    plan = budgeted.block_activations
+    plan = budgeted.block_activations.choices
     assert sorted(plan) == [f"blocks.{i}" for i in range(4)] and list(plan.values()).count("keep") == 1
     assert _peak(budgeted) < _peak(kept)
 

@@ -143,6 +143,28 @@ def test_corrupt_checkpoint_gives_a_clear_error(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_only_a_checkpoint_that_fails_its_manifest_is_passed_over(tmp_path, monkeypatch, caplog):
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=2, checkpoint_every=1)).fit(lm_examples(64))
+    newest = tmp_path / "ckpt" / "step_00000002"
+    shard = next(newest.glob("*.distcp"))
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # same size, one byte flipped: only the CRC-32 tells
+    shard.write_bytes(bytes(damaged))
+    resumed = Trainer(tiny_gpt(), config(tmp_path, max_steps=2))
+    assert resumed.resume() and resumed.step == 1
+    assert f"{shard.name} differs from what was saved (CRC-32); falling back to an older checkpoint" in caplog.text
+
+    def failing_load(*args, **kwargs):
+        raise OSError("the disk went away")
+
+    import trainers.state.checkpoint as checkpoint
+
+    monkeypatch.setattr(checkpoint.dcp, "load", failing_load)
+    with pytest.raises(OSError, match="the disk went away"):  # intact: the error is raised, not taken for damage
+        Trainer(tiny_gpt(), config(tmp_path, max_steps=2)).resume(tmp_path / "ckpt" / "step_00000001")
+
+
+@pytest.mark.timeout(120)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
     straight = Trainer(tiny_gpt(), config(tmp_path, max_steps=3, checkpoint_every=1))
     straight.fit(lm_examples(64))

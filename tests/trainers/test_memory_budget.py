@@ -68,9 +68,9 @@ def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplo
     with caplog.at_level(logging.INFO, logger="trainers"):
         held, history = train(built, budget, tmp_path)
     peaks = [record["measured_peak_bytes"] for record in history]
-    assert len(peaks) == 2 and max(peaks) <= budget, (peaks, budget, held.budget_plan.describe())
-    assert held.budget_plan.peak <= budget
-    assert any(keep != "all" for keep in held.budget_plan.keep.values())  # it had to recompute
+    assert len(peaks) == 2 and max(peaks) <= budget, (peaks, budget, held.budget.plan.describe())
+    assert held.budget.plan.peak <= budget
+    assert any(keep != "all" for keep in held.budget.plan.keep.values())  # it had to recompute
     for record, reference in zip(history, free_history, strict=True):
         assert abs(record["loss"] - reference["loss"]) <= 1e-6 * abs(reference["loss"]), (record, reference)
     assert "memory budget" in caplog.text and "estimated peak" in caplog.text

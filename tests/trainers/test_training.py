@@ -224,6 +224,37 @@ class ScheduledRegression(Regression):
         return super().forward(x, y)
 
 
+class Diverging(Regression):
+    """A regression whose loss is NaN at the optimizer steps (0-based) in `poisoned`."""
+
+    def __init__(self, poisoned: set[int]) -> None:
+        super().__init__()
+        self.poisoned, self.step = poisoned, None
+
+    def set_training_step(self, step: int) -> None:
+        self.step = step
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss = super().forward(x, y)["loss"]
+        return {"loss": loss * float("nan") if self.step in self.poisoned else loss}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunked", [False, True], ids=["zero3", "chunks"])
+def test_skipped_steps_are_logged_and_too_many_in_a_row_stop_training(tmp_path, caplog, chunked):
+    strategy = (Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="4GiB") if chunked
+                else Strategy(zero=3))
+    data = [{"x": x, "y": x.sum()} for x in torch.randn(32, 4, generator=torch.Generator().manual_seed(0))]
+    caplog.set_level(logging.INFO, logger="trainers")
+    history = Trainer(Diverging({1, 2}), config(tmp_path, max_steps=4, max_skipped_steps=3), strategy).fit(data)
+    assert [r["skipped"] for r in history] == [False, True, True, False]
+    assert "step 2 skipped: its gradient norm is nan (1 in a row; TrainConfig.max_skipped_steps=3)" in caplog.text
+    assert "step 3 skipped: its gradient norm is nan (2 in a row" in caplog.text
+    with pytest.raises(FloatingPointError, match=r"not finite in 3 steps in a row, up to step 4 "
+                                                 r"\(TrainConfig.max_skipped_steps=3\): training diverged"):
+        Trainer(Diverging({1, 2, 3}), config(tmp_path, max_steps=6, max_skipped_steps=3), strategy).fit(data)
+
+
 @pytest.mark.timeout(60)
 def test_a_model_with_set_training_step_follows_the_optimizer_step(tmp_path):
     data = [{"x": torch.randn(4), "y": torch.randn(())} for _ in range(32)]

@@ -10,7 +10,7 @@ random draws (dropout, augmentation) the same way whatever the number of ranks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -116,3 +116,27 @@ def micro_batch_seed(seed: int, step: int, index: int) -> int:
     batch of optimizer step `step`: the same on any number of ranks, and replayed exactly on resume."""
     digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def evaluation_shares(size: int, micro_batch_size: int, dp_size: int, dp_rank: int) -> list[tuple[int, list[int], int]]:
+    """Rank `dp_rank`'s share of an evaluation of the first `size` examples in micro batches:
+    (micro batch index, its examples, its weight). Every rank runs as many forwards (sharded
+    parameters are gathered collectively): a rank past the end repeats the first micro batch with
+    weight 0."""
+    batches = [list(range(i, min(i + micro_batch_size, size))) for i in range(0, size, micro_batch_size)]
+    shares = []
+    for start in range(0, len(batches), dp_size):
+        index = start + dp_rank
+        shares.append((index, batches[index], len(batches[index])) if index < len(batches) else (index, batches[0], 0))
+    return shares
+
+
+def seeded_batches(dataset: Sequence[Any], micro_batches: list[MicroBatch], collate: Callable[[list[Any]], Any],
+                   seed: int, step: int) -> Iterator[Any]:
+    """The micro batches of optimizer step `step`, each fetched and collated as the step consumes it,
+    after seeding torch's generator from its place in the global batch (`micro_batch_seed`), so its
+    draws in the dataset, the collate function and the forward pass do not depend on the number of
+    ranks."""
+    for micro in micro_batches:
+        torch.manual_seed(micro_batch_seed(seed, step, micro.index))
+        yield collate([dataset[i] for i in micro.examples])

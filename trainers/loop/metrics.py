@@ -1,18 +1,41 @@
-"""Where training records go: a JSONL file (always), TensorBoard (when installed), a progress bar."""
+"""A training step's record, and where records go: a JSONL file (always), TensorBoard (when
+installed), a progress bar, the "trainers" logger."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import resource
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 
 METRICS_FILE = "metrics.jsonl"
+log = logging.getLogger("trainers")
+
+
+def step_record(step: int, loss_sum: torch.Tensor, accumulation: int, lr: float, grad_norm: float, taken: bool,
+                units: tuple[str, int] | None, loss_scale: float | None, device: torch.device) -> dict[str, Any]:
+    """The record of optimizer step `step` (1-based) whose `accumulation` micro batches' losses summed to
+    `loss_sum` on this rank (averaged over the ranks: collective); `units`: (the model's input_ids
+    unit, how many all ranks' batches held)."""
+    dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+    record = {"step": step, "loss": loss_sum.item() / accumulation, "lr": lr, "grad_norm": grad_norm,
+              "skipped": not taken, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if units is not None:
+        record[units[0]] = units[1]
+    if loss_scale is not None:
+        record["loss_scale"] = loss_scale
+    if device.type == "cuda":
+        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    return record
 
 
 def keep_records_up_to(path: Path, step: int) -> None:
@@ -67,10 +90,22 @@ class MetricsSink:
         """While the progress bar shows, log lines are written above it instead of through it."""
         return logging_redirect_tqdm() if self.bar is not None else nullcontext()
 
-    def advance(self, postfix: dict[str, str]) -> None:
-        """Move the progress bar one step and show `postfix`."""
+    def advance(self, record: dict[str, Any], unit: str, total_steps: int, logged: bool) -> None:
+        """Move the progress bar one step, showing `record`'s loss, learning rate, rate (in the
+        model's input_ids `unit` where it counts them) and memory; with `logged`, also write the
+        record (`write`) and log it."""
+        rate = (f"{record[f'{unit}_per_second']:,.0f} {unit}/s" if f"{unit}_per_second" in record
+                else f"{record['examples_per_second']:,.1f} examples/s")
+        memory = f"{record.get('cuda_max_allocated_bytes', record['peak_rss_bytes']) / 2**20:,.0f} MiB"
+        if logged:
+            self.write(record)
+            if self.active:
+                log.info("step %d/%d loss %.4f%s lr %.2e grad norm %.3g, %s, %s", record["step"], total_steps,
+                         record["loss"], f" eval loss {record['eval_loss']:.4f}" if "eval_loss" in record else "",
+                         record["lr"], record["grad_norm"], rate, memory)
         if self.bar is not None:
-            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.set_postfix({"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}", "rate": rate,
+                                  "mem": memory}, refresh=False)
             self.bar.update(1)
 
     def close(self) -> None:

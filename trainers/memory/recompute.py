@@ -34,6 +34,7 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, checkpoin
                                     create_selective_checkpoint_contexts)
 
 from trainers.estimate.counters import FLOP_FORMULAS
+from zoo.plan import model_plan, resolve
 
 OpKey = tuple[str, int]
 """An operator call inside a block's forward: (operator name, its occurrence among that
@@ -221,3 +222,10 @@ def choose_saved_ops(profiles: Mapping[str, list[OpCost]], capacity: int, resolu
             chosen[block].add(cost.key)
             room -= -(-cost.bytes // unit)
     return {block: frozenset(keys) for block, keys in chosen.items()}
+
+
+def recompute_units(model: nn.Module) -> list[str]:
+    """The modules a recompute policy decides for, without pipeline parallelism: the blocks of the
+    model's plan, then the other units its plan names for recompute."""
+    plan = model_plan(model)
+    return plan.block_names(model) + resolve(model, plan.recompute, "recompute")

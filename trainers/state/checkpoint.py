@@ -3,18 +3,23 @@
 Layout of `checkpoint_dir`:
     step_00000100/      DCP shards of {"model", "optimizer"} + trainer_state.json
     latest              the name of the newest complete step folder
+    step_00000100/manifest.json   every other file's size and CRC-32
 A save is written to a hidden `.partial` folder and renamed when every rank has finished; only
 then does `latest` move (itself replaced atomically), and checkpoints beyond the newest
 `keep_checkpoints` are deleted. A crash mid-write leaves the previous checkpoint as `latest`,
-untouched. A checkpoint found unreadable at load time raises `CorruptCheckpoint`, so that the
-trainer can fall back to an older one.
+untouched. On resume, rank 0 checks each candidate against its manifest (`integrity_problem`) and
+every rank passes over the same damaged ones (`load_newest_intact`); any other error while loading
+an intact checkpoint is raised, never taken for damage.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,12 +33,75 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from trainers.memory.chunks.checkpoint import ChunkedLoadPlanner, ChunkedSavePlanner, ChunkedTensor
 
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
 LATEST = "latest"
 STEP_FOLDER = "step_{:08d}"
+READ_BLOCK = 16 << 20
+"""Bytes read at a time when a file's CRC-32 is taken."""
+log = logging.getLogger("trainers")
 
 
 class CorruptCheckpoint(ValueError):
-    """A checkpoint folder that is missing, incomplete or unreadable (not merely another model's)."""
+    """A checkpoint folder that is missing, incomplete or fails its manifest (not merely another model's)."""
+
+
+def file_crc32(path: Path) -> int:
+    """The CRC-32 of the file at `path` (zlib's)."""
+    crc = 0
+    with path.open("rb") as file:
+        while block := file.read(READ_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def write_manifest(folder: Path) -> None:
+    """Record the size and CRC-32 of every file in `folder` (flat, as DCP writes it)."""
+    files = {path.name: [path.stat().st_size, file_crc32(path)] for path in sorted(folder.iterdir())
+             if path.is_file() and path.name != MANIFEST_FILE}
+    (folder / MANIFEST_FILE).write_text(json.dumps(files, indent=1))
+
+
+def integrity_problem(folder: Path) -> str | None:
+    """What is wrong with checkpoint `folder` against its manifest (None when nothing is): a missing
+    or unreadable trainer state, or a file missing, of another size or another CRC-32 than saved. A
+    folder saved without a manifest is checked for its trainer state alone."""
+    try:
+        read_trainer_state(folder)
+    except CorruptCheckpoint as error:
+        return str(error)
+    manifest = folder / MANIFEST_FILE
+    if not manifest.exists():
+        return None
+    try:
+        files = json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        return f"checkpoint {str(folder)!r} is corrupt or incomplete: its {MANIFEST_FILE} cannot be read ({error})"
+    for name, (size, crc) in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"checkpoint {str(folder)!r} is corrupt or incomplete: {name} is missing"
+        if path.stat().st_size != size:
+            return (f"checkpoint {str(folder)!r} is corrupt or incomplete: {name} holds {path.stat().st_size:,} bytes, "
+                    f"{size:,} were saved")
+        if file_crc32(path) != crc:
+            return f"checkpoint {str(folder)!r} is corrupt or incomplete: {name} differs from what was saved (CRC-32)"
+    return None
+
+
+def load_newest_intact(candidates: list[Path], load: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    """The first of `candidates` that passes its integrity check, and what `load` returns for it
+    (collective: rank 0 checks, and every rank passes over the same damaged ones, each logged on rank
+    0). `CorruptCheckpoint` when none passes; an error of `load` is raised as it comes."""
+    damaged = []
+    for candidate in candidates:
+        problem = [integrity_problem(candidate) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0] is None:
+            return candidate, load(candidate)
+        damaged.append(problem[0])
+        if dist.get_rank() == 0 and candidate != candidates[-1]:
+            log.warning("%s; falling back to an older checkpoint", problem[0])
+    raise CorruptCheckpoint("no intact checkpoint to resume from: " + "; ".join(damaged))
 
 
 def _union_over(group: dist.ProcessGroup | None, local: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +162,7 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
     if dist.get_rank() == 0:
         state = dict(trainer_state, model_signature=signature)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1))
+        write_manifest(partial)
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -150,7 +219,8 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainingStates, m
                     pipeline: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Load `folder` into the (possibly differently sharded or pipelined) model and optimizer;
     return its trainer state. `model_class` names the model in errors. Raises ValueError for
-    another architecture, `CorruptCheckpoint` for a damaged checkpoint."""
+    another architecture, `CorruptCheckpoint` for a folder without its trainer state, RuntimeError
+    when DCP fails to read it."""
     state = read_trainer_state(folder)
     expected, found = model_signature(model, pipeline), state.get("model_signature", {})
     if expected != found:
@@ -164,8 +234,8 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer: TrainingStates, m
     loading, views = optimizer.checkpoint_state(model)  # chunked tensors load straight into their chunks
     try:
         dcp.load(loading, checkpoint_id=folder, planner=ChunkedLoadPlanner(views))
-    except (CheckpointException, OSError, RuntimeError) as error:  # CheckpointException is a BaseException
-        raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is corrupt or incomplete: {error}") from error
+    except CheckpointException as error:  # a BaseException: raised as an Exception, with the folder named
+        raise RuntimeError(f"reading checkpoint {str(folder)!r} failed: {error}") from error
     optimizer.restore_checkpoint(model, loading)
     return state
 

@@ -15,6 +15,7 @@ recompute.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,16 +24,19 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainers.memory.activations.swap import ActivationSwap
 from trainers.memory.chunks.store import read_file, write_file
-from trainers.memory.recompute import RecomputePolicy, uniform_keep
+from trainers.memory.recompute import RecomputePolicy, recompute_units, uniform_keep
+from zoo.plan import model_plan
 
 Choice = Literal["keep", "swap", "recompute"]
 CHOICES = ("keep", "swap", "recompute")
 PROBE_FILE_BYTES = 16 << 20
 """Bytes of the file that measures the disk."""
+log = logging.getLogger("trainers")
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,19 @@ def parse_block_activations(entries: tuple[str, ...], blocks: list[str]) -> dict
     return plan
 
 
-def block_activation_policy(units: list[str]) -> RecomputePolicy:
-    """The recompute policy a per-block plan changes: every recompute unit of the model keeping
-    all it saves until the plan is applied."""
-    return RecomputePolicy(uniform_keep(units, "none"))
+def chunked_recompute_policy(model: nn.Module, recompute: str, per_block: bool) -> RecomputePolicy | None:
+    """The recompute policy of `model` under chunked model states (which set how recomputed forwards
+    run): with `per_block` activation plans, every recompute unit keeping all it saves until a plan
+    is applied; else `recompute` (Strategy.recompute) for every unit; None when nothing is
+    recomputed. ValueError for a per-block plan of a model that declares no blocks."""
+    if not model_plan(model).block_names(model):
+        if per_block:
+            raise ValueError(f"Strategy.activation_memory and Strategy.block_activations choose per block, but "
+                             f"{type(model).__name__} declares none (define parallel_plan() returning zoo.plan.ModelPlan)")
+        return None
+    if not per_block and recompute == "none":
+        return None
+    return RecomputePolicy(uniform_keep(recompute_units(model), "none" if per_block else recompute))
 
 
 def apply_block_activations(model: nn.Module, plan: Mapping[str, Choice], policy: RecomputePolicy,
@@ -146,6 +159,43 @@ def measure_blocks(model: nn.Module, blocks: list[str], forward: Callable[[], ob
         for handle in handles:
             handle.remove()
     return [BlockCost(name, saved[name], seconds[name]) for name in blocks]
+
+
+class BlockActivations:
+    """The per-block activation plan of `model`'s `blocks` under chunked model states: `policy`
+    recomputes and `swap` swaps for the blocks that choose so; the choices are set by hand (`apply`)
+    or measured and chosen before the first step (`choose`), the same on every rank. `announce`: log
+    what is chosen (rank 0)."""
+
+    def __init__(self, model: nn.Module, blocks: list[str], policy: RecomputePolicy, swap: ActivationSwap,
+                 announce: bool) -> None:
+        self.model, self.blocks, self.policy, self.swap, self.announce = model, blocks, policy, swap, announce
+        self.choices: dict[str, Choice] | None = None
+        """Each block's choice, once made."""
+        self.costs: list[BlockCost] | None = None
+        """What `choose` measured of each block (rank 0's)."""
+
+    def apply(self, choices: dict[str, Choice]) -> None:
+        apply_block_activations(self.model, choices, self.policy, self.swap)
+        self.choices = choices
+        if self.announce:
+            counts = {choice: sum(1 for chosen in choices.values() if chosen == choice) for choice in CHOICES}
+            log.info("blocks' activations: %s", ", ".join(f"{count} {choice}" for choice, count in counts.items()))
+
+    def choose(self, forward: Callable[[], object], is_parameter: Callable[[torch.Tensor], bool], room: int,
+               group: dist.ProcessGroup) -> None:
+        """Measure the blocks on `forward` (one micro batch's loss) and the disk of the swap's files,
+        choose under `room` bytes and apply rank 0's choice on every rank of `group` (collective)."""
+        costs = measure_blocks(self.model, self.blocks, forward, is_parameter)
+        seconds_per_byte = disk_seconds_per_byte(self.swap.directory)
+        shared = [costs, choose_block_activations(costs, room, seconds_per_byte), seconds_per_byte]
+        dist.broadcast_object_list(shared, group=group, group_src=0)
+        self.costs, choices, seconds_per_byte = shared
+        if self.announce:
+            log.info("blocks measured (saved MiB, forward ms): %s; disk %.2f s/GiB written and read back",
+                     ", ".join(f"{c.name} {c.saved_bytes / 2**20:.1f} {c.forward_seconds * 1e3:.1f}"
+                               for c in self.costs), seconds_per_byte * 2**30)
+        self.apply(choices)
 
 
 @contextlib.contextmanager

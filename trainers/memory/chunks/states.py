@@ -50,6 +50,7 @@ from trainers.memory.chunks.residency import ChunkResidency, resident_set_bytes
 from trainers.memory.chunks.store import ChunkKey, ChunkStore
 from trainers.memory.chunks.layout import chunk_owners, search_chunk_size
 from trainers.config import TrainConfig
+from trainers.strategy import Strategy
 from trainers.state.optimizer import clean_fqn
 from zoo.plan import model_plan
 
@@ -639,3 +640,21 @@ class ChunkedStates(ChunkResidency):
         for chunk in range(self.layout.chunks):
             self._drop(("grad", chunk))
         self.has_grad = [False] * len(self.members)
+
+
+def chunked_states(model: nn.Module, config: TrainConfig, strategy: Strategy, rank: int,
+                   group: dist.ProcessGroup, device: torch.device) -> ChunkedStates:
+    """The states of `model` in chunks as `strategy` (offload="chunks") sets them, for global rank
+    `rank` (its files in `offload_dir/rank{rank}`) and its data-parallel `group`; the device tier on
+    a GPU under `device_memory_budget` (None: the device memory free now), off a GPU only when that
+    budget is given (a pool of host memory)."""
+    budget = strategy.device_memory_budget
+    if device.type == "cuda":
+        tier = {"device": device, "device_budget": budget if budget is not None else torch.cuda.mem_get_info(device)[0]}
+    else:
+        tier = {} if budget is None else {"device": device, "device_budget": budget}
+    per_block = strategy.activation_memory is not None or strategy.block_activations is not None
+    return ChunkedStates(model, config, str(Path(strategy.offload_dir) / f"rank{rank:05d}"), strategy.memory_budget,
+                         group, largest_block_tensor(model), shard=strategy.zero == 3,
+                         swap_min_bytes=(strategy.swap_activations or 0) if per_block else strategy.swap_activations,
+                         **tier)
