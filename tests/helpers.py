@@ -67,7 +67,8 @@ def chunk_budget(room: int) -> int:
     chunks beside what this process holds now (about: a process's first training step grows it; on
     a GPU, CUDA's context and libraries, loaded at first use, are loaded first and the kernels a step
     loads later are given room)."""
-    from trainers.memory.chunks.residency import CAPACITY_MARGIN, resident_set_bytes
+    from trainers.memory.chunks.moments import CAPACITY_MARGIN
+    from trainers.memory.resident import resident_set_bytes
 
     if torch.cuda.is_available():
         _warm_cuda()
@@ -84,7 +85,7 @@ def device_budget(room: int | None) -> int | None:
         return None
     if not torch.cuda.is_available():
         return room
-    from trainers.memory.chunks.residency import CUDA_ALLOCATOR_SLACK
+    from trainers.memory.chunks.moments import CUDA_ALLOCATOR_SLACK
 
     _warm_cuda()
     return room + torch.cuda.memory_allocated() + CUDA_ALLOCATOR_SLACK

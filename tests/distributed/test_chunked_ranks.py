@@ -12,7 +12,9 @@ MODES = ("memory", "chunks", "zero3", "zero3-swap", "chunks-device", "zero3-devi
 WORKER_RUNS = [run for model in ("gpt", "conformer") for run in (
     (1, "chunks", f"{{out}}/chunks-{model}-one.pt", f"{{out}}/chunks-{model}-one", model, "memory"),
     (2, "chunks", f"{{out}}/chunks-{model}-two.pt", f"{{out}}/chunks-{model}-two", model, *MODES))] + [
-    (2, "chunks_checkpoint", "{out}/chunks-checkpoint", "{out}/chunks-checkpoint-runs.pt")]
+    (2, "chunks_checkpoint", "{out}/chunks-checkpoint", "{out}/chunks-checkpoint-runs.pt"),
+    (1, "routed", "{out}/routed-one.pt", "{out}/routed", "memory"),
+    (2, "routed", "{out}/routed-two.pt", "{out}/routed", "chunks")]
 """Each model in memory in one process, and in memory and every chunked mode on 2 ranks; the
 chunk checkpoints on 2 ranks (conftest.py)."""
 
@@ -66,3 +68,18 @@ def test_zero3_chunk_checkpoints_and_fsdp_checkpoints_resume_each_other(worker_r
             assert resumed["losses"] == pytest.approx(runs[saved]["losses"][2:], rel=1e-6), (name, saved)
             for key, expected in runs[saved]["params"].items():
                 assert relative_error(resumed["params"][key], expected) < 1e-6, (name, saved, key)
+
+
+def test_ranks_that_train_different_parameters_reduce_them_alike(worker_runs):
+    """Each micro batch trains one of two heads, so the two ranks' last micro batches complete
+    different gradient chunks in a step, and a head trained on one rank only gets no gradient on the
+    other: the chunks are reduced in one order on both ranks, every head any rank trained is updated
+    on both, and the replicas match one process in memory."""
+    one, two = torch.load(worker_runs / "routed-one.pt"), torch.load(worker_runs / "routed-two.pt")
+    chunk_of = two["chunk_of"]
+    assert chunk_of["head_a.weight"] != chunk_of["head_b.weight"]
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    expected = one["params"][0]
+    for rank, params in enumerate(two["params"]):
+        for name, value in expected.items():
+            assert relative_error(params[name], value) < 1e-5, (rank, name)

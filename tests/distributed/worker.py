@@ -4,6 +4,8 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
 
     worker.py strategies OUT [zero:offload ...]   train each strategy 3 steps; params + grads
     worker.py scalars OUT [zero:precision ...]     a model with 0-dim parameters 3 steps per stage: params, losses
+    worker.py routed OUT DIR MODE                   a model whose micro batches choose the head they train, 3 steps
+                                                   in memory or with its states in chunks: each rank's params, chunks
     worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
     worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
     worker.py memory OUT ZERO                      memory report of a fp32 run
@@ -54,7 +56,7 @@ from helpers import chunk_budget, lm_examples, run_commands, tiny_gpt  # noqa: E
 from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
-from trainers.state.optimizer import clean_fqn  # noqa: E402
+from trainers.memory.recompute import clean_fqn  # noqa: E402
 from zoo.plan import ModelPlan, PipelineSplit  # noqa: E402
 
 STEPS = 3
@@ -143,6 +145,36 @@ def scalars(out: str, *combos: str) -> None:
                           "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
+
+
+class Routed(nn.Module):
+    """A trunk and two heads, each micro batch training one of them, as its inputs decide: ranks
+    use different parameters in a step, in an order that depends on their data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.head_a, self.head_b, self.out = (nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 64),
+                                                          nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        head = self.head_a if x[:, 0].sum() > 0 else self.head_b
+        return {"loss": F.mse_loss(self.out(torch.tanh(head(torch.tanh(self.trunk(x))))).squeeze(-1), y)}
+
+
+def routed(out: str, directory: str, mode: str) -> None:
+    generator = torch.Generator().manual_seed(5)
+    data = [{"x": x, "y": x.sum().tanh()} for x in torch.randn(64, 8, generator=generator)]
+    strategy = (Strategy(offload="chunks", offload_dir=f"{directory}/{mode}", memory_budget=chunk_budget(256 * 2**20))
+                if mode == "chunks" else None)
+    trainer = Trainer(Routed(), config(micro_batch_size=1), strategy)
+    history = trainer.fit(data)
+    local = trainer.full_state_dict() if strategy is None else trainer.chunks.state_dict(trainer.model)
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, {name: value.clone() for name, value in local.items()})
+    if dist.get_rank() == 0:
+        chunk_of = ({member.name: member.chunk for member in trainer.chunks.members} if strategy is not None else {})
+        torch.save({"params": states, "losses": [r["loss"] for r in history], "chunk_of": chunk_of}, out)
 
 
 CHUNK_MODELS = {
@@ -579,7 +611,7 @@ def vocab_parallel_loss() -> dict[str, float]:
             "bias": error(shards[1].grad.to_local(), reference[2].grad[rows])}
 
 
-COMMANDS = {"strategies": strategies, "scalars": scalars, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
+COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
             "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
             "tp_activations": tp_activations, "chunks": chunks}

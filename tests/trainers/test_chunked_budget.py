@@ -18,7 +18,7 @@ sys.path[:0] = [{root!r}, {tests!r}]
 from helpers import lm_examples
 from nlp.gpt import GPT, GPTConfig
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.memory.chunks.residency import resident_set_bytes
+from trainers.memory.resident import resident_set_bytes
 
 budget = resident_set_bytes() + 160 * 2**20
 with torch.device("meta"):

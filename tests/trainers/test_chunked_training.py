@@ -11,7 +11,7 @@ from torch.utils.data import default_collate
 
 from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.memory.chunks.states import KINDS
+from trainers.memory.chunks.update import KINDS
 from zoo.parity import relative_error
 
 

@@ -229,3 +229,12 @@ def recompute_units(model: nn.Module) -> list[str]:
     model's plan, then the other units its plan names for recompute."""
     plan = model_plan(model)
     return plan.block_names(model) + resolve(model, plan.recompute, "recompute")
+
+
+WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+"""What the recompute wrapper (`checkpoint_wrapper`) puts before the names of a wrapped module's tensors."""
+
+
+def clean_fqn(name: str) -> str:
+    """Parameter name without the recompute wrapper's prefix, as in the model's state dict."""
+    return name.replace(WRAPPER_PREFIX, "")

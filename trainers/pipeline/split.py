@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainers.parallel.mesh import DistEnv
-from trainers.state.optimizer import clean_fqn, local_tensor
+from trainers.memory.recompute import clean_fqn
+from trainers.state.optimizer import local_tensor
 from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs
 from trainers.pipeline.stage import StageModule, prune
 from trainers.strategy import Strategy

@@ -18,17 +18,10 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainers.memory.chunks.checkpoint import ChunkedTensor
+from trainers.memory.recompute import clean_fqn
 from trainers.config import TrainConfig
 
 ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
-_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
-
-
-def clean_fqn(name: str) -> str:
-    """Parameter name without the recompute wrapper's prefix, as in the model's state dict."""
-    return name.replace(_WRAPPER_PREFIX, "")
-
-
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's piece of `tensor`: the local shard of a DTensor, else the tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from trainers.memory.chunks.residency import ChunkResidency
 from trainers.memory.chunks.store import ChunkKey
 
 DATA_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH", "real", "imag"})
@@ -50,27 +51,28 @@ def parameters_in(values: Iterable) -> Iterable[nn.Parameter]:
 
 
 class ParameterAccess(TorchFunctionMode):
-    """Calls `chunks_of(parameters)` for the parameters an operation uses, and runs the operation
-    with those chunks pinned in memory (`pin`); afterwards `held(keys)` decides how long they stay
-    pinned. Inactive while `owner.busy`."""
+    """Runs each operation with the chunks `chunks_of(parameters)` names for the parameters it uses
+    pinned in `residency` (`pin`); afterwards `residency.held(keys)` decides how long they stay
+    pinned. Inactive while `residency.busy`."""
 
-    def __init__(self, owner) -> None:
+    def __init__(self, residency: ChunkResidency, chunks_of: Callable[[Iterable[nn.Parameter]], frozenset[ChunkKey]]
+                 ) -> None:
         super().__init__()
-        self.owner = owner
+        self.residency, self.chunks_of = residency, chunks_of
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        owner = self.owner
-        if owner.busy or not uses_numbers(func):
+        residency = self.residency
+        if residency.busy or not uses_numbers(func):
             return func(*args, **kwargs)
-        keys = owner.chunks_of(parameters_in(itertools.chain(args, kwargs.values())))
+        keys = self.chunks_of(parameters_in(itertools.chain(args, kwargs.values())))
         if not keys:
             return func(*args, **kwargs)
-        owner.pin(keys)
+        residency.pin(keys)
         try:
             return func(*args, **kwargs)
         finally:
-            owner.held(keys)
+            residency.held(keys)
 
 
 @dataclass(frozen=True)
