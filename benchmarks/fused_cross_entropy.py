@@ -14,7 +14,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch.distributed._tools.mem_tracker import MemTracker
+from zoo.torch_compat import MemTracker
 
 from zoo.nn import linear_cross_entropy
 

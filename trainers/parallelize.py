@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainers.parallel.scalars import average_scalar_gradients
@@ -32,6 +31,7 @@ from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_
 from trainers.strategy import Strategy
 from trainers.parallel.tensor import apply_tensor_parallel, check_plan
 from zoo.plan import model_plan, resolve
+from zoo.torch_compat import replicate
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

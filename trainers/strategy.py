@@ -22,6 +22,12 @@ interleaved 1F1B needs them (with one it is 1F1B), breadth-first also runs one p
 of GPipe, with breadth-first's data parallelism)."""
 
 
+class LayoutRefused(ValueError):
+    """The model cannot take this layout: a tensor-parallel degree that does not divide its heads
+    or features, a pipeline it declares no split points for, more stages than blocks. The planner
+    passes over such layouts; any other error of a traced layout is raised."""
+
+
 @dataclass
 class Strategy:
     """Memory strategy applied to any model by the `Trainer`.

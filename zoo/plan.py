@@ -82,9 +82,11 @@ class ModelPlan:
     """`nn.Linear`s split by input features (attention output, second feed-forward linear), each
     taking a column-parallel shard: weight columns are sharded, the bias is whole on every rank."""
     replicated: tuple[str, ...] = ()
-    """`nn.Linear`s inside a region kept whole on every tensor-parallel rank (the one key/value
-    head of multi-query attention): each rank's shard of the region uses all of them, so their
-    gradients are summed over the group."""
+    """Modules inside a region (or the region itself) whose own parameters stay whole on every
+    tensor-parallel rank (the one key/value head of multi-query attention, a learned gain): each
+    rank's shard of the region uses all of them, so their gradients are summed over the group. Every
+    trainable parameter inside a region belongs to a split or a replicated module, or the plan is
+    refused."""
     regions: tuple[str, ...] = ()
     """Modules that compute on tensor-parallel shards (attention, feed-forward): whole activation
     in (first argument), partial sum out. Each holds exactly one row-parallel linear, whose output
@@ -104,7 +106,9 @@ class ModelPlan:
 
     sequence_parallel: tuple[str, ...] = ()
     """Modules run on sequence shards under sequence parallelism (norms): their parameters'
-    gradients are summed over the tensor-parallel group."""
+    gradients are summed over the tensor-parallel group. Under sequence parallelism every trainable
+    parameter of a block outside its regions belongs to one of them (or a split module), or the
+    plan is refused."""
     sequence_split: tuple[str, ...] = ()
     """Modules whose output (B, S, ...) is split along S under sequence parallelism (embeddings)."""
     sequence_gather: tuple[str, ...] = ()
@@ -167,7 +171,7 @@ class ModelPlan:
         return rows
 
 
-_REQUIRED_TYPES = {"colwise": nn.Linear, "rowwise": nn.Linear, "replicated": nn.Linear, "vocab_parallel": nn.Embedding}
+_REQUIRED_TYPES = {"colwise": nn.Linear, "rowwise": nn.Linear, "vocab_parallel": nn.Embedding}
 
 
 def resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str]:

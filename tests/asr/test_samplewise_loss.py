@@ -103,7 +103,7 @@ def test_bad_arguments():
 
 
 def test_runs_under_a_module_tracking_memory_tracker():
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from zoo.torch_compat import MemTracker
     from torch.nn.modules import module
 
     torch.manual_seed(0)

@@ -78,3 +78,6 @@ def test_bad_input_names_the_argument():
         estimate_memory("gpt", batch, Strategy(), 1)
     with pytest.raises(ValueError, match=r"share their first \(batch\) dimension; got sizes \[2, 3\]"):
         estimate_memory(MODELS["gpt"][0](), {**batch, "labels": torch.zeros(3, 4)}, Strategy(), 1)
+    chunked = Strategy(offload="chunks", offload_dir="unused", memory_budget="1GiB")
+    with pytest.raises(ValueError, match=r"Strategy\(offload='chunks'\) holds the memory_budget it is given"):
+        estimate_memory(MODELS["gpt"][0](), batch, chunked, 1)

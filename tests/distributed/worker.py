@@ -436,10 +436,46 @@ def tiny_vit() -> nn.Module:
     return model
 
 
+class GainedFeedForward(nn.Module):
+    """down(gelu(up(x)) * gain): a tensor-parallel region with a learned gain of its own."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+        self.gain = nn.Parameter(torch.full((1,), 1.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)) * self.gain)
+
+
+class GainedLayer(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.ff = GainedFeedForward(width, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ff(x)
+
+
+class GainedLM(FeedForwardLM):
+    """`FeedForwardLM` whose layers' feed-forward regions each hold a learned gain, which the plan
+    keeps whole on every rank (`ModelPlan.replicated`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.layers = nn.ModuleList(GainedLayer(32, 64) for _ in range(2))
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.ff.up",), rowwise=("layers.*.ff.down",),
+                         regions=("layers.*.ff",), replicated=("layers.*.ff",), vocab_parallel=("embed",))
+
+
 TP_MODELS = {
     "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
     "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
     "custom": (FeedForwardLM, lm_examples, None),
+    "gained": (GainedLM, lm_examples, None),
     "bert": (tiny_bert, mlm_examples, None),
     "vit": (tiny_vit, digit_examples, None),
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
@@ -448,8 +484,9 @@ TP_MODELS = {
     "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
-(row-parallel biases are added once), multi-query GPT (keys and values replicated), the model above
-(the last two with 49 vocabulary rows, which split unevenly: 25 + 24), BERT masked-LM with padding,
+(row-parallel biases are added once), multi-query GPT (keys and values replicated), the models above
+(the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
+gain in each region, kept whole on every rank), BERT masked-LM with padding,
 a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
 parallelism: 4 MSA rows and 16 residues split over the ranks), with dropout 0.25 too (its masks,
 shared along rows or columns, are the same on any number of ranks)."""

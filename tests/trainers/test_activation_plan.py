@@ -4,11 +4,16 @@ block does."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 
 from helpers import chunk_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.memory.activations.plan import BlockCost, choose_block_activations, parse_block_activations
+from trainers.memory.activations.plan import (BlockCost, apply_block_activations, choose_block_activations,
+                                              parse_block_activations)
+from trainers.memory.recompute import RecomputePolicy
 from zoo.parity import relative_error
 
 
@@ -22,6 +27,22 @@ def test_blocks_keep_what_costs_most_to_lose_and_the_rest_take_the_cheaper_way()
         "a": "recompute", "b": "swap", "c": "recompute", "d": "recompute"}
     assert choose_block_activations(costs, room=10**6, seconds_per_byte=0.01) == dict.fromkeys("abcd", "keep")
     assert choose_block_activations(costs, room=0, seconds_per_byte=0.0) == dict.fromkeys("abcd", "swap")
+
+
+def test_activations_that_cannot_be_swapped_are_kept_or_recomputed():
+    """On a GPU the step's activations live on the device, which the swap does not serve: the choice
+    is between keeping and recomputing, and a hand-set swap is refused by name."""
+    costs = [BlockCost("a", 100, 0.5), BlockCost("b", 100, 3.0), BlockCost("c", 0, 0.2)]
+    assert choose_block_activations(costs, room=100, seconds_per_byte=math.inf) == {
+        "a": "recompute", "b": "keep", "c": "keep"}
+    assert choose_block_activations(costs, room=0, seconds_per_byte=math.inf) == {
+        "a": "recompute", "b": "recompute", "c": "keep"}
+    blocks = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2), "b": torch.nn.Linear(2, 2)})
+    policy = RecomputePolicy({"a": "all", "b": "all"})
+    apply_block_activations(blocks, {"a": "recompute", "b": "keep"}, policy, None)
+    assert policy.keep == {"a": "inputs", "b": "all"}
+    with pytest.raises(ValueError, match=r"swaps the activations of \['b'\], but they are computed on the device"):
+        apply_block_activations(blocks, {"a": "keep", "b": "swap"}, policy, None)
 
 
 def test_bad_block_choices_are_refused():

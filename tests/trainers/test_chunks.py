@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -104,3 +108,31 @@ def test_a_changed_or_truncated_chunk_file_and_a_directory_that_cannot_take_it_a
                                       ".*; the chunk stays in memory"):
         blocked.flush()
     assert torch.equal(blocked.memory[("param", 0)], values)
+
+
+def test_closing_a_store_stops_its_thread_and_removes_its_files(tmp_path):
+    store = ChunkStore(tmp_path / "rank0")
+    for index in range(3):
+        store.load(("param", index), 1024).fill_(index)
+        store.changed(("param", index))
+        store.evict(("param", index))
+    store.flush()
+    assert len(list((tmp_path / "rank0").glob("*.bin"))) == 3
+    store.close()
+    assert not (tmp_path / "rank0").exists()
+    with pytest.raises(RuntimeError, match="cannot schedule new futures after shutdown"):  # its thread is gone
+        store.io.submit(print)
+
+
+def test_a_store_never_closed_removes_its_files_at_exit(tmp_path):
+    script = textwrap.dedent(f"""
+        from trainers.memory.chunks.store import ChunkStore
+        store = ChunkStore({str(tmp_path / "rank0")!r})
+        store.load(("param", 0), 1024).fill_(1.0)
+        store.changed(("param", 0))
+        store.evict(("param", 0))
+        store.flush()
+        assert (store.directory / "param00000.bin").exists()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert not (tmp_path / "rank0").exists()

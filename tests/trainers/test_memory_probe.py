@@ -3,7 +3,7 @@ pipelines) without keeping any micro batch alive."""
 
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from zoo.torch_compat import stage_backward_input, stage_backward_weight
 
 from trainers import Strategy, zero_model_states
 from trainers.memory.measure import StepMemoryProbe

@@ -115,3 +115,23 @@ def test_the_budget_holds_the_device_share_of_an_offloaded_peak():
     on_cpu = MemoryEstimate(Strategy(), 1, [RankMemory(0, 1, 0, 8, 0, 3, 12, {"cpu": {"optimizer": 8, "activations": 4}},
                                                        None)], [0], [{}], 1, 0.0)
     assert on_cpu.device_peak == 12
+
+
+class NeedsFourRows(torch.nn.Module):
+    """A model that refuses micro batches of fewer than 4 rows, as a user's model may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.shape[0] < 4:
+            raise ValueError(f"NeedsFourRows takes at least 4 rows; got {x.shape[0]}")
+        return {"loss": self.net(x).square().mean()}
+
+
+@pytest.mark.timeout(300)
+def test_an_error_of_the_model_is_raised_not_taken_for_a_layout_that_does_not_fit():
+    space = replace(SPACE, zero=(0,), recompute=("none",), micro_batch_sizes=(2,))
+    with pytest.raises(RuntimeError, match=r"planning failed:(.|\n)*NeedsFourRows takes at least 4 rows; got 2"):
+        plan(NeedsFourRows, {"x": torch.randn(4, 8)}, 2, 10 << 20, CPU, space=space)

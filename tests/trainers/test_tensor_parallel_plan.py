@@ -84,3 +84,47 @@ def test_tp_must_divide_the_ranks():
         Trainer(tiny_gpt(), TrainConfig(global_batch_size=2, micro_batch_size=2, progress=False,
                                         output_dir="/tmp/memzoo-test-runs"), Strategy(tp=2))
     assert torch.distributed.is_initialized()
+
+
+class GainedAttention(nn.Module):
+    """An attention-like region with a learned gain of its own, written outside the zoo."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.o = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.gain = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o(torch.tanh(self.q(x)) * self.gain)
+
+
+class GainedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.norm = GainedAttention(), nn.LayerNorm(8)
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(self.norm(x)) * self.scale
+
+
+class GainedModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.blocks, self.head = nn.Linear(4, 8), nn.ModuleList([GainedBlock()]), nn.Linear(8, 1)
+
+
+GAINED = dict(blocks=("blocks.*",), colwise=("blocks.*.attn.q",), rowwise=("blocks.*.attn.o",),
+              regions=("blocks.*.attn",), sequence_split=("embed",), sequence_gather=("blocks.0",))
+
+
+def test_a_parameter_that_would_get_a_partial_gradient_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"partial gradient under tensor parallelism.*region 'blocks.0.attn': "
+                                         r"\['blocks.0.attn.gain'\]"):
+        check_plan(GainedModel(), ModelPlan(**GAINED), 2, False)
+    check_plan(GainedModel(), ModelPlan(**GAINED, replicated=("blocks.*.attn",)), 2, False)
+    with pytest.raises(ValueError, match=r"sequence shards: \['blocks.0.scale', 'blocks.0.norm.weight', "
+                                         r"'blocks.0.norm.bias'\]"):
+        check_plan(GainedModel(), ModelPlan(**GAINED, replicated=("blocks.*.attn",)), 2, True)
+    check_plan(GainedModel(), ModelPlan(**GAINED, replicated=("blocks.*.attn",),
+                                        sequence_parallel=("blocks.*", "blocks.*.norm")), 2, True)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
+from zoo.torch_compat import FakeTensorMode
 
 from trainers.memory.saved_activations import SavedActivations
 from test_fused_activation import REFERENCE

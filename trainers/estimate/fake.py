@@ -25,18 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-    unset_fake_temporarily,
-)
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos
-from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._pytree import tree_leaves
+
+from zoo.torch_compat import (DataDependentOutputException, DynamicOutputShapeException, FakeStore, FakeTensor,
+                              FakeTensorMode, clear_dtensor_sharding_caches, tree_leaves, unset_fake_temporarily)
 
 HOST_BYTES = 1 << 16
 """Largest result (bytes) of an operation on real tensors only that stays real."""
@@ -143,15 +135,6 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
     finally:
         DeviceMesh.__init__ = original
         dist.destroy_process_group()
-        _forget_meshes()
-
-
-def _forget_meshes() -> None:
-    """Clear DTensor's caches of sharding decisions, whose results hold the meshes they were made
-    on: a later fake job's equal mesh (the same ranks seen from another rank) would otherwise get
-    back a mesh whose process groups were destroyed with the job."""
-    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's
-    propagator = DTensor._op_dispatcher.sharding_propagator
-    propagator.propagate_op_sharding.cache_clear()
-    propagator._propagate_tensor_meta_cached.cache_clear()
-    _gen_transform_infos.cache_clear()
+        # DTensor's cached sharding decisions hold the meshes they were made on: a later fake job's
+        # equal mesh (the same ranks seen from another rank) would get back one whose groups are gone.
+        clear_dtensor_sharding_caches()

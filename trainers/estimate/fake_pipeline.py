@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
 
 from trainers.pipeline.comm import Message, PipelineLink
 from trainers.pipeline.runtime import GeneratorState
 from zoo.plan import Carry, model_plan
+from zoo.torch_compat import FakeTensor
 
 CarrySpec = dict[str, torch.Tensor]
 """A carry's entries: key -> a fake tensor of the entry's shape, dtype and `requires_grad`, or

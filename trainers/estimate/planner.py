@@ -48,7 +48,7 @@ from trainers.estimate.trace import MemoryEstimate, ModelOrBuilder, TraceJob, ba
 from trainers.memory.measure import zero_model_states
 from trainers.pipeline.schedules import analytic_bubble, schedule_orders, simulate
 from trainers.estimate.counters import Work
-from trainers.strategy import Strategy
+from trainers.strategy import LayoutRefused, Strategy
 
 RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
                 "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
@@ -269,7 +269,7 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
             ends = (0, world_size - world_size // strategy.pp) if strategy.pp > 1 else (0,)
             try:
                 estimate = trace_jobs(model_or_builder, example_batch, [TraceJob(strategy, world_size, config, ends)])[0]
-            except ValueError:  # a layout the model's plan refuses (tp not dividing its heads, no pipeline split)
+            except LayoutRefused:  # a layout the model cannot take (tp not dividing its heads, no pipeline split)
                 continue
             strategy = replace(strategy, pp_split=estimate.pp_split)  # the run cuts the stages traced
             estimate = replace(estimate, strategy=strategy)
@@ -312,7 +312,7 @@ def _first_trace(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, A
     for tp in degrees[:-1]:
         try:
             return trace(tp)
-        except ValueError:  # a degree the model's plan refuses
+        except LayoutRefused:  # a degree the model cannot take
             continue
     return trace(degrees[-1])
 

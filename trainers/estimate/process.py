@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 Result = TypeVar("Result")
 
-PRELOADED = ("trainers.estimate.trace", "trainers.estimate.budget", "trainers.estimate.planner", "trainers.trainer", "trainers.estimate.fake",
+PRELOADED = ("trainers.estimate.trace", "trainers.estimate.budget", "trainers.estimate.planner", "trainers.step", "trainers.estimate.fake",
              "trainers.estimate.fake_pipeline", "trainers.pipeline.step")
 """What the fork server imports once: the estimator and what its traces import."""
 

@@ -171,6 +171,10 @@ def layout_job(strategy: Strategy, world_size: int, config: TrainConfig | None, 
     one micro batch of the example's size per rank, or pp of them per pipeline."""
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
+    if strategy.offload == "chunks":
+        raise ValueError("the estimator traces steps on FSDP2's layouts; Strategy(offload='chunks') holds the "
+                         "memory_budget it is given instead (trainers.memory.chunks), so it has nothing to estimate: "
+                         "give one of offload='none', 'optimizer' or 'params'")
     degree = strategy.tp * strategy.pp
     if not isinstance(world_size, int) or world_size < 1 or world_size % degree:
         raise ValueError(f"world_size must be a positive multiple of Strategy.tp x Strategy.pp = {degree}; "

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 
 from trainers.strategy import Strategy
+from zoo.torch_compat import CategoryTracker, clear_cublas_workspaces
 
 _CATEGORIES = {
     "Parameter": "parameters",
@@ -77,44 +76,6 @@ def _total(per_device: dict[str, dict[str, int]], *categories: str) -> int:
     return sum(stats.get(category, 0) for stats in per_device.values() for category in categories)
 
 
-class _ForwardModTracker(ModTracker):
-    """`ModTracker` calling the user's forward pre-hook only. The stock one also hangs a gradient
-    hook on every module's inputs that waits for all of their gradients: a zero-bubble backward
-    (input gradients, then weight gradients, in two autograd calls) never completes such a wait,
-    and the hooks keep every micro batch's tensors alive (or fail outright on a leaf input under
-    `autograd.grad`). Forward or backward still follows from the autograd engine (`is_bw`)."""
-
-    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
-        self._user_pre_fw_hook(mod, input)
-
-    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
-        pass
-
-
-class _CategoryTracker(MemTracker):
-    """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
-    allow one forward per module between backwards, where pipeline schedules run several. Each
-    module's parameters (swapped in by FSDP when gathered) are still tracked, with the gradients of
-    those that take one: the stock tracker hangs a gradient hook on every parameter, which a frozen
-    one (requires_grad False) refuses."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._mod_tracker = _ForwardModTracker()
-
-    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
-        self._track_module_params_and_buffers(module, install_grad_hooks=False)
-        for param in module.parameters():
-            if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
-                self._param_to_grad_hook_handles[param] = (
-                    param.register_hook(self._track_gradient),
-                    param.register_post_accumulate_grad_hook(lambda p: self._track_gradient(p.grad)))
-
-    def _track_gradient(self, grad: torch.Tensor) -> None:
-        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
-
-
-
 class StepMemoryProbe(AbstractContextManager):
     """Measure one training step. Use as a context around the step and call `after_backward()`
     between backward and the optimizer step."""
@@ -122,7 +83,7 @@ class StepMemoryProbe(AbstractContextManager):
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, extra: Iterable[torch.Tensor],
                  device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.tracker = _CategoryTracker()
+        self.tracker = CategoryTracker()
         self.tracker.track_external(model, *([optimizer] if optimizer is not None else []), *extra)
         self.gradients = 0
 
@@ -194,7 +155,7 @@ def cuda_workspace_bytes(device: torch.device, dtype: torch.dtype) -> int:
     released, a linear layer in `dtype` runs forward and backward, and what the allocator still
     holds once its tensors are gone is theirs."""
     torch.cuda.synchronize(device)
-    torch._C._cuda_clearCublasWorkspaces()
+    clear_cublas_workspaces()
     before = torch.cuda.memory_allocated(device)
     weight = torch.ones(64, 64, device=device, dtype=dtype, requires_grad=True)
     bias = torch.zeros(64, device=device, dtype=dtype, requires_grad=True)

@@ -27,14 +27,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 from trainers.estimate.counters import FLOP_FORMULAS
 from zoo.plan import model_plan, resolve
+from zoo.torch_compat import TorchDispatchMode, checkpoint_wrapper, tree_leaves
 
 OpKey = tuple[str, int]
 """An operator call inside a block's forward: (operator name, its occurrence among that

@@ -12,9 +12,9 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+from zoo.torch_compat import TorchDispatchMode, tree_flatten
 
 
 class TensorPeak(TorchDispatchMode):

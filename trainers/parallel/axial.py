@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainers.parallel import collectives as tpc
 from trainers.parallel.parameter_swap import ParameterSwap
+from trainers.strategy import LayoutRefused
 from zoo import axial
 
 SPLIT_DIM = 1
@@ -51,7 +52,7 @@ class AxialGroup:
 
     def _check(self, x: torch.Tensor, dim: int, what: str) -> None:
         if x.shape[dim] % self.size:
-            raise ValueError(f"axial parallelism over tp={self.size} ranks {what} dim {dim} of a {tuple(x.shape)} "
+            raise LayoutRefused(f"axial parallelism over tp={self.size} ranks {what} dim {dim} of a {tuple(x.shape)} "
                              f"tensor, which must be divisible by {self.size}")
 
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zoo.torch_compat import unsafe_preserve_version_counter
+
 
 def _gathered_view(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """The parts along `dim` gathered, as a (not contiguous unless dim is 0) view of the buffer the
@@ -136,5 +138,5 @@ class GatheredInput:
             return
         gathered = _gathered_view(self.shard, self.dim, self.group)  # copied into place once, below
         self.full.untyped_storage().resize_(self.nbytes)
-        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(self.full):
+        with torch.no_grad(), unsafe_preserve_version_counter(self.full):
             self.full.copy_(gathered)

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from trainers.parallel import collectives as tpc
 from trainers.parallel.axial import apply_axial_parallel
 from trainers.parallel.parameter_swap import ParameterSwap
+from trainers.strategy import LayoutRefused
 from trainers.parallel.vocab import install_vocab_parallel_loss, vocab_first_row
 from zoo.plan import ModelPlan
 
@@ -77,7 +78,7 @@ class _Region:
 
     colwise: list[nn.Linear]
     rowwise: list[nn.Linear]
-    replicated: list[nn.Linear]
+    replicated: list[nn.Module]
     enter: bool
     """Whether the first argument enters from whole (or sequence-sharded) activations."""
     leave: bool
@@ -94,19 +95,19 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     False for a pipeline stage (checked whole before the split), which may hold no split layer and
     neither the start nor the end of the sequence-parallel part."""
     if whole and not plan.tensor_parallel:
-        raise ValueError(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
+        raise LayoutRefused(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
                          "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan)")
     names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "replicated", "regions", "vocab_parallel",
                                                          "axial", "sequence_parallel", "sequence_split", "sequence_gather")}
     if whole and sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
-        raise ValueError(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
+        raise LayoutRefused(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
                          "and sequence_gather); it declares none")
     modules = dict(model.named_modules())
 
     def divides(name: str, count: int, what: str) -> None:
         if count % tp:
-            raise ValueError(f"Strategy.tp={tp} must divide the {count} {what} of {name!r}")
+            raise LayoutRefused(f"Strategy.tp={tp} must divide the {count} {what} of {name!r}")
 
     heads = plan.head_rows(model)
     for name in names["colwise"]:
@@ -118,7 +119,7 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     for name in names["vocab_parallel"]:
         embedding = modules[name]
         if vocab_first_row(embedding.num_embeddings, tp, tp - 1) >= embedding.num_embeddings:
-            raise ValueError(f"Strategy.tp={tp} leaves a rank without rows of the {embedding.num_embeddings} "
+            raise LayoutRefused(f"Strategy.tp={tp} leaves a rank without rows of the {embedding.num_embeddings} "
                              f"vocabulary rows of {name!r}")
         if embedding.padding_idx is not None or embedding.max_norm is not None:
             raise ValueError(f"ModelPlan.vocab_parallel names {name!r}, an nn.Embedding with padding_idx or "
@@ -137,12 +138,49 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     if outside:
         raise ValueError(f"ModelPlan.replicated names {outside} outside every region; a replicated linear only "
                          "makes sense beside the split ones of a region")
+    uncovered = _partial_gradients(model, plan, names, sequence_parallel, whole)
+    if uncovered:
+        raise ValueError(f"the plan of {type(model).__name__} leaves trainable parameters that would get a partial "
+                         f"gradient under tensor parallelism, each rank's replica drifting from the others: "
+                         f"{'; '.join(f'{where}: {found[:4]}' for where, found in uncovered.items())}; split their "
+                         f"modules (ModelPlan.colwise, rowwise), or keep them whole on every rank with their gradients "
+                         f"summed (ModelPlan.replicated inside a region, ModelPlan.sequence_parallel on sequence shards)")
     return names
 
 
+def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[str]], sequence_parallel: bool,
+                       whole: bool) -> dict[str, list[str]]:
+    """The trainable parameters no plan field covers where each rank computes on its own shard, by
+    where they are: inside a region, those of no column-, row-parallel or replicated module of it;
+    under sequence parallelism, those in a block (on sequence shards) outside every region and every
+    split, `sequence_parallel` or axial module. Axial modules and vocabulary-parallel embeddings
+    cover all of their parameters. (A pipeline stage's share, not `whole`, was checked whole.)"""
+    if not whole:
+        return {}
+    split = set(names["colwise"]) | set(names["rowwise"]) | set(names["vocab_parallel"])
+    axial = names["axial"]
+    blocks = plan.block_names(model) if sequence_parallel else []
+    within = lambda name, parents: any(name == p or name.startswith(p + ".") for p in parents)  # noqa: E731
+    found: dict[str, list[str]] = {}
+    for owner, module in model.named_modules():
+        for local, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or owner in split or within(owner, axial):
+                continue
+            name = f"{owner}.{local}" if owner else local
+            region = next((r for r in names["regions"] if within(owner, [r])), None)
+            if region is not None:
+                if owner not in _region_members(region, names)["replicated"]:
+                    found.setdefault(f"region {region!r}", []).append(name)
+            elif within(owner, blocks) and owner not in names["sequence_parallel"]:
+                found.setdefault("sequence shards", []).append(name)
+    return found
+
+
 def _region_members(region: str, names: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The column-, row-parallel and replicated linears inside `region`."""
-    return {kind: [n for n in names[kind] if n.startswith(region + ".")] for kind in ("colwise", "rowwise", "replicated")}
+    """The column-, row-parallel linears inside `region`, and its replicated modules (itself included)."""
+    members = {kind: [n for n in names[kind] if n.startswith(region + ".")] for kind in ("colwise", "rowwise")}
+    members["replicated"] = [n for n in names["replicated"] if n == region or n.startswith(region + ".")]
+    return members
 
 
 class TensorParallel:
@@ -206,10 +244,9 @@ class TensorParallel:
                 swap.put(linear, "weight", _local(linear._parameters["weight"]))
                 if linear.bias is not None:
                     swap.put(linear, "bias", _local(linear._parameters["bias"]))
-            for linear in region.replicated:
-                for name in ("weight", "bias"):
-                    if linear._parameters.get(name) is not None:
-                        swap.put(linear, name, tpc.sum_gradient(linear._parameters[name], self.group))
+            for replicated in region.replicated:  # their own parameters, whole on every rank
+                for name, param in replicated.named_parameters(recurse=False):
+                    swap.put(replicated, name, tpc.sum_gradient(param, self.group))
             bias = None
             for linear in region.rowwise:
                 swap.put(linear, "weight", _local(linear._parameters["weight"]))

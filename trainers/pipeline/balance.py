@@ -26,14 +26,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
-
 from trainers.estimate.counters import WorkCount
+from trainers.strategy import LayoutRefused
+from zoo.torch_compat import DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode
 
 TRAINING_FLOPS_PER_FORWARD = 3.0
 """A training step's FLOPs over the forward's: the backward computes input and weight gradients."""
@@ -170,7 +165,7 @@ def balanced_split(costs: PieceCosts, num_stages: int) -> list[range]:
     the largest stage cost (the first stage also pays `costs.enter`, the last `costs.exit`)."""
     n = len(costs.blocks)
     if num_stages > n:
-        raise ValueError(f"Strategy.pp * Strategy.stages_per_rank = {num_stages} stages, more than the model's "
+        raise LayoutRefused(f"Strategy.pp * Strategy.stages_per_rank = {num_stages} stages, more than the model's "
                          f"{n} blocks; each stage needs at least one block")
     prefix = [0.0]
     for cost in costs.blocks:

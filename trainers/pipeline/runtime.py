@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining._backward import stage_backward_input
 
 from trainers.pipeline.comm import PipelineLink, differentiable
 from trainers.pipeline.schedules import Action, stage_rank
@@ -31,6 +30,7 @@ from trainers.pipeline.sharding import StageSharding
 from trainers.pipeline.stage import StageModule
 from trainers.pipeline.weight_pass import weight_pass
 from zoo.plan import Carry
+from zoo.torch_compat import stage_backward_input
 
 
 GENERATOR_KEYS = ("generator.cpu", "generator.cuda")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from torch.distributed.fsdp import FSDPModule
 
 from trainers.pipeline.schedules import Action
+from zoo.torch_compat import fsdp_post_backward
 
 
 def _blocks(stage: FSDPModule) -> list[FSDPModule]:
@@ -84,8 +85,4 @@ def _reduce_held_gradients(stage: FSDPModule) -> None:
     stage.set_requires_gradient_sync(True)
     stage.set_reshard_after_backward(True)
     stage.set_is_last_backward(True)
-    state = stage._get_fsdp_state()
-    for module_state in state._state_ctx.all_states:
-        for param_group in module_state._fsdp_param_groups:
-            param_group.post_backward()
-    state._root_post_backward_final_callback()
+    fsdp_post_backward(stage)

@@ -27,7 +27,7 @@ from trainers.memory.recompute import clean_fqn
 from trainers.state.optimizer import local_tensor
 from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs
 from trainers.pipeline.stage import StageModule, prune
-from trainers.strategy import Strategy
+from trainers.strategy import LayoutRefused, Strategy
 from zoo.plan import ModelPlan, PipelineSplit, resolve
 
 PIPELINE_METHODS = ("pipeline_enter", "pipeline_block", "pipeline_exit")
@@ -70,16 +70,16 @@ class PipelineLayout:
 
 
 def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
-    """The model's `PipelineSplit`; ValueError naming what is missing when it cannot be pipelined."""
+    """The model's `PipelineSplit`; `LayoutRefused` naming what is missing when it cannot be pipelined."""
     name = type(model).__name__
     if plan.pipeline is None:
-        raise ValueError(f"Strategy.pp > 1 needs split points, but {name} declares none: its parallel_plan() must "
+        raise LayoutRefused(f"Strategy.pp > 1 needs split points, but {name} declares none: its parallel_plan() must "
                          "return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and blocks")
     if not plan.blocks:
-        raise ValueError(f"Strategy.pp > 1 cuts the model's blocks into stages, but {name}'s ModelPlan.blocks is empty")
+        raise LayoutRefused(f"Strategy.pp > 1 cuts the model's blocks into stages, but {name}'s ModelPlan.blocks is empty")
     missing = [m for m in PIPELINE_METHODS if not callable(getattr(model, m, None))]
     if missing:
-        raise ValueError(f"Strategy.pp > 1 runs {name} through {', '.join(PIPELINE_METHODS)}, but it lacks "
+        raise LayoutRefused(f"Strategy.pp > 1 runs {name} through {', '.join(PIPELINE_METHODS)}, but it lacks "
                          f"{', '.join(missing)} (see zoo.plan.PipelineSplit)")
     return plan.pipeline
 

@@ -22,14 +22,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.autograd.graph import GradientEdge, _get_grad_fn_or_grad_acc
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.nn import Parameter
 
 
 def weight_pass(params: Iterable[Parameter], param_groups: list[dict[str, Any]]) -> None:
     """Accumulate into `params`' .grad their gradients from `param_groups`, what
     `stage_backward_input` returned for the stage's last input pass of this micro batch."""
-    by_accumulator = {_get_grad_fn_or_grad_acc(param): param for param in params}
+    by_accumulator = {get_gradient_edge(param).node: param for param in params}
     pairs = [pair for group in param_groups for pair in zip(group["grads"], group["intermediates"], strict=True)]
     accumulators = [accumulator for group in param_groups for accumulator in group["params"]]
     for group in param_groups:  # the hooks below hold the intermediates; nothing else should

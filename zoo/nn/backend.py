@@ -16,8 +16,7 @@ import os
 from typing import Literal
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from zoo.torch_compat import FakeTensorMode, current_dispatch_modes
 
 Backend = Literal["auto", "torch", "triton"]
 BACKENDS = ("auto", "torch", "triton")
@@ -37,7 +36,7 @@ def interpreting() -> bool:
 def tracing_fake_tensors() -> bool:
     """Whether a `FakeTensorMode` is on the dispatch stack (the memory estimator's trace). Not
     torch.compile's tracing, which runs on fake tensors too but compiles its graph's kernels."""
-    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())
+    return any(isinstance(mode, FakeTensorMode) for mode in current_dispatch_modes())
 
 
 def resolve_backend(backend: Backend | None, *tensors: torch.Tensor) -> Literal["torch", "triton"]:

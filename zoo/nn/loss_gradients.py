@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from zoo.torch_compat import graph_task_keeps_graph
+
 
 class GradientsFromForward(torch.autograd.Function):
     """Base of fused losses (`zoo.nn.cross_entropy`, and `trainers.parallel.vocab` above it) whose forward
@@ -22,7 +24,7 @@ class GradientsFromForward(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         weight_dtype, bias_dtype = ctx.dtypes
         scale = grad_loss.float()
-        in_place = not torch._C._autograd._get_current_graph_task_keep_graph()
+        in_place = not graph_task_keeps_graph()
 
         def scaled(gradient: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
             return gradient.mul_(factor) if in_place else gradient * factor

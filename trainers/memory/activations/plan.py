@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -50,8 +51,8 @@ class BlockCost:
     """Seconds its forward takes: what recompute adds in backward."""
 
     def swap_seconds(self, seconds_per_byte: float) -> float:
-        """Seconds to write its saved tensors and read them back."""
-        return self.saved_bytes * seconds_per_byte
+        """Seconds to write its saved tensors and read them back (inf where nothing can be swapped)."""
+        return math.inf if math.isinf(seconds_per_byte) else self.saved_bytes * seconds_per_byte
 
 
 def choose_block_activations(costs: list[BlockCost], room: int, seconds_per_byte: float) -> dict[str, Choice]:
@@ -104,11 +105,17 @@ def chunked_recompute_policy(model: nn.Module, recompute: str, per_block: bool) 
 
 
 def apply_block_activations(model: nn.Module, plan: Mapping[str, Choice], policy: RecomputePolicy,
-                            swap: ActivationSwap) -> None:
+                            swap: ActivationSwap | None) -> None:
     """Make each block of `plan` do its choice from its next forward on: `policy` recomputes the
     "recompute" blocks from their inputs and keeps everything the others save; `swap` swaps only
-    while a "swap" block's forward runs."""
-    swap.enabled = False
+    while a "swap" block's forward runs (None: activations that cannot be swapped, which no block
+    may choose to)."""
+    swapping = sorted(name for name, choice in plan.items() if choice == "swap")
+    if swap is None and swapping:
+        raise ValueError(f"Strategy.block_activations swaps the activations of {swapping}, but they are computed on "
+                         f"the device, and only host memory's are swapped; choose keep or recompute there")
+    if swap is not None:
+        swap.enabled = False
     for name, choice in plan.items():
         policy.keep[name] = "inputs" if choice == "recompute" else "all"
         if choice == "swap":
@@ -164,10 +171,10 @@ def measure_blocks(model: nn.Module, blocks: list[str], forward: Callable[[], ob
 class BlockActivations:
     """The per-block activation plan of `model`'s `blocks` under chunked model states: `policy`
     recomputes and `swap` swaps for the blocks that choose so; the choices are set by hand (`apply`)
-    or measured and chosen before the first step (`choose`), the same on every rank. `announce`: log
-    what is chosen (rank 0)."""
+    or measured and chosen before the first step (`choose`), the same on every rank; without a `swap`
+    (activations on a GPU) each block keeps or recomputes. `announce`: log what is chosen (rank 0)."""
 
-    def __init__(self, model: nn.Module, blocks: list[str], policy: RecomputePolicy, swap: ActivationSwap,
+    def __init__(self, model: nn.Module, blocks: list[str], policy: RecomputePolicy, swap: ActivationSwap | None,
                  announce: bool) -> None:
         self.model, self.blocks, self.policy, self.swap, self.announce = model, blocks, policy, swap, announce
         self.choices: dict[str, Choice] | None = None
@@ -187,7 +194,7 @@ class BlockActivations:
         """Measure the blocks on `forward` (one micro batch's loss) and the disk of the swap's files,
         choose under `room` bytes and apply rank 0's choice on every rank of `group` (collective)."""
         costs = measure_blocks(self.model, self.blocks, forward, is_parameter)
-        seconds_per_byte = disk_seconds_per_byte(self.swap.directory)
+        seconds_per_byte = math.inf if self.swap is None else disk_seconds_per_byte(self.swap.directory)
         shared = [costs, choose_block_activations(costs, room, seconds_per_byte), seconds_per_byte]
         dist.broadcast_object_list(shared, group=group, group_src=0)
         self.costs, choices, seconds_per_byte = shared

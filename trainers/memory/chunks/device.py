@@ -26,15 +26,15 @@ tiers (synchronously) on any machine.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from trainers.memory.chunks.store import ChunkKey
+from zoo.torch_compat import disable_current_modes, storage_use_count
 
 
 def _viewed(buffer: torch.Tensor) -> bool:
     """Whether tensors besides `buffer` still use its memory (the check torch's CUDA graph trees make
     before reusing an output's memory)."""
-    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) > 2  # `buffer` and the storage object here
+    return storage_use_count(buffer) > 2  # `buffer` and the storage object here
 
 
 class DeviceChunks:
@@ -93,7 +93,7 @@ class DeviceChunks:
             buffer = spares.pop(free)
             self._spare_bytes -= buffer.nbytes
         else:
-            with _disable_current_modes():  # not one of the step's tensors (trainers.memory.tensor_peak)
+            with disable_current_modes():  # not one of the step's tensors (trainers.memory.tensor_peak)
                 buffer = torch.empty(numel, dtype=self.dtype, device=self.device)
             self.allocations += 1
         self.memory[key] = buffer
@@ -104,7 +104,7 @@ class DeviceChunks:
         """Chunk `key` copied up from its host buffer `host` (on the side stream on a GPU; `ahead`:
         before its use); returns the device buffer."""
         buffer = self._allocate(key, host.numel())
-        with _disable_current_modes():
+        with disable_current_modes():
             if self.stream is None:
                 buffer.copy_(host)
             else:
@@ -123,7 +123,7 @@ class DeviceChunks:
     def zeros(self, key: ChunkKey, numel: int) -> torch.Tensor:
         """Chunk `key`, never written anywhere, created as zeros on the device (changed there)."""
         buffer = self._allocate(key, numel)
-        with _disable_current_modes():
+        with disable_current_modes():
             buffer.zero_()
         self.dirty.add(key)
         return buffer
@@ -142,7 +142,7 @@ class DeviceChunks:
     def download(self, key: ChunkKey, host: torch.Tensor) -> None:
         """Chunk `key`'s device copy into its host buffer `host`, complete when this returns."""
         self.wait(key)
-        with _disable_current_modes():
+        with disable_current_modes():
             host.copy_(self.memory[key])
         self.bytes_down += host.nbytes
 

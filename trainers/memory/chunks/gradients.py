@@ -126,9 +126,9 @@ class ChunkGradients:
         yet are reduced here, in the same order on every rank, then which parameters received a
         gradient on any rank is agreed (for the update)."""
         self.release()
-        ownership, received = self.ownership, self.has_grad
-        if ownership.world > 1 or any(received):
-            for chunk in range(self._next, -1, -1):
+        ownership, received, members = self.ownership, self.has_grad, self.parameters.chunk_members
+        for chunk in range(self._next, -1, -1):  # alone, a rank skips the chunks it has no gradients in
+            if ownership.world > 1 or any(received[i] for i in members[chunk]):
                 with self.residency.holding(frozenset([("grad", chunk)])):
                     self._reduce(chunk)
         self._next = -1

@@ -231,6 +231,11 @@ class ChunkedStates:
         self.gradients.discard()
         self.residency.moments.widen_device_slack()
 
+    def close(self) -> None:
+        """Stop the chunk files' thread after its transfers and remove the files (`ChunkStore.close`,
+        which also runs at exit); the states cannot be read after."""
+        self.store.close()
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self, model: nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
         """A copy of `model.state_dict()` (the module this class was built on), the chunked
@@ -258,7 +263,8 @@ def chunked_states(model: nn.Module, config: TrainConfig, strategy: Strategy, ra
     else:
         tier = {} if budget is None else {"device": device, "device_budget": budget}
     per_block = strategy.activation_memory is not None or strategy.block_activations is not None
+    swap = strategy.swap_activations
+    if per_block:  # the blocks that choose to swap do, from any size; on a GPU none can
+        swap = (swap or 0) if device.type == "cpu" else None
     return ChunkedStates(model, config, str(Path(strategy.offload_dir) / f"rank{rank:05d}"), strategy.memory_budget,
-                         group, largest_block_tensor(model), shard=strategy.zero == 3,
-                         swap_min_bytes=(strategy.swap_activations or 0) if per_block else strategy.swap_activations,
-                         **tier)
+                         group, largest_block_tensor(model), shard=strategy.zero == 3, swap_min_bytes=swap, **tier)

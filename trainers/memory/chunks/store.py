@@ -24,18 +24,24 @@ in forward) writes nothing.
 
 Buffers are allocated outside any dispatch mode, so that a tracker of the step's other tensors
 (`trainers.memory.tensor_peak.TensorPeak`) does not count them.
+
+The files are scratch, never a checkpoint: `close` (or, for a store never closed, the interpreter's
+exit) lets the thread finish its transfers, stops it, and removes the store's files and then its
+directory when nothing else is left there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from zoo.torch_compat import disable_current_modes
 
 ChunkKey = tuple[str, int]
 
@@ -107,6 +113,9 @@ class ChunkStore:
         self._resident = 0
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-io")
         """The thread that reads and writes the files."""
+        self.close = weakref.finalize(self, _shut_down, self.io, self.directory)
+        """Stop the thread after its transfers and remove the store's files (at most once; at exit
+        for a store never closed). The store cannot be used after."""
 
     def path(self, key: ChunkKey) -> Path:
         """The file of chunk `key`."""
@@ -117,7 +126,7 @@ class ChunkStore:
         return self._resident
 
     def _allocate(self, numel: int) -> torch.Tensor:
-        with _disable_current_modes():
+        with disable_current_modes():
             buffer = torch.empty(numel, dtype=self.dtype, pin_memory=self.pin_memory)
         self._resident += buffer.nbytes
         return buffer
@@ -256,3 +265,14 @@ class ChunkStore:
             self._free(buffer)
             raise
         return buffer
+
+
+def _shut_down(io: ThreadPoolExecutor, directory: Path) -> None:
+    """`io`'s transfers finished and its thread stopped; the files it wrote under `directory` (chunks,
+    swapped activations, what a failed write left) removed, then the folders left empty."""
+    io.shutdown(wait=True)
+    for leftover in [*directory.rglob("*.bin"), *directory.rglob("*.partial")]:
+        leftover.unlink(missing_ok=True)
+    for folder in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [directory]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -1,0 +1,64 @@
+"""Every private torch API goes through zoo.torch_compat: no other module of the project (tests and
+benchmarks included) imports a private torch module or name, or reaches `torch._...`; and the
+torch this suite runs on is one that module was checked on."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+
+from zoo import torch_compat
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = ("zoo", "trainers", "asr", "nlp", "vision", "protein", "recipes", "tests", "benchmarks")
+OPERATOR_NAMESPACES = ("torch.ops", "torch._foreach_")
+"""Operators, not Python APIs: torch.ops.aten.* overloads and the foreach kernels keep their names."""
+
+
+def private(dotted: str) -> bool:
+    """Whether `dotted` reaches into torch through a private name (dunders such as `__version__` are public)."""
+    parts = dotted.split(".")
+    return (parts[0] == "torch" and not dotted.startswith(OPERATOR_NAMESPACES)
+            and any(part.startswith("_") and not part.endswith("__") for part in parts))
+
+
+def dotted_name(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def private_uses(path: Path) -> list[str]:
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            uses += [f"{path.relative_to(ROOT)}:{node.lineno} {name}" for name in names if private(name)]
+        elif isinstance(node, ast.Import):
+            uses += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names if private(a.name)]
+        elif isinstance(node, ast.Attribute) and (name := dotted_name(node)) and private(name):
+            uses.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    return uses
+
+
+def test_the_scan_sees_private_names():
+    assert private("torch._C._storage_Use_Count") and private("torch.utils._pytree.tree_leaves")
+    assert not private("torch.ops.aten._fused_rms_norm") and not private("torch._foreach_norm")
+    assert not private("torch.distributed.tensor.DTensor") and not private("torch.__version__")
+
+
+def test_only_the_compatibility_module_uses_private_torch_apis():
+    compat = Path(torch_compat.__file__).resolve()
+    found = [use for folder in FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
+             if path.resolve() != compat for use in private_uses(path)]
+    assert found == []
+
+
+def test_this_torch_is_one_the_module_was_checked_on():
+    assert torch.__version__.split("+")[0] in torch_compat.CHECKED_ON, torch.__version__

@@ -1,0 +1,129 @@
+"""Every private torch API memzoo uses, in one place: names torch does not promise to keep
+(modules, functions and attributes whose names start with "_", `torch.testing._internal`). Code
+elsewhere imports them from here (tests/zoo/test_torch_compat.py checks it), so a torch release
+that moves one breaks this module, not code spread over the project. Checked on the releases in
+`CHECKED_ON`; pyproject.toml allows those alone.
+
+What each is, and why no public API serves:
+- FakeTensorMode and its kin: shapes without memory, for the estimator's traces (no public twin).
+- TorchDispatchMode, disable_current_modes, current_dispatch_modes: dispatch modes, whose only
+  home is torch.utils._python_dispatch.
+- tree_flatten, tree_leaves: torch's pytree (no public module in the releases checked).
+- MemTracker, ModTracker and `CategoryTracker`: torch's live-tensor tracker by category, whose
+  hooks `CategoryTracker` overrides (no public twin).
+- replicate: FSDP2's data-parallel twin (ZeRO 0-1 on FSDP2's DTensor parameters).
+- checkpoint_wrapper: the recompute wrapper that composes with FSDP2.
+- stage_backward_input/weight: the split backward of zero-bubble pipeline schedules.
+- `fsdp_post_backward`: FSDP2's post-backward, run where a pipeline stage's backward ends.
+- FakeStore: the store of torch's "fake" process group, on which the estimator traces a rank.
+- unsafe_preserve_version_counter: a gathered buffer refilled in place without bumping its
+  version (autograd would refuse its saved copy otherwise).
+- `graph_task_keeps_graph`, `storage_use_count`, `clear_cublas_workspaces`,
+  `clear_dtensor_sharding_caches`: torch._C's, said in their docstrings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd import _unsafe_preserve_version_counter as unsafe_preserve_version_counter
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType as MemRefType
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._redistribute import _gen_transform_infos
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode, unset_fake_temporarily)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as current_dispatch_modes
+from torch.utils._pytree import tree_flatten, tree_leaves
+
+CHECKED_ON = ("2.13.0",)
+"""The torch releases this module's names were checked on."""
+
+__all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "DynamicOutputShapeException", "FakeStore",
+           "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
+           "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "current_dispatch_modes",
+           "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "replicate", "stage_backward_input",
+           "stage_backward_weight", "storage_use_count", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
+           "unset_fake_temporarily"]
+
+def graph_task_keeps_graph() -> bool:
+    """Whether the backward running now keeps its graph (`retain_graph=True`): a fused loss that
+    stores its gradients from the forward scales them in place only when it does not."""
+    return torch._C._autograd._get_current_graph_task_keep_graph()
+
+
+def storage_use_count(tensor: torch.Tensor) -> int:
+    """How many references hold `tensor`'s storage (the check torch's CUDA graph trees make before
+    reusing an output's memory); `tensor` and the storage object asked count two."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+def clear_cublas_workspaces() -> None:
+    """Free cuBLAS's per-thread workspaces (so that the next product's allocation shows them)."""
+    torch._C._cuda_clearCublasWorkspaces()
+
+
+def clear_dtensor_sharding_caches() -> None:
+    """Clear DTensor's caches of sharding decisions, whose results hold the meshes they were made on."""
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+
+
+def fsdp_post_backward(module: FSDPModule) -> None:
+    """Run FSDP2's post-backward on every parameter group of `module`'s FSDP state and its root's
+    final callback: what the last backward of a step triggers, for a pipeline stage whose backward
+    passes end where FSDP cannot tell (torch's own pipeline runtime does the same)."""
+    state = module._get_fsdp_state()
+    for module_state in state._state_ctx.all_states:
+        for param_group in module_state._fsdp_param_groups:
+            param_group.post_backward()
+    state._root_post_backward_final_callback()
+
+
+class _ForwardModTracker(ModTracker):
+    """`ModTracker` calling the user's forward pre-hook only. The stock one also hangs a gradient
+    hook on every module's inputs that waits for all of their gradients: a zero-bubble backward
+    (input gradients, then weight gradients, in two autograd calls) never completes such a wait,
+    and the hooks keep every micro batch's tensors alive (or fail outright on a leaf input under
+    `autograd.grad`). Forward or backward still follows from the autograd engine (`is_bw`)."""
+
+    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+        self._user_pre_fw_hook(mod, input)
+
+    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
+        pass
+
+
+class CategoryTracker(MemTracker):
+    """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
+    allow one forward per module between backwards, where pipeline schedules run several. Each
+    module's parameters (swapped in by FSDP when gathered) are still tracked, with the gradients of
+    those that take one: the stock tracker hangs a gradient hook on every parameter, which a frozen
+    one (requires_grad False) refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _ForwardModTracker()
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        self._track_module_params_and_buffers(module, install_grad_hooks=False)
+        for param in module.parameters():
+            if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                self._param_to_grad_hook_handles[param] = (
+                    param.register_hook(self._track_gradient),
+                    param.register_post_accumulate_grad_hook(lambda p: self._track_gradient(p.grad)))
+
+    def _track_gradient(self, grad: torch.Tensor) -> None:
+        self._update_and_maybe_create_winfos(grad, MemRefType.GRAD)
