@@ -2,7 +2,15 @@
 to any model by the `Trainer`, on torch.distributed (FSDP2, DTensor, distributed checkpoint).
 
 `trainers` imports no domain package: models declare their plan (`zoo.plan.ModelPlan`) and the
-trainer applies it.
+trainer applies it. The house, top down (arrows point down: nothing imports `trainer`, and the
+estimator steps through `step` and `parallelize` as the trainer does):
+
+    config, strategy   the specs
+    trainer            fit / evaluate / save / resume
+    step               a step's micro-batch loop, shared by the trainer and the estimator
+    parallelize        the one ordered application: pipeline split, tensor parallelism, recompute,
+                       FSDP2 on "dp", materialise
+    parallel/  pipeline/  memory/  estimate/  state/  loop/  commands/
 """
 
 from trainers.config import TrainConfig

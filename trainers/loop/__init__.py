@@ -1,0 +1,2 @@
+"""The training loop's feed and records: which examples each step, rank and micro batch take, and
+where each step's record goes."""

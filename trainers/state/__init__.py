@@ -1,0 +1,2 @@
+"""What a run carries from step to step and into its checkpoints: the optimizer, the learning-rate
+schedule, the fp16 loss scale, gradient norms and clipping, checkpoints and what a resume may change."""
