@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -158,7 +159,11 @@ def save_checkpoint(directory: Path, step: int, model: nn.Module, optimizer: Tra
     dist.barrier()
     signature = model_signature(model, pipeline)
     state, chunked = optimizer.checkpoint_state(model)
-    dcp.save(state, checkpoint_id=partial, planner=ChunkedSavePlanner(chunked))
+    # torch's FileSystemWriter holds every tensor of a file until the file is done: chunked states,
+    # read from their chunks one tensor at a time, are written one file per tensor, so that no more
+    # than one of them is held beside the chunks the memory budget keeps.
+    writer = FileSystemWriter(partial, single_file_per_rank=not chunked)
+    dcp.save(state, storage_writer=writer, planner=ChunkedSavePlanner(chunked))
     if dist.get_rank() == 0:
         state = dict(trainer_state, model_signature=signature)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=1))
