@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.estimate.fake import without_weights
 from trainers.estimate.process import run_fresh
 from trainers.memory.measure import cuda_workspace_bytes, zero_model_states
 from trainers.parallelize import COMPUTE_DTYPES
@@ -122,8 +123,8 @@ def fit_budget(model: nn.Module, example_batch: Mapping[str, Any], strategy: Str
     workspaces = 0
     if device.type == "cuda":
         workspaces = cuda_workspace_bytes(device, COMPUTE_DTYPES[strategy.precision] or torch.float32)
-    outcome = run_fresh(_fit_in_fresh_process, model, example_batch, strategy, world_size, config, device.type,
-                        workspaces)
+    outcome = run_fresh(_fit_in_fresh_process, without_weights(model), example_batch, strategy, world_size, config,
+                        device.type, workspaces)
     if isinstance(outcome, str):
         raise MemoryBudgetError(outcome)
     return outcome

@@ -78,15 +78,48 @@ def _is_real_mask(index: Any) -> bool:
     return isinstance(index, torch.Tensor) and not isinstance(index, FakeTensor) and index.dtype == torch.bool
 
 
-def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are fake twins of its own (same shapes,
-    dtypes, devices, `requires_grad`); `model` is left as it was and no weight is copied."""
+def without_weights(model: nn.Module) -> nn.Module:
+    """A copy of `model` to send to an estimating process: its parameters and buffers on the meta
+    device (shapes, strides, dtypes, `requires_grad`, ties; no values), and by name the devices they
+    were on (kept in the copy under `ORIGIN`: torch's pickler for processes drops a tensor's own
+    attributes), where `fake_copy` makes their twins. A trace needs no weight, and pickling them
+    would copy every byte of the model into the other process."""
     memo: dict[int, Any] = {}
     for param in model.parameters():
-        memo[id(param)] = nn.Parameter(mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
     for buffer in model.buffers():
-        memo[id(buffer)] = mode.from_tensor(buffer)
-    return copy.deepcopy(model, memo)
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    copied = copy.deepcopy(model, memo)
+    copied.__dict__[ORIGIN] = ({name: str(p.device) for name, p in model.named_parameters()},
+                               {name: str(b.device) for name, b in model.named_buffers()})
+    return copied
+
+
+ORIGIN = "_memzoo_origin_devices"
+"""The attribute of a `without_weights` copy: (parameter devices, buffer devices) by name."""
+
+
+def fake_copy(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are fake twins of its own (same shapes,
+    dtypes, devices, `requires_grad`); `model` is left as it was and no weight is copied. A
+    `without_weights` copy's meta tensors get their twins on the devices they stand for (a model
+    built on the meta device keeps them there)."""
+    param_devices, buffer_devices = model.__dict__.get(ORIGIN, ({}, {}))
+
+    def twin(tensor: torch.Tensor, device: str | None) -> torch.Tensor:
+        if device is None or device == "meta" or not tensor.is_meta:
+            return mode.from_tensor(tensor.detach())
+        with mode:
+            return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+
+    memo: dict[int, Any] = {}
+    for name, param in model.named_parameters():
+        memo[id(param)] = nn.Parameter(twin(param, param_devices.get(name)), requires_grad=param.requires_grad)
+    for name, buffer in model.named_buffers():
+        memo[id(buffer)] = twin(buffer, buffer_devices.get(name))
+    copied = copy.deepcopy(model, memo)
+    copied.__dict__.pop(ORIGIN, None)
+    return copied
 
 
 def move_fake_states(model: nn.Module, device: torch.device) -> None:

@@ -43,6 +43,7 @@ from torch import nn
 
 from trainers.config import TrainConfig
 from trainers.estimate.devices import DeviceSpec, device_spec, parse_bytes
+from trainers.estimate.fake import without_weights
 from trainers.estimate.process import run_fresh
 from trainers.estimate.trace import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
 from trainers.memory.measure import zero_model_states
@@ -156,8 +157,8 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
     if not candidates:
         raise ValueError(f"no strategy of the search space splits global_batch_size={global_batch_size} over "
                          f"world_size={world_size}")
-    found, smallest, states = run_fresh(_search, model_or_builder, example_batch, candidates, world_size, budget, spec,
-                                        max_traces)
+    sent = without_weights(model_or_builder) if isinstance(model_or_builder, nn.Module) else model_or_builder
+    found, smallest, states = run_fresh(_search, sent, example_batch, candidates, world_size, budget, spec, max_traces)
     if not found:
         if smallest is None:
             raise ValueError(f"memory_budget={_size(budget)} per rank is below the model states alone of every layout on "

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.estimate.fake import without_weights
 from trainers.estimate.process import run_fresh
 from trainers.memory.measure import RankMemory, StepMemoryProbe
 from trainers.memory.recompute import Keep, OpCost
@@ -111,9 +112,10 @@ def estimate_memory(model_or_builder: ModelOrBuilder, example_batch: Mapping[str
     """Per-rank peak memory of one training step of the model under `strategy` on `world_size`
     ranks, and its breakdown, without allocating the model or its activations.
 
-    model_or_builder: an `nn.Module` (it is sent to the estimating process: for a model too large
-        to build here, pass a builder instead), or a picklable callable returning one (a class with
-        its config in a `functools.partial`, a module-level function), called on fake tensors.
+    model_or_builder: an `nn.Module` (its structure and shapes go to the estimating process, not its
+        weights: `trainers.estimate.fake.without_weights`; for a model too large to build here,
+        pass a builder instead), or a picklable callable returning one (a class with its config in a
+        `functools.partial`, a module-level function), called on fake tensors.
     example_batch: one micro batch, as the model's forward takes it (`model(**batch)["loss"]`);
         a smaller config.micro_batch_size takes its first rows. Where activations depend on the
         data (padded lengths, masked tokens), give the largest.
@@ -137,7 +139,8 @@ def estimate_layouts(model_or_builder: ModelOrBuilder, example_batch: Mapping[st
         raise TypeError(f"example_batch must be a non-empty mapping of the model's inputs; got {example_batch!r:.80}")
     micro = batch_rows(example_batch)
     jobs = [layout_job(strategy, world_size, config, micro) for strategy, world_size, config in layouts]
-    return run_fresh(_trace, model_or_builder, example_batch, jobs)
+    sent = without_weights(model_or_builder) if isinstance(model_or_builder, nn.Module) else model_or_builder
+    return run_fresh(_trace, sent, example_batch, jobs)
 
 
 @dataclass(frozen=True)

@@ -93,19 +93,26 @@ class StepMoments:
         pool = device.held_bytes() if device is not None and device.device.type == "cpu" else 0
         return self.residency.store.resident_bytes() + pool
 
-    def _prefetch(self) -> None:
-        """Start reading the chunks of the next `PREFETCH_MOMENTS` moments, nearest first, while
-        they fit the capacity of every moment from now to their use beside the chunks in memory
-        (a read ahead never evicts: on a disk-bound machine an eviction for it costs more reads
-        than the overlap gains; BENCHMARKS.md, "Tiered memory")."""
-        residency, placement, here = self.residency, self.placement, self.placement.position
-        store, device = residency.store, residency.device
+    def _ahead(self, capacity: list[int]) -> Iterator[tuple[Moment, int]]:
+        """The next `PREFETCH_MOMENTS` moments, nearest first, each with the least of `capacity`
+        from now to it (none outside the recorded step)."""
+        placement, here = self.placement, self.placement.position
         if not 0 <= here < len(placement.moments):
             return
-        room = placement.capacity[here]
+        room = capacity[here]
         for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
-            room = min(room, placement.capacity[ahead])
-            for key in sorted(placement.moments[ahead].chunks):
+            room = min(room, capacity[ahead])
+            yield placement.moments[ahead], room
+
+    def _prefetch(self) -> None:
+        """Start reading the chunks of the next moments, nearest first, while they fit the capacity
+        of every moment from now to their use beside the chunks in memory (a read ahead never
+        evicts: on a disk-bound machine an eviction for it costs more reads than the overlap gains;
+        BENCHMARKS.md, "Tiered memory")."""
+        residency = self.residency
+        store, device = residency.store, residency.device
+        for moment, room in self._ahead(self.placement.capacity):
+            for key in sorted(moment.chunks):
                 if not store.readable(key) or (device is not None and key in device.memory):
                     continue
                 if store.resident_bytes() + residency.nbytes(key) > room:
@@ -113,16 +120,11 @@ class StepMoments:
                 store.prefetch(key, residency.sizes[key[1]])
 
     def _prefetch_to_device(self) -> None:
-        """Copy up the chunks of the next `PREFETCH_MOMENTS` moments that work on the device and
-        are in host memory, nearest first, while they fit the device's capacity from now to their use."""
-        residency, placement, here = self.residency, self.placement, self.placement.position
+        """Copy up the chunks of the next moments that work on the device and are in host memory,
+        nearest first, while they fit the device's capacity from now to their use."""
+        residency = self.residency
         store, device = residency.store, residency.device
-        if not 0 <= here < len(placement.moments):
-            return
-        room = placement.device_capacity[here]
-        for ahead in range(here + 1, min(here + 1 + PREFETCH_MOMENTS, len(placement.moments))):
-            room = min(room, placement.device_capacity[ahead])
-            moment = placement.moments[ahead]
+        for moment, room in self._ahead(self.placement.device_capacity):
             if not moment.device_in_use_bytes:
                 continue
             for key in sorted(moment.chunks):
