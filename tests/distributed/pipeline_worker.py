@@ -31,7 +31,8 @@ from protein.data import collate_folding  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
-from worker import (FeedForwardLM, digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
+from parity_models import FeedForwardLM  # noqa: E402
+from worker import (digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
                     tiny_bert, tiny_fold, tiny_vit)
 
 MODELS = {

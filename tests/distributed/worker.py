@@ -57,7 +57,8 @@ from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from trainers.memory.recompute import clean_fqn  # noqa: E402
-from zoo.plan import ModelPlan, PipelineSplit  # noqa: E402
+from parity_models import FeedForwardLM, GainedLM, GainedRegression, Routed  # noqa: E402
+from zoo.plan import ModelPlan  # noqa: E402
 
 STEPS = 3
 
@@ -103,35 +104,6 @@ def strategies(out: str, *combos: str) -> None:
         torch.save(results, out)
 
 
-class ScaledLinear(nn.Module):
-    """A linear layer whose output a learned 0-dim parameter scales."""
-
-    def __init__(self, width: int, out: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(width, out)
-        self.scale = nn.Parameter(torch.tensor(0.8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.linear(x)) * self.scale
-
-
-class GainedRegression(nn.Module):
-    """Two blocks (FSDP units), one holding a 0-dim parameter, and a 0-dim gain at the root."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.blocks = nn.ModuleList([ScaledLinear(4, 16), nn.Linear(16, 1)])
-        self.gain = nn.Parameter(torch.tensor(0.5))
-
-    def parallel_plan(self) -> ModelPlan:
-        return ModelPlan(blocks=("blocks.*",))
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        prediction = self.blocks[1](self.blocks[0](x)).squeeze(-1) * self.gain
-        return {"loss": F.mse_loss(prediction.float(), y)}
-
-
 def scalars(out: str, *combos: str) -> None:
     generator = torch.Generator().manual_seed(3)
     xs = torch.randn(64, 4, generator=generator)
@@ -145,21 +117,6 @@ def scalars(out: str, *combos: str) -> None:
                           "losses": [r["loss"] for r in history]}
     if dist.get_rank() == 0:
         torch.save(results, out)
-
-
-class Routed(nn.Module):
-    """A trunk and two heads, each micro batch training one of them, as its inputs decide: ranks
-    use different parameters in a step, in an order that depends on their data."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.trunk, self.head_a, self.head_b, self.out = (nn.Linear(8, 64), nn.Linear(64, 64), nn.Linear(64, 64),
-                                                          nn.Linear(64, 1))
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        head = self.head_a if x[:, 0].sum() > 0 else self.head_b
-        return {"loss": F.mse_loss(self.out(torch.tanh(head(torch.tanh(self.trunk(x))))).squeeze(-1), y)}
 
 
 def routed(out: str, directory: str, mode: str) -> None:
@@ -327,52 +284,6 @@ def dropout(out: str) -> None:
         torch.save({"params": params, "losses": [r["loss"] for r in history]}, out)
 
 
-class ResidualFeedForward(nn.Module):
-    """x + down(gelu(up(x))) in plain linears."""
-
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(x)))
-
-
-class FeedForwardLM(nn.Module):
-    """A model written here, not from the zoo, in plain torch.nn with its own parallel plan: a
-    vocabulary-parallel embedding, two residual feed-forward layers whose column- and row-parallel
-    linears are their own regions, a LayerNorm and a whole linear head; under pipeline
-    parallelism the layers split between the embedding and the head."""
-
-    def __init__(self, vocab: int = 49, width: int = 32, hidden: int = 64, layers: int = 2) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList(ResidualFeedForward(width, hidden) for _ in range(layers))
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-
-    def parallel_plan(self) -> ModelPlan:
-        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.up",), rowwise=("layers.*.down",),
-                         vocab_parallel=("embed",), pipeline=PipelineSplit(pre=("embed",), post=("norm", "head")))
-
-    def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"hidden": self.embed(input_ids)}
-
-    def pipeline_block(self, block: nn.Module, carry: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {"hidden": block(carry["hidden"])}
-
-    def pipeline_exit(self, carry: dict[str, torch.Tensor], input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.norm(carry["hidden"]))
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        carry = self.pipeline_enter(input_ids, labels)
-        for layer in self.layers:
-            carry = self.pipeline_block(layer, carry)
-        return {"loss": self.pipeline_exit(carry, input_ids, labels)}
-
-
 def mlm_examples(count: int) -> list[dict[str, torch.Tensor]]:
     """BERT masked-LM examples of 16 tokens, the last ones of some padded, every fourth labelled."""
     generator = torch.Generator().manual_seed(3)
@@ -436,41 +347,6 @@ def tiny_vit() -> nn.Module:
     return model
 
 
-class GainedFeedForward(nn.Module):
-    """down(gelu(up(x)) * gain): a tensor-parallel region with a learned gain of its own."""
-
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
-        self.gain = nn.Parameter(torch.full((1,), 1.5))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)) * self.gain)
-
-
-class GainedLayer(nn.Module):
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.ff = GainedFeedForward(width, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.ff(x)
-
-
-class GainedLM(FeedForwardLM):
-    """`FeedForwardLM` whose layers' feed-forward regions each hold a learned gain, which the plan
-    keeps whole on every rank (`ModelPlan.replicated`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.layers = nn.ModuleList(GainedLayer(32, 64) for _ in range(2))
-
-    def parallel_plan(self) -> ModelPlan:
-        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.ff.up",), rowwise=("layers.*.ff.down",),
-                         regions=("layers.*.ff",), replicated=("layers.*.ff",), vocab_parallel=("embed",))
-
-
 TP_MODELS = {
     "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
     "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
@@ -484,7 +360,7 @@ TP_MODELS = {
     "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
-(row-parallel biases are added once), multi-query GPT (keys and values replicated), the models above
+(row-parallel biases are added once), multi-query GPT (keys and values replicated), the models of parity_models.py
 (the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
 gain in each region, kept whole on every rank), BERT masked-LM with padding,
 a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
