@@ -34,7 +34,8 @@ def lm_examples(count: int, seed: int = 1, length: int = 16, vocab: int = 48) ->
     return [{"input_ids": s.clone(), "labels": s.clone()} for s in streams]
 
 
-def shakespeare_gpt(n_layer: int = 16, n_embd: int = 32, block_size: int = 128, rows: int = 32):  # noqa: ANN201
+def shakespeare_gpt(n_layer: int = 16, n_embd: int = 32, block_size: int = 128, rows: int = 32,  # noqa: ANN201
+                    dropout: float = 0.1):
     """(build, data, collate, rows): a GPT (by default narrow and deep: width 32, blocks of 128
     characters, dropout 0.1) on the first 20,000 characters of Shakespeare, `rows` blocks a micro
     batch: by default its activations far outweigh its weights."""
@@ -46,7 +47,7 @@ def shakespeare_gpt(n_layer: int = 16, n_embd: int = 32, block_size: int = 128, 
     tokenizer = CharTokenizer("".join(sorted(set(text))))
     data = TokenBlocks(torch.tensor(tokenizer.encode(text)), block_size)
     config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=block_size, n_layer=n_layer, n_head=4, n_embd=n_embd,
-                       dropout=0.1)
+                       dropout=dropout)
     return (lambda: GPT(config)), data, None, rows
 
 

@@ -19,11 +19,11 @@ from torch.utils.data import default_collate
 
 from trainers.config import TrainConfig
 from trainers.estimate.held_budget import HeldBudget
-from trainers.loop.data import (StepSampler, check_batch_sizes, evaluation_shares, micro_batch_seed,
-                                 pipeline_microbatches, seeded_batches)
+from trainers.loop.data import (StepSampler, check_batch_sizes, evaluation_shares, largest_micro_batch,
+                                 micro_batch_seed, pipeline_microbatches, seeded_batches)
 from trainers.loop.metrics import MetricsSink, step_record
 from trainers.memory.activations.plan import BlockActivations, chunked_recompute_policy, parse_block_activations
-from trainers.memory.chunks.states import ChunkedStates, chunked_states
+from trainers.memory.chunks.states import chunked_states
 from trainers.memory.chunks.step import chunked_step
 from trainers.memory.measure import StepMemoryProbe, gather_reports
 from trainers.memory.recompute import RecomputePolicy
@@ -33,8 +33,7 @@ from trainers.pipeline.schedules import check_schedule
 from trainers.pipeline.step import build_pipeline, pipeline_passes
 from trainers.state.checkpoint import (ensure_writable, full_state_dict, load_checkpoint, load_newest_intact,
                                        read_trainer_state, resume_candidates, save_checkpoint)
-from trainers.state.continuation import (REFUSED, REPORTED, changed_settings, check_continuation, flat_settings,
-                                         run_settings)
+from trainers.state.continuation import check_resumed, run_settings
 from trainers.state.gradients import clip_factor, scale_gradients, total_norm
 from trainers.state.loss_scale import DynamicLossScaler
 from trainers.state.optimizer import TrainOptimizer, check_parameter_prefixes
@@ -64,7 +63,9 @@ class Trainer:
                  example_batch: Batch | None = None, anchor: dict[str, torch.Tensor] | None = None) -> None:
         """example_batch: one micro batch, from which a pipeline split (strategy.pp > 1) estimates
         each block's cost (without it the stages balance parameter counts) and a memory budget
-        (strategy.memory_budget) plans; give the largest when batches differ in size.
+        (strategy.memory_budget) plans; without it a memory budget plans at `fit`, for the training
+        set's largest micro batch (`trainers.loop.data.largest_micro_batch`), and the model is
+        parallelised then.
         anchor: where config.anchor_decay pulls parameters back to, whole tensors by parameter name
         (e.g. a pretrained encoder's weights); an anchored parameter it lacks is anchored at its
         value when the trainer is made (a resumed run makes it from the same weights)."""
@@ -78,10 +79,6 @@ class Trainer:
         self.config, self.strategy = config, strategy
         self.env = setup_distributed(strategy.tp, strategy.pp)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.dp_size)
-        microbatches = pipeline_microbatches(config.global_batch_size, config.micro_batch_size, self.env.dp_size,
-                                             strategy.microbatches)
-        if strategy.pp > 1:
-            check_schedule(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
@@ -91,22 +88,41 @@ class Trainer:
         self.budget: HeldBudget | None = None
         """Under a memory budget, what the trainer chose to hold it (`trainers.estimate.held_budget`)."""
         self.recompute: RecomputePolicy | None = None
+        self.pipeline, self.chunks = None, None
+        """The pipeline (strategy.pp > 1); the model states in chunks (offload="chunks"; they run the optimizer)."""
+        self._unbuilt: tuple[nn.Module, dict[str, torch.Tensor] | None] | None = (model, anchor)
+        """The model (and anchor) until parallelised: at `fit` when a memory budget plans from the training set."""
+        if example_batch is not None or strategy.memory_budget is None or strategy.offload == "chunks":
+            self._build(example_batch)
+        self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
+        self.skipped = SkippedSteps(config.max_skipped_steps, log_skips=self.env.is_main)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._steps_run = 0
+        self._memory: list[dict[str, Any]] | None = None
+
+    def _build(self, example_batch: Batch | None) -> None:
+        """Plan a memory budget for `example_batch` (lowering `config.micro_batch_size` where it has
+        to), then parallelise the model and make its optimizer (or chunked states)."""
+        (model, anchor), self._unbuilt = self._unbuilt, None
+        strategy, config = self.strategy, self.config
         if strategy.memory_budget is not None and strategy.offload != "chunks":
-            self.budget, strategy = HeldBudget.plan_on_rank0(model, example_batch, strategy, config, self.env.device)
-            self.strategy, self.recompute = strategy, self.budget.recompute
+            self.budget, strategy, config = HeldBudget.plan_on_rank0(model, example_batch, strategy, config,
+                                                                     self.env.device)
+            self.strategy, self.config, self.recompute = strategy, config, self.budget.recompute
+        microbatches = pipeline_microbatches(config.global_batch_size, config.micro_batch_size, self.env.dp_size,
+                                             strategy.microbatches)
+        if strategy.pp > 1:
+            check_schedule(strategy.pp_schedule, strategy.pp, strategy.stages_per_rank, microbatches)
         per_block = strategy.activation_memory is not None or strategy.block_activations is not None
         if strategy.offload == "chunks":  # held here: chunked states set how recomputed forwards run
             self.recompute = chunked_recompute_policy(model, strategy.recompute, per_block)
-        blocks = model_plan(model).block_names(model)
-        """The blocks a per-block activation plan decides for."""
-        self.model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
+        blocks = model_plan(model).block_names(model)  # those a per-block activation plan decides for
+        self._model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
                                                       self.recompute)
-        self.pipeline = None
         if self.pipeline_parts is not None:
             self.pipeline = build_pipeline(self.pipeline_parts, strategy, self.env, microbatches)
         self.microbatches = microbatches
-        self.chunks: ChunkedStates | None = None
-        """Under offload="chunks", the model states in chunks (they then run the optimizer)."""
         if strategy.offload == "chunks":
             self.chunks = chunked_states(self.model, config, strategy, self.env.rank, self.env.mesh["dp"].get_group(),
                                          self.env.device)
@@ -114,23 +130,21 @@ class Trainer:
             if self.recompute is not None:
                 self.recompute.recompute_context = self.chunks.parameter_access
         else:
-            self.optimizer = TrainOptimizer(
-                self.model, config, shard_state=strategy.zero == 1, offload=strategy.offload == "optimizer",
-                group=self.env.mesh["dp"].get_group(), anchor=anchor,
-            )
-        self.block_activations: BlockActivations | None = None
+            self.optimizer = TrainOptimizer(self.model, config, shard_state=strategy.zero == 1, anchor=anchor,
+                                            offload=strategy.offload == "optimizer", group=self.env.mesh["dp"].get_group())
+        self.block_activations = (BlockActivations(self.model, blocks, self.recompute, self.chunks.swap,
+                                                   self.env.is_main) if per_block else None)
         """Under a per-block activation plan, each block's choice (`trainers.memory.activations.plan`)."""
-        if per_block:
-            self.block_activations = BlockActivations(self.model, blocks, self.recompute, self.chunks.swap,
-                                                      self.env.is_main)
         if strategy.block_activations is not None:
             self.block_activations.apply(parse_block_activations(strategy.block_activations, blocks))
-        self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
-        self.skipped = SkippedSteps(config.max_skipped_steps, log_skips=self.env.is_main)
-        self.step = 0
-        self.history: list[dict[str, Any]] = []
-        self._steps_run = 0
-        self._memory: list[dict[str, Any]] | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The model as parallelised; RuntimeError before `fit` where a memory budget plans there."""
+        if self._unbuilt is not None:
+            raise RuntimeError("Strategy.memory_budget without Trainer(example_batch=...) plans and parallelises the "
+                               "model at fit, for the training set's largest micro batch; call fit first")
+        return self._model
 
     # ---------------------------------------------------------------- public API
     def fit(self, train_dataset: Sequence[Batch], eval_dataset: Sequence[Batch] | None = None,
@@ -140,8 +154,11 @@ class Trainer:
         `output_dir/metrics.jsonl`). Resumes from `checkpoint_dir/latest` when `config.resume`.
         Examples are batched by `collate_fn`, the eval set's by `eval_collate_fn` (default: the
         same; another when training batches are augmented)."""
-        config, env = self.config, self.env
         collate = collate_fn or default_collate
+        if self._unbuilt is not None:  # a memory budget plans for the training set's largest micro batch
+            self._build(largest_micro_batch(train_dataset, self.config.micro_batch_size, collate)
+                        if self.env.is_main else None)
+        config, env = self.config, self.env
         sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
                               env.dp_size, env.dp_rank, config.seed)
         if eval_dataset is not None and len(eval_dataset) == 0:
@@ -153,10 +170,9 @@ class Trainer:
         parameters = self.num_parameters()
         if env.is_main:
             log.info("training %s (%s parameters) on %d rank(s) with %s: steps %d-%d of %d examples (%d a micro "
-                     "batch), %d training examples%s", self.model_class, f"{parameters:,}", env.world_size,
-                     self.strategy, self.step + 1, config.max_steps, config.global_batch_size,
-                     config.micro_batch_size, len(train_dataset),
-                     "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
+                     "batch), %d training examples%s", self.model_class, f"{parameters:,}", env.world_size, self.strategy,
+                     self.step + 1, config.max_steps, config.global_batch_size, config.micro_batch_size,
+                     len(train_dataset), "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
         self.model.train()  # a model fresh from zoo.load is in eval mode
         with sink.routing_logs():
             self._fit_steps(train_dataset, eval_dataset, sampler, collate, eval_collate_fn, sink)
@@ -169,9 +185,8 @@ class Trainer:
             while self.step < config.max_steps:
                 started = time.perf_counter()
                 micro_batches = sampler.micro_batches(self.step)
-                record = self._train_step(lambda: seeded_batches(train_dataset, micro_batches, collate, config.seed,
-                                                                         self.step),
-                                          len(micro_batches))
+                record = self._train_step(lambda: seeded_batches(
+                    train_dataset, micro_batches, collate, config.seed, self.step), len(micro_batches))
                 record["step_seconds"] = time.perf_counter() - started
                 record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
                 if unit in record:
@@ -215,6 +230,8 @@ class Trainer:
     def num_parameters(self) -> int:
         """Trainable parameters of the whole model (every shard, and a pipeline's tied copies,
         counted once; collective under pipeline parallelism)."""
+        if self._unbuilt is not None:
+            return sum(p.numel() for p in self._unbuilt[0].parameters())
         if self.chunks is not None:
             return sum(member.param.numel() for member in self.chunks.members)
         if self.pipeline is None:
@@ -252,9 +269,7 @@ class Trainer:
 
         strict: refuse a checkpoint saved under settings that make the rest of the run another
         computation (`trainers.state.continuation.REFUSED`: optimizer, schedule, global batch, seed,
-        precision) before loading anything; False loads it anyway and logs the differences. Changes
-        that keep the run correct (`REPORTED`: more steps, another world size or ZeRO stage) are logged.
-        """
+        precision) before loading anything; False loads it anyway. Every change is logged."""
         if folder is None:
             if self.checkpoint_dir is None:
                 raise ValueError("TrainConfig.checkpoint_dir is not set; there is nothing to resume")
@@ -265,7 +280,8 @@ class Trainer:
             candidates = [Path(folder)]
 
         def load(candidate: Path) -> dict[str, Any]:
-            self._check_settings(read_trainer_state(candidate), candidate, strict)
+            check_resumed(read_trainer_state(candidate), run_settings(self.config, self.strategy, self.env.world_size),
+                          str(candidate), strict, self.env.is_main)
             return load_checkpoint(candidate, self.model, self.chunks or self.optimizer, self.model_class,
                                    self._pipeline_group)
 
@@ -276,17 +292,6 @@ class Trainer:
         if self.env.is_main:
             log.info("resumed from %s (step %d)", candidate, self.step)
         return True
-
-    def _check_settings(self, state: dict[str, Any], folder: Path, strict: bool) -> None:
-        """Refuse (strict) or log the settings that changed since the checkpoint was saved."""
-        saved = flat_settings(state)
-        current = flat_settings(run_settings(self.config, self.strategy, self.env.world_size))
-        if strict:
-            changes = check_continuation(saved, current, str(folder))
-        else:
-            changes = changed_settings(saved, current, REFUSED + REPORTED)
-        if changes and self.env.is_main:
-            log.warning("resuming from %s with changed settings: %s", folder, "; ".join(changes))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`

@@ -17,7 +17,10 @@ stages when there are several data-parallel ranks, then offload on a GPU):
    leaves, checked by one more trace (and the room shrunk by any excess).
 The cheapest candidate whose estimated peak fits (with `PLANNING_MARGIN` to spare,
 `GPU_PLANNING_MARGIN` on a GPU) is the plan: 1, else 3, else 4, else 2. Recompute and chunking
-change what is alive, never what is computed: the losses are those of the unconstrained run. On
+change what is alive, never what is computed: the losses are those of the unconstrained run.
+When no layout fits, the ladder runs again at the next smaller micro batch size that divides each
+rank's share of the global batch (`micro_batch_sizes`; the example batch's first rows): the global
+batch stays, accumulated over more micro batches, and the losses change only by summation order. On
 a GPU every estimated peak adds the cuBLAS workspaces (`trainers.memory.measure.cuda_workspace_bytes`,
 measured in the trainer's process): the budget holds `torch.cuda.max_memory_allocated`, which
 counts them.
@@ -91,6 +94,8 @@ class BudgetPlan:
     `RecomputePolicy` starts from it and is what `tighten` changes."""
     chunk_bytes: int | None
     """Bytes per chunk of the chunked operations as planned (`set_chunk_bytes`); None: as built."""
+    micro_batch_size: int
+    """Examples a micro batch: the configured number, or fewer where no layout fit that many."""
     peak: int
     """The estimated peak of the plan (bytes per rank, on the compute device)."""
     block_ops: dict[str, list[OpCost]] = field(default_factory=dict)
@@ -111,8 +116,24 @@ class BudgetPlan:
             recompute = f"blocks keep {chosen} of {total} operator outputs, recomputing the rest"
         chunks = "chunks as built" if self.chunk_bytes is None else f"chunks of {_mib(self.chunk_bytes)}"
         stages = "" if self.strategy.pp == 1 else f"stages of {self.strategy.pp_split} blocks, "
-        return (f"ZeRO {self.strategy.zero}, offload {self.strategy.offload}, {stages}{recompute}, {chunks}: "
-                f"estimated peak {_mib(self.peak)}")
+        return (f"ZeRO {self.strategy.zero}, offload {self.strategy.offload}, {stages}{recompute}, {chunks}, "
+                f"micro batches of {self.micro_batch_size}: estimated peak {_mib(self.peak)}")
+
+
+def micro_batch_sizes(rows: int, config: TrainConfig, dp: int, microbatches: int | None) -> list[int]:
+    """The micro batch sizes a plan may use, largest first: `rows` (the configured one), then each
+    smaller one that divides a data-parallel rank's share of `config.global_batch_size` and, under a
+    pipeline, leaves `microbatches` (Strategy.microbatches) a divisor of a step's micro batches."""
+    share = config.global_batch_size // dp
+    smaller = [size for size in range(rows - 1, 0, -1)
+               if share % size == 0 and (microbatches is None or (share // size) % microbatches == 0)]
+    return [rows, *smaller]
+
+
+def first_rows(batch: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """`batch` with each tensor of a batch dimension cut to its first `rows` rows."""
+    return {key: value[:rows] if isinstance(value, torch.Tensor) and value.ndim else value
+            for key, value in batch.items()}
 
 
 def fit_budget(model: nn.Module, example_batch: Mapping[str, Any], strategy: Strategy, world_size: int,
@@ -145,8 +166,12 @@ class _Search:
     def __init__(self, model, example_batch, strategy, world_size, config, device_type, workspaces) -> None:
         from trainers.estimate.trace import batch_rows
 
-        self.model, self.batch, self.world, self.config = model, example_batch, world_size, config
-        self.micro = batch_rows(example_batch)
+        self.model, self.example, self.world = model, example_batch, world_size
+        self.given_config = config
+        rows = batch_rows(example_batch) if config is None else config.micro_batch_size
+        self.micro_sizes = [rows] if config is None else micro_batch_sizes(
+            rows, config, world_size // (strategy.tp * strategy.pp), strategy.microbatches if strategy.pp > 1 else None)
+        self._use_micro(self.micro_sizes[0])
         self.budget = strategy.memory_budget
         self.on_gpu = device_type == "cuda"
         self.target = int(self.budget * (1 - (GPU_PLANNING_MARGIN if self.on_gpu else PLANNING_MARGIN)))
@@ -157,15 +182,16 @@ class _Search:
         self.smallest: tuple[int, str, Any] | None = None
 
     def _trace(self, strategy: Strategy, keep, chunk: int | None, profile: bool = False):
-        from trainers.estimate.trace import layout_job, trace_jobs
+        from trainers.estimate.trace import batch_rows, layout_job, trace_jobs
 
-        job = replace(layout_job(strategy, self.world, self.config, self.micro), keep=keep, chunk_bytes=chunk,
+        job = replace(layout_job(strategy, self.world, self.config, batch_rows(self.batch)), keep=keep, chunk_bytes=chunk,
                       profile=profile)
         estimate = trace_jobs(self.model, self.batch, [job])[0]
         peak = max(self._peaks(estimate))
         label = _KEEP_LABELS[keep] if isinstance(keep, str) else "keep chosen operators"
         self.tried.append(f"ZeRO {strategy.zero}, offload {strategy.offload}, {label}, "
-                          f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}: {_mib(peak)}")
+                          f"{'chunks as built' if chunk is None else 'chunks of ' + _mib(chunk)}"
+                          f"{'' if self.micro == self.micro_sizes[0] else f', micro batches of {self.micro}'}: {_mib(peak)}")
         if strategy.pp > 1 and self.base.pp_split is None:  # later traces cut the stages this one did
             self.base = replace(self.base, pp_split=estimate.pp_split)
         if self.smallest is None or peak < self.smallest[0]:
@@ -190,7 +216,23 @@ class _Search:
                 layouts.append((3, "params"))
         return layouts
 
+    def _use_micro(self, rows: int) -> None:
+        """Plan for micro batches of `rows` examples from here on."""
+        self.micro, self.batch = rows, first_rows(self.example, rows)
+        self.config = self.given_config
+        if rows != self.micro_sizes[0]:
+            self.config = replace(self.config, micro_batch_size=rows)
+
     def run(self) -> BudgetPlan:
+        for rows in self.micro_sizes:
+            self._use_micro(rows)
+            plan = self._ladder()
+            if plan is not None:
+                return plan
+        raise MemoryBudgetError(self._refusal())
+
+    def _ladder(self) -> BudgetPlan | None:
+        """The plan of the candidate ladder at the current micro batch size; None when nothing fits."""
         budget = self.target
         blocks = None
         for zero, offload in self._layouts():
@@ -224,7 +266,7 @@ class _Search:
                     return self._plan(recompute, keep, chunk, peak, blocks)
                 rooms = [room - max(0, peak - budget) for room, peak in zip(rooms, self._peaks(traced))]
             return self._plan(recompute, "inputs", chunk, floor, blocks)
-        raise MemoryBudgetError(self._refusal())
+        return None
 
     def _rank_ops(self, estimate, strategy: Strategy) -> list[dict[str, list[OpCost]]]:
         """Per traced rank, its blocks' operator costs, a kept output weighing its bytes times the
@@ -260,7 +302,7 @@ class _Search:
         if isinstance(keep, str):
             names = list(blocks) if blocks else model_plan(self.model).recompute_names(self.model)
             keep = dict.fromkeys(names, keep)
-        return BudgetPlan(strategy, keep, chunk, peak, blocks or {}, self.tried)
+        return BudgetPlan(strategy, keep, chunk, self.micro, peak, blocks or {}, self.tried)
 
     def _refusal(self) -> str:
         """The error when nothing fits: the smallest peak found and a world size that would fit."""
@@ -275,7 +317,9 @@ class _Search:
                     f"{_mib(self.budget - rest)} the rest leaves")
         else:
             rest_is = "activations, temporaries and workspaces" if self.workspaces else "activations and temporaries"
-            hint = f"no number of ranks brings it down: {rest_is} alone take {_mib(rest)}; use a smaller micro batch"
+            hint = (f"no number of ranks brings it down: {rest_is} alone take {_mib(rest)} with "
+                    f"{self.micro_sizes[-1]} example(s) a micro batch, the fewest tried; use shorter examples or a "
+                    f"larger budget")
         workspaces = f" and {_mib(self.workspaces)} cuBLAS workspaces" if self.workspaces else ""
         return (f"Strategy.memory_budget={_mib(self.budget)} per rank is below what this job needs on {self.world} "
                 f"rank(s): the smallest peak found is {_mib(peak)} ({what}), of which {_mib(states)} are model "

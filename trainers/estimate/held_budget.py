@@ -38,12 +38,11 @@ class HeldBudget:
 
     @classmethod
     def plan_on_rank0(cls, model: nn.Module, example_batch: Mapping[str, Any] | None, strategy: Strategy,
-                      config: TrainConfig, device: torch.device) -> tuple[HeldBudget, Strategy]:
-        """Plan on rank 0 and apply the plan on every rank (collective): the chunk sizes of `model`'s
-        chunked operations, the recompute policy, and the strategy to parallelise with (returned)."""
-        if example_batch is None:
-            raise ValueError("Strategy.memory_budget needs Trainer(example_batch=...): one micro batch (the largest) "
-                             "to plan the step's memory with; got None")
+                      config: TrainConfig, device: torch.device) -> tuple[HeldBudget, Strategy, TrainConfig]:
+        """Plan on rank 0 for `example_batch` (the largest micro batch; only rank 0's is read) and
+        apply the plan on every rank (collective): the chunk sizes of `model`'s chunked operations, the
+        recompute policy; returned with the strategy to parallelise with and `config` at the plan's
+        micro batch size (fewer examples, more accumulated, where the configured size fits no plan)."""
         outcome: list[Any] = [None]
         if dist.get_rank() == 0:
             try:
@@ -59,7 +58,12 @@ class HeldBudget:
                      plan.describe(), "; ".join(plan.tried))
         set_chunk_bytes(model, plan.chunk_bytes)
         held = cls(plan, strategy.memory_budget, RecomputePolicy(plan.keep), model)
-        return held, replace(plan.strategy, memory_budget=strategy.memory_budget)
+        micro = plan.micro_batch_size
+        if micro != config.micro_batch_size and dist.get_rank() == 0:
+            dp = dist.get_world_size() // (strategy.tp * strategy.pp)
+            log.warning("memory budget: micro batches of %d examples (configured: %d), %d accumulated a step", micro,
+                        config.micro_batch_size, config.global_batch_size // (micro * dp))
+        return held, replace(plan.strategy, memory_budget=strategy.memory_budget), replace(config, micro_batch_size=micro)
 
     @property
     def measuring(self) -> bool:

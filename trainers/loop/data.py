@@ -10,7 +10,7 @@ random draws (dropout, augmentation) the same way whatever the number of ranks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -41,6 +41,27 @@ def first_micro_batch(dataset: Sequence[Any], micro_batch_size: int,
     """The dataset's first `micro_batch_size` examples collated: the example batch from which a
     pipeline split estimates each block's cost (`Trainer(..., example_batch=...)`)."""
     return (collate or default_collate)([dataset[i] for i in range(min(micro_batch_size, len(dataset)))])
+
+
+def largest_micro_batch(dataset: Sequence[Any], micro_batch_size: int,
+                        collate: Callable[[list[Any]], Any] | None = None) -> Any:
+    """The dataset's `micro_batch_size` largest examples collated, an example's size the number of
+    elements it holds (ties kept in dataset order): the micro batch a memory budget plans for, as
+    large as any a step draws when `collate` pads to the longest example. Reads every example."""
+    sizes = [_elements(dataset[i]) for i in range(len(dataset))]
+    largest = sorted(range(len(sizes)), key=lambda i: -sizes[i])[:micro_batch_size]
+    return (collate or default_collate)([dataset[i] for i in largest])
+
+
+def _elements(example: Any) -> int:
+    """Elements of an example: a tensor's, a mapping's or sequence's summed over its items, a string's characters."""
+    if isinstance(example, torch.Tensor):
+        return example.numel()
+    if isinstance(example, Mapping):
+        return sum(_elements(value) for value in example.values())
+    if isinstance(example, (list, tuple)):
+        return sum(_elements(item) for item in example)
+    return len(example) if isinstance(example, str) else 1
 
 
 def pipeline_microbatches(global_batch_size: int, micro_batch_size: int, dp_size: int, microbatches: int | None) -> int:

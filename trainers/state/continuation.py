@@ -10,6 +10,7 @@ size, micro batch, ZeRO stage or tensor-parallel layout with the same global bat
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict
 from typing import Any
 
@@ -20,6 +21,7 @@ REFUSED = ("config.global_batch_size", "config.lr", "config.min_lr_ratio", "conf
            "config.weight_decay", "config.lr_scales", "config.anchor_decay", "config.betas", "config.eps", "config.grad_clip", "config.seed",
            "strategy.precision")
 """Settings whose change makes the rest of the run another computation."""
+log = logging.getLogger("trainers")
 REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "strategy.offload",
             "strategy.recompute", "strategy.tp", "strategy.sequence_parallel", "strategy.pp", "strategy.pp_schedule",
             "strategy.microbatches", "strategy.stages_per_rank", "world_size")
@@ -49,6 +51,17 @@ def changed_settings(saved: dict[str, Any], current: dict[str, Any], names: tupl
     """"name: saved -> current" for each of `names` that differs (names the checkpoint lacks are skipped)."""
     return [f"{name}: {saved[name]!r} -> {current[name]!r}" for name in names
             if name in saved and _comparable(saved[name]) != _comparable(current[name])]
+
+
+def check_resumed(trainer_state: dict[str, Any], current: dict[str, Any], folder: str, strict: bool,
+                  announce: bool) -> None:
+    """Compare a checkpoint's trainer state with the `current` run settings (`run_settings`): strict,
+    ValueError naming every refused change (`check_continuation`); the changes left (all of them when
+    not strict) logged as a warning where `announce`."""
+    saved, now = flat_settings(trainer_state), flat_settings(current)
+    changes = check_continuation(saved, now, folder) if strict else changed_settings(saved, now, REFUSED + REPORTED)
+    if changes and announce:
+        log.warning("resuming from %s with changed settings: %s", folder, "; ".join(changes))
 
 
 def check_continuation(saved: dict[str, Any], current: dict[str, Any], folder: str) -> list[str]:
