@@ -4,10 +4,12 @@ materialise.
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
-- zero 0 and 1: `replicate` (FSDP2's data-parallel twin: full parameters, all-reduced gradients);
-  stage 1 adds the state-sharded optimizer of `trainers.state.optimizer`.
-- zero 2: `fully_shard(reshard_after_forward=False)`: gradients and optimizer state sharded,
-  parameters kept gathered from forward to backward.
+- zero 0: `replicate` (FSDP2's data-parallel twin: full parameters, all-reduced gradients).
+- zero 1 and 2: `fully_shard(reshard_after_forward=False)`: optimizer state sharded, parameters
+  kept gathered from forward to backward. Stage 2 reduce-scatters the gradients after every
+  micro batch, keeping only a shard; stage 1 accumulates whole gradients and keeps the parameters
+  gathered over a step's micro batches, then reduce-scatters once (`trainers.step.gradient_sync`):
+  one all-gather and one reduce-scatter of the parameters a step, whatever the accumulation.
 - zero 3: `fully_shard(reshard_after_forward=True)`: parameters sharded outside their block's
   forward and backward as well.
 """
@@ -104,7 +106,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
             CPUOffloadPolicy(pin_memory=env.device.type == "cuda") if strategy.offload == "params" else OffloadPolicy()
         ),
     )
-    if strategy.zero <= 1:
+    if strategy.zero == 0:
         wrap = partial(replicate, **common)
     else:
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)

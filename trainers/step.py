@@ -43,9 +43,8 @@ def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[M
     """Forward and backward of a step's `accumulation` micro batches (on this rank, unpipelined),
     each loss times `scale / accumulation`; returns the sum of their losses and the input_ids they
     held. `before_backward(last)` is told before each micro batch whether it is the step's last:
-    under ZeRO 0-1 (replicated gradients) only the last backward all-reduces
-    (`set_requires_gradient_sync`); sharded gradients are reduce-scattered after every micro batch
-    (None), so that each rank keeps only its shard."""
+    under ZeRO 0-1 only the last backward reduces the gradients (`gradient_sync`); under ZeRO 2-3
+    they are reduce-scattered after every micro batch (None), so that each rank keeps only its shard."""
     loss_sum, units = None, 0
     for index, batch in enumerate(batches):
         if before_backward is not None:
@@ -60,8 +59,15 @@ def accumulate_gradients(model: nn.Module, model_class: str, batches: Iterable[M
 
 def gradient_sync(model: nn.Module, strategy: Strategy) -> Callable[[bool], None] | None:
     """What `accumulate_gradients` tells before each backward under `strategy`: whether the
-    replicated gradients all-reduce after it (ZeRO 0-1); None where every backward reduces."""
-    return model.set_requires_gradient_sync if strategy.zero <= 1 else None
+    gradients reduce after it (the step's last does): ZeRO-0 all-reduces its replicated ones, ZeRO-1
+    reduce-scatters its whole ones and only then gives back its gathered parameters; None where every
+    backward reduces (ZeRO 2-3)."""
+    if strategy.zero == 1:
+        def reduce_after(last: bool) -> None:
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+        return reduce_after
+    return model.set_requires_gradient_sync if strategy.zero == 0 else None
 
 
 class SkippedSteps:

@@ -130,8 +130,7 @@ class Trainer:
             if self.recompute is not None:
                 self.recompute.recompute_context = self.chunks.parameter_access
         else:
-            self.optimizer = TrainOptimizer(self.model, config, shard_state=strategy.zero == 1, anchor=anchor,
-                                            offload=strategy.offload == "optimizer", group=self.env.mesh["dp"].get_group())
+            self.optimizer = TrainOptimizer(self.model, config, offload=strategy.offload == "optimizer", anchor=anchor)
         self.block_activations = (BlockActivations(self.model, blocks, self.recompute, self.chunks.swap,
                                                    self.env.is_main) if per_block else None)
         """Under a per-block activation plan, each block's choice (`trainers.memory.activations.plan`)."""

@@ -26,12 +26,14 @@ def test_zero3_model_states_are_16_bytes_per_parameter_over_ranks(measured):
         assert report["activation_peak"] > 0
 
 
-def test_zero1_shards_only_optimizer_state(measured):
+def test_zero1_shards_optimizer_state_and_reduce_scatters_the_steps_gradients(measured):
+    """ZeRO-1 accumulates whole gradients over a step's micro batches, then reduce-scatters them
+    once: at the update each rank holds its half (the parameters' dim-0 shards)."""
     result = measured[1]
     numel = result["numel"]
     reports = result["reports"]
     for report in reports:
-        assert report["gradients"] == 4 * numel
+        assert report["gradients"] == 4 * numel // 2
     # Each rank holds the Adam moments of its own parameters only; together, all of them.
     total_optimizer = sum(r["optimizer"] for r in reports)
     assert abs(total_optimizer - 8 * numel) / (8 * numel) < 0.01

@@ -213,15 +213,7 @@ def optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
     gathered: dict[str, torch.Tensor] = {}
     for name in names:
         for key in ("exp_avg", "exp_avg_sq"):
-            if trainer.strategy.zero == 1:
-                # ZeRO-1: only the owner holds it; broadcast from the owner.
-                owner = next(s.owner for s in trainer.optimizer.slots if s.fqn == name)
-                slot = next(s for s in trainer.optimizer.slots if s.fqn == name)
-                value = state[name][key].clone() if name in state else torch.empty_like(full(slot.param))
-                dist.broadcast(value, src=owner)
-                gathered[f"{name}.{key}"] = value
-            else:
-                gathered[f"{name}.{key}"] = full(state[name][key])
+            gathered[f"{name}.{key}"] = full(state[name][key])
     return gathered
 
 

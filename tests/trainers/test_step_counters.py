@@ -1,11 +1,16 @@
-"""What the step counters see: matrix-multiply FLOPs, the other operators' memory traffic and calls."""
+"""What the step counters see: matrix-multiply FLOPs, the other operators' memory traffic and calls,
+and the collectives of a step."""
 
 from __future__ import annotations
 
 import torch
 
-from trainers.estimate.fake import HostFakeMode
+from helpers import lm_examples, tiny_gpt
+from trainers import Strategy, TrainConfig
 from trainers.estimate.counters import Work, WorkCount
+from trainers.estimate.fake import HostFakeMode
+from trainers.estimate.trace import estimate_memory
+from trainers.loop.data import first_micro_batch
 
 
 def test_work_is_flops_for_matmuls_bytes_for_the_rest_and_nothing_for_views():
@@ -48,3 +53,26 @@ def test_cpu_flash_attention_counts_its_matmul_flops():
     scores = 2 * batch * heads * length * length * width  # one (length x width) @ (width x length) per head
     assert forward.work == Work(flops=2 * scores, memory_bytes=0, calls=1)  # scores and their product with values
     assert backward.work.flops == 5 * scores  # the scores again and four gradient products
+
+
+def test_zero_1_moves_its_parameters_once_each_way_a_step_whatever_the_accumulation():
+    """ZeRO-1 on 2 ranks, 4 micro batches a step: one all-gather of the parameters (in the first
+    forward, kept to the last backward) and one reduce-scatter of the accumulated gradients, both
+    bucketed by block; no all-reduce of the gradients and no broadcast of the parameters."""
+    model = tiny_gpt()
+    batch = first_micro_batch(lm_examples(8), 2)
+    config = TrainConfig(global_batch_size=16, micro_batch_size=2, max_steps=1, progress=False)
+    estimate = estimate_memory(model, batch, Strategy(zero=1), 2, config)
+    traffic: dict[str, list[int]] = {}
+    for (kind, _), (nbytes, calls) in estimate.traffic[0].items():
+        traffic.setdefault(kind, [0, 0])
+        traffic[kind][0] += nbytes
+        traffic[kind][1] += calls
+    parameter_bytes = 4 * sum(p.numel() for p in model.parameters())
+    units = len(model.blocks) + 1  # the blocks and the root
+    assert not any("broadcast" in kind for kind in traffic), traffic
+    assert sum(nbytes for kind, (nbytes, _) in traffic.items() if "all_reduce" in kind) < parameter_bytes / 100, traffic
+    gathered = sum(nbytes for kind, (nbytes, _) in traffic.items() if "all_gather" in kind)
+    scattered = sum(nbytes for kind, (nbytes, _) in traffic.items() if "reduce_scatter" in kind)
+    assert parameter_bytes <= gathered <= 1.1 * parameter_bytes and parameter_bytes <= scattered <= 1.1 * parameter_bytes
+    assert sum(calls for _, calls in traffic.values()) <= 3 * units, traffic

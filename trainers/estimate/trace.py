@@ -290,8 +290,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             pipeline = None if parts is None else build_pipeline(
                 parts, strategy, env, per_pass, TracedLink(env.mesh["pp"].get_group(), parts.layout.ranges, env.device,
                                                            specs))
-            optimizer = TrainOptimizer(model, config, shard_state=strategy.zero == 1,
-                                       offload=strategy.offload == "optimizer", group=env.mesh["dp"].get_group())
+            optimizer = TrainOptimizer(model, config, offload=strategy.offload == "optimizer")
             # The pattern of a step repeats from its second pass (gradients already held).
             passes = accumulation // per_pass
             traced = min(passes, 2)
@@ -326,8 +325,10 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 optimizer.step(config.lr)
                 optimizer.zero_grad()
             total_work, total_traffic = work.work, traffic.counts()
-            if first_pass:  # the step's middle passes repeat its first (no gradient sync under ZeRO 0-1)
+            if first_pass:  # the step's middle passes repeat its first (no gradient sync under ZeRO 0-1) ...
                 pass_work, pass_traffic = first_pass[0]
+                if strategy.zero == 1 and pipeline is None:  # ... but for ZeRO-1's gathering, done once a step
+                    pass_traffic = {}
                 repeats = passes - traced
                 total_work += pass_work * repeats
                 for key, (nbytes, calls) in pass_traffic.items():

@@ -3,8 +3,8 @@ gradients, given the order the schedule runs its passes in.
 
 - Depth-first schedules (GPipe, 1F1B, interleaved 1F1B) keep FSDP's own behaviour per micro
   batch: ZeRO-3 gathers a block's parameters for each forward and each backward, ZeRO 2-3
-  reduce-scatter the gradients after each backward (keeping only a shard), ZeRO 0-1 all-reduce
-  them after the stage's last backward of the step.
+  reduce-scatter the gradients after each backward (keeping only a shard), ZeRO 0-1 reduce them
+  (all-reduce; reduce-scatter) after the stage's last backward of the step.
 - Breadth-first (looped BFS) runs all of a stage's forwards back to back, and later all its
   backwards: the stage's parameters are gathered once for the forwards and once for the
   backwards, and its gradients are reduced once, right after its last backward of the step, while

@@ -1,9 +1,10 @@
-"""AdamW over a parallelised model, with ZeRO-1 state sharding and CPU offload of the step, and a
-decoupled decay of chosen parameters toward anchor weights (`TrainConfig.anchor_decay`).
+"""AdamW over a parallelised model, with CPU offload of the step, and a decoupled decay of chosen
+parameters toward anchor weights (`TrainConfig.anchor_decay`).
 
 The parameters may be plain tensors or FSDP2 / tensor-parallel DTensors; AdamW (torch's fused
 kernel) runs on each rank's local tensors, so gradients and states are never gathered and the
-update goes through no DTensor dispatch.
+update goes through no DTensor dispatch. Under ZeRO 1-3 the parameters are FSDP2's shards, so the
+optimizer state is sharded with them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -27,27 +27,13 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _without_dp(value: DTensor) -> torch.Tensor:
-    """An owner's ZeRO-1 state as it is saved: its local tensor, spread over the mesh dimensions
-    other than "dp" (tensor-parallel shards) as a DTensor, or plain when there are none."""
-    names = value.device_mesh.mesh_dim_names or ()
-    keep = [i for i, name in enumerate(names) if name != "dp"]
-    if not keep:
-        return value.to_local()
-    mesh = value.device_mesh[tuple(names[i] for i in keep)] if len(keep) > 1 else value.device_mesh[names[keep[0]]]
-    return DTensor.from_local(value.to_local(), mesh, [value.placements[i] for i in keep], run_check=False,
-                              shape=value.shape, stride=value.stride())
-
-
 @dataclass
 class _Slot:
     fqn: str
     param: nn.Parameter
-    owner: int
-    """Data-parallel rank that holds this parameter's optimizer state and runs its update."""
-    work: torch.Tensor | None
-    """The plain tensor AdamW updates on the owner: the parameter (a DTensor's local tensor, sharing
-    its storage), or its fp32 CPU master copy when offloaded. None on the other ranks."""
+    work: torch.Tensor
+    """The plain tensor AdamW updates: the parameter (a DTensor's local tensor, sharing its storage),
+    or its fp32 CPU master copy when offloaded."""
 
 
 def check_parameter_prefixes(model: nn.Module, config: TrainConfig, chunked: bool) -> None:
@@ -69,60 +55,38 @@ def check_parameter_prefixes(model: nn.Module, config: TrainConfig, chunked: boo
                              f"{type(model).__name__} (its top-level names: {', '.join(tops)})")
 
 
-def partition_by_size(numels: list[int], world_size: int) -> list[int]:
-    """Owner rank of each tensor: largest first onto the least-loaded rank (balanced bytes)."""
-    load = [0] * world_size
-    owners = [0] * len(numels)
-    for index in sorted(range(len(numels)), key=lambda i: -numels[i]):
-        rank = min(range(world_size), key=load.__getitem__)
-        owners[index] = rank
-        load[rank] += numels[index]
-    return owners
-
-
 class TrainOptimizer:
     """AdamW with decoupled weight decay on matrices, driven by the `Trainer`.
 
-    shard_state (ZeRO-1): each parameter's state lives on one owner among the data-parallel ranks
-        of `group`, chosen to balance bytes; after its update the owner broadcasts the new values to
-        the others. Tensor-parallel ranks hold different shards, so each tensor-parallel rank's
-        data-parallel group has its own owners.
-    offload: the owner keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
+    offload: each rank keeps an fp32 master copy of its local parameter shard on the CPU, AdamW
         runs there on a CPU copy of the gradient, and the result is copied back to the device.
     AdamW is torch's fused kernel (on CPU too), element for element what chunked states run.
     anchor: reference values of parameters under `config.anchor_decay`, full tensors by name; an
-        anchored parameter missing from it is anchored at its value now. After each update the owner
+        anchored parameter missing from it is anchored at its value now. After each update each rank
         moves its piece of an anchored parameter lr x lr_scale x decay of the way back to the
         anchor's piece, which it keeps (one more copy of the parameters it owns and anchors).
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, *, shard_state: bool, offload: bool,
-                 group: dist.ProcessGroup | None = None, anchor: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, model: nn.Module, config: TrainConfig, *, offload: bool,
+                 anchor: dict[str, torch.Tensor] | None = None) -> None:
         named = [(clean_fqn(name), p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(f"model {type(model).__name__} has no trainable parameters")
-        self.group = group
-        self.rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-        owners = partition_by_size([p.numel() for _, p in named], world_size) if shard_state else [self.rank] * len(named)
-        self.shard_state, self.offload = shard_state, offload
-        self.slots = [
-            _Slot(fqn, p, owner, (self._master_copy(p) if offload else self._local_leaf(p)) if owner == self.rank else None)
-            for (fqn, p), owner in zip(named, owners)
-        ]
+        self.offload = offload
+        self.slots = [_Slot(fqn, p, self._master_copy(p) if offload else self._local_leaf(p)) for fqn, p in named]
         # One group per (weight decay, learning-rate scale): matrices decay, and TrainConfig.lr_scales
         # sets each parameter's share of the schedule's learning rate.
         grouped: dict[tuple[float, float], list[torch.Tensor]] = {}
-        for slot in self._owned():
+        for slot in self.slots:
             decay = config.weight_decay if slot.param.ndim >= 2 else 0.0
             grouped.setdefault((decay, config.lr_scale(slot.fqn)), []).append(slot.work)
         groups = [{"params": works, "weight_decay": decay, "lr_scale": scale}
                   for (decay, scale), works in grouped.items()]
-        # Under ZeRO-1 a rank may own no parameter at all (more ranks than parameters). Fused: one
-        # kernel over all tensors of a group on CPU as on GPU, the arithmetic chunked states run too.
-        self.inner = (torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True)
-                      if groups else None)
+        # Fused: one kernel over all tensors of a group on CPU as on GPU, the arithmetic chunked
+        # states run too.
+        self.inner = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=True)
         self.anchored = self._anchors(config, anchor or {})
-        """(work tensor, its anchor's piece, decay x lr_scale) of each owned anchored parameter."""
+        """(work tensor, its anchor's piece, decay x lr_scale) of each anchored parameter."""
 
     def _anchors(self, config: TrainConfig, anchor: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
         names = {slot.fqn for slot in self.slots if config.anchor_strength(slot.fqn)}
@@ -131,7 +95,7 @@ class TrainOptimizer:
             raise ValueError(f"TrainOptimizer anchor names parameters TrainConfig.anchor_decay does not anchor "
                              f"(anchor_decay={config.anchor_decay!r}): {stray[:5]}")
         anchored = []
-        for slot in self._owned():
+        for slot in self.slots:
             decay = config.anchor_strength(slot.fqn) * config.lr_scale(slot.fqn)
             if not decay:
                 continue
@@ -166,34 +130,27 @@ class TrainOptimizer:
     def _master_copy(param: nn.Parameter) -> torch.Tensor:
         return local_tensor(param).detach().to("cpu", torch.float32, copy=True)
 
-    def _owned(self) -> list[_Slot]:
-        return [s for s in self.slots if s.work is not None]
-
     def kept_tensors(self) -> list[torch.Tensor]:
         """What this rank keeps beside the model and `inner`'s state: its fp32 CPU masters under
         offload and its anchors' pieces (for memory probes, which file them as "other")."""
-        masters = [slot.work for slot in self._owned() if self.offload]
+        masters = [slot.work for slot in self.slots if self.offload]
         return masters + [anchor for _, anchor, _ in self.anchored]
 
     @property
     def params(self) -> list[nn.Parameter]:
-        """Every trainable parameter of the model (owned or not), for gradient clipping."""
+        """Every trainable parameter of the model, for gradient clipping."""
         return [s.param for s in self.slots]
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
         """One AdamW update at learning rate `lr` (times each parameter's `TrainConfig.lr_scale`) from
         the parameters' current gradients."""
-        if self.inner is not None:
-            self._local_step(lr)
-        if self.shard_state:
-            for slot in self.slots:
-                dist.broadcast(local_tensor(slot.param), group=self.group, group_src=slot.owner)
+        self._local_step(lr)
 
     def _local_step(self, lr: float) -> None:
         for group in self.inner.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        separate = [slot for slot in self._owned() if slot.work is not slot.param]  # masters, local tensors
+        separate = [slot for slot in self.slots if slot.work is not slot.param]  # masters, local tensors
         for slot in separate:
             if not self.offload:  # FSDP2 may give a parameter a new local tensor (at its lazy init)
                 slot.work.set_(local_tensor(slot.param))
@@ -221,9 +178,8 @@ class TrainOptimizer:
         param = slot.param
         if not isinstance(param, DTensor):
             return value
-        value = DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
-                                   shape=param.shape, stride=param.stride())
-        return _without_dp(value) if self.shard_state else value
+        return DTensor.from_local(value, param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
 
     def _import(self, slot: _Slot, key: str, value: torch.Tensor) -> torch.Tensor:
         if key == "step":  # the fused kernel reads it where the tensor it updates is
@@ -242,10 +198,10 @@ class TrainOptimizer:
         self.load_state_dict(state["optimizer"])
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """{parameter name: {"step", "exp_avg", "exp_avg_sq"}} for the parameters this rank owns;
+        """{parameter name: {"step", "exp_avg", "exp_avg_sq"}}, each as large as its parameter;
         zero-filled entries before the first step, so the dict is also a loading template."""
         state = {}
-        for slot in self._owned():
+        for slot in self.slots:
             current = self.inner.state.get(slot.work) or {
                 "step": torch.zeros((), dtype=torch.float32),
                 "exp_avg": torch.zeros_like(slot.work),
@@ -261,7 +217,7 @@ class TrainOptimizer:
         Call it after the model's parameters are loaded: under offload the fp32 CPU masters are
         copied afresh from them (parameters are fp32 at every precision, so the copy is exact);
         stale masters would overwrite the loaded weights at the next step."""
-        for slot in self._owned():
+        for slot in self.slots:
             if slot.fqn not in state:
                 raise ValueError(f"optimizer state has no entry for parameter {slot.fqn!r}")
             if self.offload:
