@@ -37,7 +37,7 @@ def worker(crops: list[int], rows: int, out: str) -> None:
     from recipes.fold_tiny import FoldTinyConfig
     from trainers.parallel.mesh import setup_distributed
     from trainers.memory.saved_activations import SavedActivations
-    from trainers.parallel.tensor import apply_tensor_parallel
+    from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel
     from trainers.memory.tensor_peak import TensorPeak
     from zoo.plan import model_plan
 
@@ -45,8 +45,9 @@ def worker(crops: list[int], rows: int, out: str) -> None:
     env = setup_distributed(world)
     torch.manual_seed(0)
     model = FoldingModel(FoldTinyConfig().model).train()
+    partial = PartialGradients([], None)
     if world > 1:
-        apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel=False)
+        partial = apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel=False)
     saved = SavedActivations(exclude=list(model.parameters()))
 
     def enter(*_) -> None:
@@ -63,6 +64,7 @@ def worker(crops: list[int], rows: int, out: str) -> None:
         saved._storages.clear()
         with TensorPeak() as peak, CollectiveLog() as traffic:
             model(**batch, recycles=0)["loss"].backward()
+            partial.sum()
         model.zero_grad(set_to_none=True)
         rows_out.append({"ranks": world, "crop": crop, "rows": rows, "evoformer_saved": saved.bytes,
                          "step_peak": peak.peak, "traffic": traffic.bytes})

@@ -78,18 +78,19 @@ def block_formula(shape: dict, tp: int, sequence_parallel: bool) -> int:
 
 def tp_model(shape: dict, tp: int, sequence_parallel: bool):
     """GPT of `shape` split over the "tp" dimension of this job's mesh (no FSDP: only TP's traffic),
-    and the device it runs on."""
+    the device it runs on and the parameters whose gradients a step sums over the ranks."""
     from nlp.gpt import GPT, GPTConfig
     from trainers.parallel.mesh import setup_distributed
-    from trainers.parallel.tensor import apply_tensor_parallel
+    from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel
     from zoo.plan import model_plan
 
     env = setup_distributed(tp)
     torch.manual_seed(0)
     model = GPT(GPTConfig(**shape, bias=False, dropout=0.0)).to(env.device)
+    partial = PartialGradients([], None)
     if tp > 1:
-        apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel)
-    return model, env.device
+        partial = apply_tensor_parallel(model, model_plan(model), env.mesh["tp"], sequence_parallel)
+    return model, env.device, partial
 
 
 def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> dict:
@@ -99,7 +100,7 @@ def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> di
     from trainers.memory.saved_activations import SavedActivations
     from zoo.nn.logits import loss_only
 
-    model, device = tp_model(shape, tp, sequence_parallel)
+    model, device, partial = tp_model(shape, tp, sequence_parallel)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, shape["vocab_size"], (BATCH, shape["block_size"]), generator=generator).to(device)
     params = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
@@ -116,6 +117,7 @@ def activations_and_traffic(shape: dict, tp: int, sequence_parallel: bool) -> di
     block.register_forward_hook(leave)
     with CollectiveLog() as traffic, loss_only():
         model(ids, labels=ids)["loss"].backward()
+        partial.sum()
     return {"block_saved_bytes": saved.bytes, "collective_bytes": traffic.bytes,
             "analytic_collective_bytes": analytic_collectives(shape, tp, sequence_parallel),
             "block_formula_bytes": block_formula(shape, tp, sequence_parallel)}

@@ -31,7 +31,7 @@ from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, sp
 from trainers.pipeline.stage import StageModule
 from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.strategy import Strategy
-from trainers.parallel.tensor import apply_tensor_parallel, check_plan
+from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel, check_plan
 from zoo.plan import model_plan, resolve
 from zoo.torch_compat import replicate
 
@@ -56,9 +56,11 @@ def trains(module: nn.Module) -> bool:
 
 
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
-                microbatches: int = 1, recompute: RecomputePolicy | None = None) -> tuple[nn.Module, PipelineParts | None]:
+                microbatches: int = 1, recompute: RecomputePolicy | None = None,
+                ) -> tuple[nn.Module, PipelineParts | None, PartialGradients]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
-    rank's stages) and, when strategy.pp > 1, its `PipelineParts`. The pipeline split balances
+    rank's stages), when strategy.pp > 1 its `PipelineParts`, and the parameters whose gradients
+    tensor parallelism leaves in part on each rank (summed after each step's backward passes). The pipeline split balances
     the stages' costs on `example_batch` (one micro batch; None balances parameter counts), with
     `microbatches` per optimizer step spreading the optimizer's cost. `recompute`, when given,
     decides what each block keeps instead of strategy.recompute (a memory budget's per-operator choice).
@@ -76,7 +78,9 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     else:
         block_names = plan.block_names(model)
     if strategy.tp > 1:
-        apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
+        partial_gradients = apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
+    else:
+        partial_gradients = PartialGradients([], None)
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and not callable(getattr(model, "init_weights", None)):
         raise ValueError(
@@ -97,7 +101,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
             raise ValueError(f"the recompute policy names no choice for recompute units {missing[:3]}")
         apply_recompute(model, recompute, units)
     if strategy.offload == "chunks":  # one data-parallel layout, the chunks' (trainers.memory.chunks.states)
-        return model, None
+        return model, None, partial_gradients
 
     common = dict(
         mesh=env.mesh["dp"],
@@ -123,8 +127,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         with torch.no_grad():
             model.init_weights()
     if layout is None:
-        return model, None
+        return model, None, partial_gradients
     tied = TiedCopies(model, layout, env)
     if on_meta:
         tied.sync_values()
-    return model, PipelineParts(layout, stages, tied)
+    return model, PipelineParts(layout, stages, tied), partial_gradients

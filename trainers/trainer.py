@@ -118,8 +118,8 @@ class Trainer:
         if strategy.offload == "chunks":  # held here: chunked states set how recomputed forwards run
             self.recompute = chunked_recompute_policy(model, strategy.recompute, per_block)
         blocks = model_plan(model).block_names(model)  # those a per-block activation plan decides for
-        self._model, self.pipeline_parts = parallelize(model, strategy, self.env, example_batch, microbatches,
-                                                      self.recompute)
+        self._model, self.pipeline_parts, self.partial_gradients = parallelize(
+            model, strategy, self.env, example_batch, microbatches, self.recompute)
         if self.pipeline_parts is not None:
             self.pipeline = build_pipeline(self.pipeline_parts, strategy, self.env, microbatches)
         self.microbatches = microbatches
@@ -350,6 +350,7 @@ class Trainer:
         else:
             loss_sum, units = accumulate_gradients(self.model, self.model_class, (to_device(b, env.device) for b in batches),
                                                    gradient_sync(self.model, self.strategy), accumulation, scale)
+        self.partial_gradients.sum()
         if probe is not None:
             probe.after_backward()
 

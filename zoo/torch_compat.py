@@ -11,7 +11,7 @@ What each is, and why no public API serves:
 - tree_flatten, tree_leaves: torch's pytree (no public module in the releases checked).
 - MemTracker, ModTracker and `CategoryTracker`: torch's live-tensor tracker by category, whose
   hooks `CategoryTracker` overrides (no public twin).
-- replicate: FSDP2's data-parallel twin (ZeRO 0-1 on FSDP2's DTensor parameters).
+- replicate: FSDP2's data-parallel twin (ZeRO-0 on FSDP2's DTensor parameters).
 - checkpoint_wrapper: the recompute wrapper that composes with FSDP2.
 - stage_backward_input/weight: the split backward of zero-bubble pipeline schedules.
 - `fsdp_post_backward`: FSDP2's post-backward, run where a pipeline stage's backward ends.
@@ -20,6 +20,8 @@ What each is, and why no public API serves:
   version (autograd would refuse its saved copy otherwise).
 - `graph_task_keeps_graph`, `storage_use_count`, `clear_cublas_workspaces`,
   `clear_dtensor_sharding_caches`: torch._C's, said in their docstrings.
+- `group_of_name`: the process group a functional collective names (DTensor's redistributions
+  pass groups by name; the step counters count their traffic by ranks).
 """
 
 from __future__ import annotations
@@ -52,8 +54,15 @@ __all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "Dyn
            "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
            "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "current_dispatch_modes",
            "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "replicate", "stage_backward_input",
-           "stage_backward_weight", "storage_use_count", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
+           "stage_backward_weight", "storage_use_count", "group_of_name", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
            "unset_fake_temporarily"]
+
+def group_of_name(name: str) -> torch.distributed.ProcessGroup:
+    """The process group registered under `name` (the group argument of torch's functional collectives)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name)
+
 
 def graph_task_keeps_graph() -> bool:
     """Whether the backward running now keeps its graph (`retain_graph=True`): a fused loss that

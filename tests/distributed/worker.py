@@ -377,6 +377,7 @@ def tensor_parallel(out: str, *runs: str) -> None:
         probe = (collate or default_collate)([data[0], data[1]])
         trainer.model.train()
         trainer.model(**probe)["loss"].backward()
+        trainer.partial_gradients.sum()  # as the trainer's step does after its backward passes
         grads = {clean_fqn(n): full(p.grad) for n, p in trainer.model.named_parameters() if p.grad is not None}
         trainer.optimizer.zero_grad()
         history = trainer.fit(data, collate_fn=collate)

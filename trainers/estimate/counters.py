@@ -14,14 +14,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-from zoo.torch_compat import TorchDispatchMode, tree_leaves
+from zoo.torch_compat import TorchDispatchMode, group_of_name, tree_leaves
 
 KINDS = {"c10d::allreduce_": "all_reduce", "c10d::_allgather_base_": "all_gather",
          "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::alltoall_base_": "all_to_all",
          "c10d::broadcast_": "broadcast"}
 """c10d operators by the collective they run; any other c10d operator is logged under its own name."""
+FUNCTIONAL_KINDS = {"_c10d_functional::all_reduce": "all_reduce", "_c10d_functional::all_gather_into_tensor": "all_gather",
+                    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
+                    "_c10d_functional::all_to_all_single": "all_to_all"}
+"""torch's functional collectives (DTensor's redistributions) by the collective they run."""
 
 
 class CollectiveLog(TorchDispatchMode):
@@ -55,8 +60,12 @@ class CollectiveLog(TorchDispatchMode):
         return dict(totals)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:  # DTensor runs its local operations (and collectives), which come back here
+            return NotImplemented
         name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
-        if name.startswith("c10d::"):
+        if name.startswith("_c10d_functional::") and name in FUNCTIONAL_KINDS:
+            self._functional(FUNCTIONAL_KINDS[name], args)
+        elif name.startswith("c10d::"):
             kind = KINDS.get(name, name)
             tensors = args[0] if isinstance(args[0], (list, tuple)) else [args[0]]
             tensors = [t for item in tensors for t in (item if isinstance(item, (list, tuple)) else [item])]
@@ -71,6 +80,17 @@ class CollectiveLog(TorchDispatchMode):
             record[0] += size
             record[1] += 1
         return func(*args, **(kwargs or {}))
+
+    def _functional(self, kind: str, args: tuple) -> None:
+        """Count one of torch's functional collectives: (input, ..., group name), an all-gather's
+        payload being its input times the group's size."""
+        group = group_of_name(next(arg for arg in reversed(args) if isinstance(arg, str)))
+        size = args[0].numel() * args[0].element_size()
+        if kind == "all_gather":
+            size *= dist.get_world_size(group)
+        record = self.by_group[kind, tuple(dist.get_process_group_ranks(group))]
+        record[0] += size
+        record[1] += 1
 
 
 def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
@@ -127,6 +147,8 @@ class WorkCount(TorchDispatchMode):
         return self.work.flops
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:  # DTensor runs its local operations, which come back here
+            return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         count = FLOP_FORMULAS.get(func._overloadpacket)

@@ -286,7 +286,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 keep = job.keep if isinstance(job.keep, Mapping) else dict.fromkeys(blocks, job.keep or "inputs")
                 policy = RecomputePolicy(keep, profile=job.profile)
             specs = carry_specs(model, micro_batch) if strategy.pp > 1 else None
-            model, parts = parallelize(model, strategy, env, micro_batch, per_pass, recompute=policy)
+            model, parts, partial = parallelize(model, strategy, env, micro_batch, per_pass, recompute=policy)
             pipeline = None if parts is None else build_pipeline(
                 parts, strategy, env, per_pass, TracedLink(env.mesh["pp"].get_group(), parts.layout.ranges, env.device,
                                                            specs))
@@ -321,6 +321,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 else:
                     pipeline_passes(pipeline, parts, batches((work, traffic)), traced * per_pass, per_pass, 1.0,
                                     env.device)
+                partial.sum()
                 probe.after_backward()
                 optimizer.step(config.lr)
                 optimizer.zero_grad()

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
@@ -103,6 +104,8 @@ class _OpRecorder(TorchDispatchMode):
         self.calls: Counter = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:  # DTensor runs its local operations, which come back here
+            return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func not in SAC_IGNORED_OPS:

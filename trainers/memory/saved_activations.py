@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from trainers.parallel.mesh import local_tensor
+
 
 class SavedActivations(AbstractContextManager):
     """Context that records every tensor autograd saves inside it.
@@ -24,13 +26,14 @@ class SavedActivations(AbstractContextManager):
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._excluded = {local_tensor(t).untyped_storage().data_ptr() for t in exclude}
         self._storages: dict[tuple[torch.device, int], Any] = {}
         """Storage (inside the context) or its bytes (after it) by (device, address)."""
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
+        with torch.no_grad():
+            storage = local_tensor(tensor).untyped_storage()  # a DTensor's: its local tensor's
         pointer = storage.data_ptr()
         if pointer not in self._excluded and pointer != 0:
             self._storages[(tensor.device, pointer)] = storage

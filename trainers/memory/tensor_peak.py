@@ -12,6 +12,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from zoo.torch_compat import TorchDispatchMode, tree_flatten
@@ -51,6 +52,8 @@ class TensorPeak(TorchDispatchMode):
         self.interval_peak = max(self.interval_peak, self.live)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if DTensor in types:  # DTensor runs its local operations, which come back here
+            return NotImplemented
         kwargs = kwargs or {}
         # Views and in-place results share an input's storage: nothing new was allocated (and a view
         # of a tensor from before the region must not bring that tensor's storage into the count).

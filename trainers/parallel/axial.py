@@ -4,8 +4,8 @@ An axial module's tensor inputs are split along dim 1 over the tensor-parallel g
 MSA by rows, a pair representation by its first residue) and its outputs gathered whole on exit;
 inside, the model's `zoo.axial` annotations run the collectives of `AxialGroup`. Parameters stay
 whole on every rank, each rank's gradient covers its shard, so the gradients are summed over the
-group. The annotations and the parameters' summed views are installed again by each recompute
-block inside, so a block recomputed in backward runs the same collectives.
+group once a step (`trainers.parallel.tensor.PartialGradients`). The annotations are installed
+again by each recompute block inside, so a block recomputed in backward runs the same collectives.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainers.parallel import collectives as tpc
-from trainers.parallel.parameter_swap import ParameterSwap
 from trainers.strategy import LayoutRefused
 from zoo import axial
 
@@ -71,42 +70,26 @@ class AxialGroup:
 
 def apply_axial_parallel(model: nn.Module, names: list[str], blocks: list[str], mesh: DeviceMesh) -> None:
     """Run the modules `names` of `model` with axial parallelism over the 1-D `mesh`; `blocks` are
-    the plan's recompute units (those inside an axial module re-install the annotations)."""
+    the plan's recompute units (those inside an axial module re-install the annotations). The
+    modules' parameters, whole on every rank, get each rank's part of their gradient: the trainer
+    sums them (`trainers.parallel.tensor.PartialGradients`)."""
     layout = AxialGroup(mesh.get_group())
     modules = dict(model.named_modules())
     for name in names:
-        inner = [b for b in blocks if b.startswith(name + ".")]
-        outside = [m for m_name, m in modules[name].named_modules(prefix=name)
-                   if not any(m_name == b or m_name.startswith(b + ".") for b in inner)]
-        _hook_axial_module(modules[name], outside, layout)
-        for block in inner:
-            _hook_scope(modules[block], list(modules[block].modules()), layout)
+        _hook_axial_module(modules[name], layout)
+        for block in (b for b in blocks if b.startswith(name + ".")):
+            _hook_scope(modules[block], layout)
 
 
-def _hook_scope(module: nn.Module, owners: list[nn.Module], layout: AxialGroup) -> None:
-    """While `module` runs: the annotations use `layout`, and the parameters of `owners` are seen
-    through views whose gradient is summed over the group."""
-    scopes: list[tuple] = []
-
-    def before(*_) -> None:
-        swap = ParameterSwap()
-        for owner in owners:
-            for name, param in list(owner._parameters.items()):
-                if param is not None and param.requires_grad:
-                    swap.put(owner, name, tpc.sum_gradient(param, layout.group))
-        scopes.append((axial.activate(layout), swap))
-
-    def after(*_) -> None:
-        token, swap = scopes.pop()
-        swap.restore()
-        axial.deactivate(token)
-
-    module.register_forward_pre_hook(before)
-    module.register_forward_hook(after, always_call=True)
+def _hook_scope(module: nn.Module, layout: AxialGroup) -> None:
+    """While `module` runs, the annotations use `layout`."""
+    tokens: list = []
+    module.register_forward_pre_hook(lambda *_: tokens.append(axial.activate(layout)))
+    module.register_forward_hook(lambda *_: axial.deactivate(tokens.pop()), always_call=True)
 
 
-def _hook_axial_module(module: nn.Module, owners: list[nn.Module], layout: AxialGroup) -> None:
-    _hook_scope(module, owners, layout)  # registered first: runs inside the split and gather below
+def _hook_axial_module(module: nn.Module, layout: AxialGroup) -> None:
+    _hook_scope(module, layout)  # registered first: runs inside the split and gather below
 
     def split(value):
         if not isinstance(value, torch.Tensor):

@@ -12,7 +12,6 @@ Each pairs a forward collective with the backward one that makes the gradient ex
     split_to_shards      keep own shard    | all-gather      entering the sequence-sharded stretch
     gather_whole         all-gather        | keep own shard  leaving it (the consumer's gradient is
                                                              the same on every rank)
-    sum_gradient         identity          | all-reduce      a whole parameter used on shards
 """
 
 from __future__ import annotations
@@ -110,11 +109,6 @@ def gather_whole(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Shards along `dim` concatenated, leaving the sharded stretch for computation that is the
     same on every rank."""
     return _paired(x, dim, group, _all_gather, _own_shard)
-
-
-def sum_gradient(x: torch.Tensor, group) -> torch.Tensor:
-    """x itself, whose gradient is summed over the group (a parameter each rank uses on its shard)."""
-    return _paired(x, 0, group, _identity, _all_reduce)
 
 
 class GatheredInput:

@@ -11,9 +11,15 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `tensor`: the local shard of a DTensor, else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 @dataclass(frozen=True)

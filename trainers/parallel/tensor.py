@@ -1,91 +1,60 @@
-"""Tensor and sequence parallelism applied from a model's `ModelPlan` on the "tp" mesh dimension.
+"""Tensor and sequence parallelism applied from a model's `ModelPlan` on the "tp" mesh dimension,
+through torch's `parallelize_module`.
 
-Split parameters become DTensors sharded over the "tp" mesh (so FSDP2 shards them further over
-"dp", and distributed checkpoints hold them whole); parameters kept whole stay plain tensors. The
-model's own code never sees a DTensor: hooks around each region hand its modules this rank's
-local shards for the duration of a call and put the collectives at the region's edges
-(`trainers.parallel.collectives`). The zoo's fused layers therefore run unchanged on shards: attention
-reads its local head count from its projections' widths, the fused feed-forward gets its local fc1
-rows and fc2 columns, and the fused linear + cross-entropy recognises a vocabulary-sharded weight.
+Each module the plan names gets its parallel style: torch's `ColwiseParallel` and `RowwiseParallel`
+for the linears outside every region (under sequence parallelism taking and giving sequence shards)
+and for the vocabulary-parallel embeddings; `trainers.parallel.styles` for the regions and their
+linears, a fused feed-forward's kernel (`zoo.nn.mlp` routes its DTensor weights to
+`sharded_fused_mlp`), the blocks' random streams and the sequence's split and gather. Split
+parameters become DTensors sharded over "tp" (so FSDP2 shards them further over "dp", and
+distributed checkpoints hold them whole); the model's own code sees plain local activations.
 
-Random draws (dropout) inside a region, and under sequence parallelism inside a block, come from a
-stream of each rank's own (`_RankStream`); outside them every rank draws the same, as computation
-there is replicated.
+A parameter kept whole on every rank but used on this rank's part of the work (`ModelPlan.replicated`,
+`sequence_parallel` modules under sequence parallelism, axial modules) stays a plain tensor; its
+gradient, each rank's part, is summed over the group once a step (`PartialGradients`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
-from trainers.parallel import collectives as tpc
 from trainers.parallel.axial import apply_axial_parallel
-from trainers.parallel.parameter_swap import ParameterSwap
-from trainers.strategy import LayoutRefused
+from trainers.parallel.mesh import local_tensor
+from trainers.parallel.styles import (SEQUENCE_DIM, OwnStream, RankStream, Region, RegionColwise, RegionRowwise,
+                                      SequenceGather, SequenceSplit, sharded_fused_mlp)
 from trainers.parallel.vocab import install_vocab_parallel_loss, vocab_first_row
+from trainers.strategy import LayoutRefused
+from zoo.nn.mlp import register_split_weight_mlp
 from zoo.plan import ModelPlan
 
-SEQUENCE_DIM = 1
-"""Activations are (B, S, ...) everywhere a plan splits them along the sequence."""
 
+class PartialGradients:
+    """Parameters whole on every tensor-parallel rank whose gradient each rank computes in part
+    (see the module docstring): `sum()` adds their gradients up over the group after a step's
+    backward passes, one all-reduce per dtype, as Megatron-LM does for its sequence-parallel norms.
+    The parameters are looked up on their modules at each call (FSDP2 replaces them)."""
 
-def _shard_parameter(module: nn.Module, name: str, dim: int, mesh: DeviceMesh) -> None:
-    param = getattr(module, name)
-    if param is None:
-        return
-    # Every rank built the same whole tensor (same seed), so each keeps its slice: no communication.
-    sharded = distribute_tensor(param.detach(), mesh, [Shard(dim)], src_data_rank=None)
-    module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    def __init__(self, owners: list[tuple[nn.Module, str]], group: dist.ProcessGroup | None) -> None:
+        self.owners, self.group = owners, group
 
-
-class _RankStream:
-    """Gives each tensor-parallel rank its own random stream for one call: dropout on a shard
-    (some heads, some feed-forward columns, some positions) must not repeat another rank's mask.
-
-    On entry one seed is drawn from the shared generator (advancing it alike on every rank), and
-    the generator is reseeded from it and the rank; on exit the shared state comes back. A recompute
-    that replays the shared state replays the rank's draws too."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-
-    def enter(self) -> None:
-        seed = int(torch.randint(0, 1 << 62, ()))
-        cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        self.saved.append((torch.get_rng_state(), cuda))
-        torch.manual_seed((seed + 1_000_003 * (self.rank + 1)) % (1 << 63))
-
-    def leave(self) -> None:
-        cpu, cuda = self.saved.pop()
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda)
-
-
-def _local(param: torch.Tensor | None) -> torch.Tensor | None:
-    """The autograd-connected local shard of a DTensor parameter (a view of its storage)."""
-    return param.to_local() if isinstance(param, DTensor) else param
-
-
-@dataclass
-class _Region:
-    """One region's linears and how its edges behave."""
-
-    colwise: list[nn.Linear]
-    rowwise: list[nn.Linear]
-    replicated: list[nn.Module]
-    enter: bool
-    """Whether the first argument enters from whole (or sequence-sharded) activations."""
-    leave: bool
-    """Whether the output is a partial sum to reduce (and the row-parallel bias added after)."""
-    swaps: list[ParameterSwap] = field(default_factory=list)
-    biases: list[torch.Tensor | None] = field(default_factory=list)
-    inputs: list[tpc.GatheredInput | None] = field(default_factory=list)
+    @torch.no_grad()
+    def sum(self) -> None:
+        """Sum the gradients over the group (collective; nothing without such parameters)."""
+        grads = [local_tensor(param.grad) for module, name in self.owners
+                 if (param := getattr(module, name)).grad is not None]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for same in by_dtype.values():
+            flat = torch.cat([grad.reshape(-1) for grad in same])
+            dist.all_reduce(flat, group=self.group)
+            for grad, piece in zip(same, flat.split([grad.numel() for grad in same])):
+                grad.copy_(piece.view_as(grad))
 
 
 def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bool,
@@ -183,162 +152,75 @@ def _region_members(region: str, names: dict[str, list[str]]) -> dict[str, list[
     return members
 
 
-class TensorParallel:
-    """Applies a plan's tensor-parallel part to one model; see the module docstring."""
+def _styles(model: nn.Module, plan: ModelPlan, names: dict[str, list[str]], sequence_parallel: bool,
+            stream: RankStream) -> dict[str, list[ParallelStyle]]:
+    """The parallel styles of each module the plan names, in the order they apply."""
+    styles: dict[str, list[ParallelStyle]] = {}
+    add = lambda name, style: styles.setdefault(name, []).append(style)  # noqa: E731
+    inside: set[str] = set()
+    for region in names["regions"]:
+        members = _region_members(region, names)
+        inside.update(members["colwise"], members["rowwise"])
+        add(region, Region(sequence_parallel, stream))
+        for name in members["colwise"]:
+            add(name, RegionColwise())
+        for name in members["rowwise"]:
+            add(name, RegionRowwise())
+    shards = Shard(SEQUENCE_DIM) if sequence_parallel else Replicate()
+    for name in names["colwise"]:  # a region of its own, as the plan has it
+        if name not in inside:
+            add(name, ColwiseParallel(input_layouts=shards))
+            add(name, OwnStream(stream))
+    for name in names["rowwise"]:
+        if name not in inside:
+            add(name, RowwiseParallel(output_layouts=shards))
+            add(name, OwnStream(stream))
+    for name in names["vocab_parallel"]:
+        add(name, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    if sequence_parallel:
+        for name in plan.block_names(model):  # blocks run on sequence shards
+            add(name, OwnStream(stream))
+        for name in names["sequence_split"]:
+            add(name, SequenceSplit())
+        for name in names["sequence_gather"]:
+            add(name, SequenceGather())
+    return styles
 
-    def __init__(self, model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool,
-                 whole: bool = True) -> None:
-        self.model, self.plan, self.mesh, self.whole = model, plan, mesh, whole
-        self.group, self.size = mesh.get_group(), mesh.size()
-        self.sequence_parallel = sequence_parallel
-        self.modules = dict(model.named_modules())
-        self.stream = _RankStream(mesh.get_local_rank())
 
-    # ------------------------------------------------------------------ apply
-    def apply(self) -> None:
-        """Shard the parameters and install the hooks (before recompute and FSDP wrap the model)."""
-        names = check_plan(self.model, self.plan, self.size, self.sequence_parallel, self.whole)
-        modules = self.modules
-        for name in names["colwise"]:
-            _shard_parameter(modules[name], "weight", 0, self.mesh)
-            _shard_parameter(modules[name], "bias", 0, self.mesh)
-        for name in names["rowwise"]:
-            _shard_parameter(modules[name], "weight", 1, self.mesh)
-        if names["vocab_parallel"]:
-            install_vocab_parallel_loss()
-        for name in names["vocab_parallel"]:
-            _shard_parameter(modules[name], "weight", 0, self.mesh)
-            self._hook_embedding(modules[name])
-
-        inside: set[str] = set()
-        for region in names["regions"]:
-            members = _region_members(region, names)
-            inside.update(*members.values())
-            self._hook_region(modules[region], _Region(
-                [modules[n] for n in members["colwise"]], [modules[n] for n in members["rowwise"]],
-                [modules[n] for n in members["replicated"]], enter=True, leave=True))
-        for name in names["colwise"]:
-            if name not in inside:
-                self._hook_region(modules[name], _Region([modules[name]], [], [], enter=True, leave=False))
-        for name in names["rowwise"]:
-            if name not in inside:
-                self._hook_region(modules[name], _Region([], [modules[name]], [], enter=False, leave=True))
-
-        if names["axial"]:
-            apply_axial_parallel(self.model, names["axial"], self.plan.block_names(self.model), self.mesh)
-        if self.sequence_parallel:
-            for name in self.plan.block_names(self.model):  # blocks run on sequence shards
-                self._hook_rank_stream(modules[name])
-            for name in names["sequence_parallel"]:
-                self._hook_sequence_parallel(modules[name])
-            for name in names["sequence_split"]:
-                modules[name].register_forward_hook(self._split_output)
-            for name in names["sequence_gather"]:
-                modules[name].register_forward_hook(self._gather_output)
-
-    def _hook_region(self, module: nn.Module, region: _Region) -> None:
-        def before(_module, args, kwargs):
-            self.stream.enter()
-            swap = ParameterSwap()
-            for linear in region.colwise:
-                swap.put(linear, "weight", _local(linear._parameters["weight"]))
-                if linear.bias is not None:
-                    swap.put(linear, "bias", _local(linear._parameters["bias"]))
-            for replicated in region.replicated:  # their own parameters, whole on every rank
-                for name, param in replicated.named_parameters(recurse=False):
-                    swap.put(replicated, name, tpc.sum_gradient(param, self.group))
-            bias = None
-            for linear in region.rowwise:
-                swap.put(linear, "weight", _local(linear._parameters["weight"]))
-                bias = linear._parameters["bias"]
-                swap.put(linear, "bias", None)
-            region.swaps.append(swap)
-            region.biases.append(bias)
-            gathered = None
-            if region.enter and self.sequence_parallel:
-                gathered = tpc.GatheredInput(args[0], SEQUENCE_DIM, self.group)
-                args = (gathered.full, *args[1:])
-            elif region.enter:
-                args = (tpc.copy_to_group(args[0], self.group), *args[1:])
-            region.inputs.append(gathered)
-            return args, kwargs
-
-        def after(_module, args, kwargs, output):
-            self.stream.leave()
-            region.swaps.pop().restore()
-            bias, gathered = region.biases.pop(), region.inputs.pop()
-            if not region.leave:
-                return output
-            if self.sequence_parallel:
-                output = tpc.scatter_sum(output, SEQUENCE_DIM, self.group,
-                                         None if gathered is None or not torch.is_grad_enabled() else gathered.refill)
-                if gathered is not None:
-                    gathered.release()
-            else:
-                output = tpc.sum_over_group(output, self.group)
-            if bias is None:
-                return output
-            if self.sequence_parallel:  # added to this rank's tokens only: its gradient is partial
-                bias = tpc.sum_gradient(bias, self.group)
-            return output + bias
-
-        module.register_forward_pre_hook(before, with_kwargs=True)
-        module.register_forward_hook(after, with_kwargs=True, always_call=True)
-
-    def _hook_rank_stream(self, module: nn.Module) -> None:
-        module.register_forward_pre_hook(lambda *_: self.stream.enter())
-        module.register_forward_hook(lambda *_: self.stream.leave(), always_call=True)
-
-    def _hook_embedding(self, embedding: nn.Embedding) -> None:
-        first = vocab_first_row(embedding.num_embeddings, self.size, self.mesh.get_local_rank())
-        rows = _local(embedding.weight).shape[0]
-        state: list[tuple[ParameterSwap, torch.Tensor]] = []
-
-        def before(_module, args):
-            ids = args[0]
-            outside = (ids < first) | (ids >= first + rows)
-            swap = ParameterSwap()
-            swap.put(embedding, "weight", _local(embedding._parameters["weight"]))
-            state.append((swap, outside))
-            return ((ids - first).masked_fill(outside, 0), *args[1:])
-
-        def after(_module, args, output):
-            swap, outside = state.pop()
-            swap.restore()
-            return tpc.sum_over_group(output.masked_fill(outside[..., None], 0.0), self.group)
-
-        embedding.register_forward_pre_hook(before)
-        embedding.register_forward_hook(after, always_call=True)
-
-    def _hook_sequence_parallel(self, module: nn.Module) -> None:
-        swaps: list[ParameterSwap] = []
-
-        def before(_module, args):
-            swap = ParameterSwap()
-            for name, param in list(module._parameters.items()):
-                if param is not None:
-                    swap.put(module, name, tpc.sum_gradient(param, self.group))
-            swaps.append(swap)
-
-        def after(_module, args, output):
-            swaps.pop().restore()
-
-        module.register_forward_pre_hook(before)
-        module.register_forward_hook(after, always_call=True)
-
-    def _split_output(self, module, args, output):
-        length = output.shape[SEQUENCE_DIM]
-        if length % self.size:
-            raise ValueError(f"Strategy.sequence_parallel splits the sequence over tp={self.size} ranks; the "
-                             f"sequence length must be divisible by it, got {length} (from {type(module).__name__})")
-        return tpc.split_to_shards(output, SEQUENCE_DIM, self.group)
-
-    def _gather_output(self, module, args, output):
-        return tpc.gather_whole(output, SEQUENCE_DIM, self.group)
+def _partial_gradient_owners(model: nn.Module, names: dict[str, list[str]],
+                             sequence_parallel: bool) -> list[tuple[nn.Module, str]]:
+    """(module, parameter name) of each trainable parameter whole on every rank whose gradient each
+    rank computes in part: the replicated modules' own, under sequence parallelism the
+    `sequence_parallel` modules' own, and every parameter of the axial modules."""
+    modules = dict(model.named_modules())
+    owners = [modules[name] for name in names["replicated"]]
+    if sequence_parallel:
+        owners += [modules[name] for name in names["sequence_parallel"]]
+    owners += [inner for name in names["axial"] for inner in modules[name].modules()]
+    found, seen = [], set()
+    for module in owners:
+        for local, param in module.named_parameters(recurse=False):
+            if param.requires_grad and (id(module), local) not in seen:
+                seen.add((id(module), local))
+                found.append((module, local))
+    return found
 
 
 def apply_tensor_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, sequence_parallel: bool,
-                          whole: bool = True) -> None:
-    """Split `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares (`whole`:
-    False for a pipeline stage's share of the model, whose whole plan was checked before)."""
-    TensorParallel(model, plan, mesh, sequence_parallel, whole).apply()
+                          whole: bool = True) -> PartialGradients:
+    """Split `model` in place over the 1-D tensor-parallel `mesh` as `plan` declares, through
+    `parallelize_module` (`whole`: False for a pipeline stage's share of the model, whose whole plan
+    was checked before). Returns the parameters whose gradients the trainer sums over the group
+    after each step's backward passes."""
+    names = check_plan(model, plan, mesh.size(), sequence_parallel, whole)
+    if names["vocab_parallel"]:
+        install_vocab_parallel_loss()
+    if names["regions"]:
+        register_split_weight_mlp(DTensor, sharded_fused_mlp)
+    stream = RankStream(mesh.get_local_rank())
+    styles = _styles(model, plan, names, sequence_parallel, stream)
+    for turn in range(max(map(len, styles.values()), default=0)):  # a module's styles apply in turn
+        parallelize_module(model, mesh, {name: found[turn] for name, found in styles.items() if turn < len(found)})
+    if names["axial"]:
+        apply_axial_parallel(model, names["axial"], plan.block_names(model), mesh)
+    return PartialGradients(_partial_gradient_owners(model, names, sequence_parallel), mesh.get_group())

@@ -24,7 +24,7 @@ from torch import nn
 
 from trainers.parallel.mesh import DistEnv
 from trainers.memory.recompute import clean_fqn
-from trainers.state.optimizer import local_tensor
+from trainers.parallel.mesh import local_tensor
 from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs
 from trainers.pipeline.stage import StageModule, prune
 from trainers.strategy import LayoutRefused, Strategy

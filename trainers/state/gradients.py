@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from trainers.state.optimizer import local_tensor
+from trainers.parallel.mesh import local_tensor
 
 
 def _sharded_groups(grad: torch.Tensor) -> tuple:

@@ -19,14 +19,10 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainers.memory.chunks.checkpoint import ChunkedTensor
 from trainers.memory.recompute import clean_fqn
+from trainers.parallel.mesh import local_tensor
 from trainers.config import TrainConfig
 
 ADAMW_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of `tensor`: the local shard of a DTensor, else the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 @dataclass
 class _Slot:
     fqn: str

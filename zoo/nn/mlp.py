@@ -8,6 +8,8 @@ are one (N, F) tensor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,13 +57,26 @@ class _FusedMLP(torch.autograd.Function):
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None, None
 
 
+SplitWeightMLP = Callable[..., torch.Tensor]
+"""A fused feed-forward for weights split over ranks: called as `fused_mlp` is."""
+_split_weight_mlps: dict[type, SplitWeightMLP] = {}
+
+
+def register_split_weight_mlp(weight_type: type, mlp: SplitWeightMLP) -> None:
+    """Route `fused_mlp` calls whose w1 is a `weight_type` (a tensor subclass split over ranks) to
+    `mlp`. The training core installs its tensor-parallel feed-forward this way
+    (`trainers.parallel.styles.sharded_fused_mlp`), so that zoo.nn holds no distributed code."""
+    _split_weight_mlps[weight_type] = mlp
+
+
 def fused_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
               activation: Activation = "gelu", p: float = 0.0, *, training: bool = True,
               backend: Backend | None = None) -> torch.Tensor:
     """fc2(dropout_p(act(fc1(x)))): x (..., H); w1 (F, H); b1 (F,); w2 (H2, F); b2 (H2,) -> (..., H2).
 
     Saves x and z = fc1(x) (N, F) only; dropout here is the (rarely used) one after the
-    activation. Computes in x's dtype."""
+    activation. Computes in x's dtype. A w1 of a type registered by `register_split_weight_mlp` (a
+    DTensor split over a tensor-parallel group) takes that implementation."""
     check_activation(activation)
     check_probability("p", p)
     if w1.ndim != 2 or w2.ndim != 2 or w1.shape[1] != x.shape[-1] or w2.shape[1] != w1.shape[0]:
@@ -72,6 +87,9 @@ def fused_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: to
         raise ValueError(f"b2 must have shape ({w2.shape[0]},); got {tuple(b2.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating tensor; got {x.dtype}")
+    for weight_type, split_mlp in _split_weight_mlps.items():
+        if isinstance(w1, weight_type):
+            return split_mlp(x, w1, b1, w2, b2, activation, p, training=training, backend=backend)
     return _FusedMLP.apply(x, w1, b1, w2, b2, activation, p if training else 0.0, resolve_backend(backend, x))
 
 
