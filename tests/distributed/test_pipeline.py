@@ -114,3 +114,17 @@ def test_a_model_built_on_the_meta_device_allocates_only_its_stages(launched):
     # The head's copy of the word embedding took the first stage's initial values.
     assert torch.equal(first["tied"], last["tied"]) and 0.01 < first["tied"].std().item() < 0.03
     assert 3.0 < first["loss"] == last["loss"] < 5.0
+
+
+@pytest.mark.timeout(120)
+def test_torchs_pipeline_stage_cannot_take_carries_whose_shapes_change():
+    """Why `trainers.pipeline.runtime` is not torch's `PipelineStage` and schedule classes: a stage
+    fixes its carries' shapes at its first micro batch, and a later step of another sequence length
+    breaks the transfer (gloo: the received size does not match the buffer). This runtime sends each
+    carry's shapes with it, which the whisper layouts above (utterances padded to each micro
+    batch's own length) need."""
+    with pytest.raises(AssertionError) as failure:
+        torchrun(2, script="torch_pipeline_stage.py", timeout=100)
+    assert "a step of length 5 ran" in str(failure.value)
+    assert "a step of length 7 ran" not in str(failure.value)
+    assert "Received data size doesn't match expected size" in str(failure.value)

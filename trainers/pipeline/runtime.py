@@ -11,6 +11,16 @@ nothing and "W" runs the whole backward. The weight pass is one backward over th
 parameters (`trainers.pipeline.weight_pass`).
 
 Data parallelism is switched around each action by `trainers.pipeline.sharding`.
+
+Why not torch.distributed.pipelining's `PipelineStage` and schedule classes: a `PipelineStage`
+fixes its carries' shapes at the first micro batch it runs and sizes every later transfer by them,
+so carries whose shapes change from micro batch to micro batch (utterances or sentences padded to
+each micro batch's own length) cannot pass; a later step of another length fails in the transport
+(`tests/distributed/test_pipeline.py::test_torchs_pipeline_stage_cannot_take_carries_whose_shapes_change`).
+torch's schedule classes run only such stages (they call its private set-up methods). Here each
+carry travels with its shapes (`trainers.pipeline.comm`), and the schedules torch's classes
+implement (GPipe, 1F1B, interleaved 1F1B, looped BFS, ZB-H1) are lists of `Action`s
+(`trainers.pipeline.schedules`); the zero-bubble passes use torch's own split backward.
 """
 
 from __future__ import annotations
