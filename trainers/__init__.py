@@ -16,7 +16,7 @@ estimator steps through `step` and `parallelize` as the trainer does):
 from trainers.config import TrainConfig
 from trainers.estimate.devices import DeviceSpec
 from trainers.estimate.trace import MemoryEstimate, estimate_layouts, estimate_memory
-from trainers.memory.measure import zero_model_states
+from trainers.estimate.zero import zero_model_states
 from trainers.estimate.planner import Plan, SearchSpace, plan
 from trainers.strategy import Strategy
 from trainers.trainer import Trainer

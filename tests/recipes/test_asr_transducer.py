@@ -93,6 +93,7 @@ def test_two_ranks_zero2_train_a_transducer_that_transcribes_files(tmp_path, cap
     assert len(lines) == 2 and [line[len(wav) + 2 :] for line, wav in zip(lines, wavs)] == transcribe(tmp_path / "model", wavs)
 
 
+@pytest.mark.sequential  # the longest single-process test: it evens out make test's two sessions
 @pytest.mark.timeout(600)
 def test_the_whisper_encoder_fine_tunes_on_modern_text_with_a_held_out_domain(tmp_path):
     command = [ZOO, "train", "asr_transducer", "--encoder", "whisper-tiny.en", "--corpus.text", "modern", "--tokens", "bpe",

@@ -103,6 +103,7 @@ def held_quarter(case, tmp_path, caplog, example: bool):
     return held, [r["loss"] for r in history], [r["loss"] for r in free_history]
 
 
+@pytest.mark.sequential
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", [conformer_case, fold_case], ids=["conformer", "fold"])
 def test_a_quarter_of_the_peak_trains_with_the_same_losses(case, tmp_path, caplog):

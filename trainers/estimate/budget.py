@@ -45,7 +45,8 @@ from torch import nn
 from trainers.config import TrainConfig
 from trainers.estimate.fake import without_weights
 from trainers.estimate.process import run_fresh
-from trainers.memory.measure import cuda_workspace_bytes, zero_model_states
+from trainers.estimate.zero import zero_model_states
+from trainers.memory.measure import cuda_workspace_bytes
 from trainers.parallelize import COMPUTE_DTYPES
 from trainers.memory.recompute import Keep, OpCost, RecomputePolicy, choose_saved_ops
 from trainers.strategy import Strategy

@@ -46,7 +46,7 @@ from trainers.estimate.devices import DeviceSpec, device_spec, parse_bytes
 from trainers.estimate.fake import without_weights
 from trainers.estimate.process import run_fresh
 from trainers.estimate.trace import MemoryEstimate, ModelOrBuilder, TraceJob, batch_rows, trace_jobs
-from trainers.memory.measure import zero_model_states
+from trainers.estimate.zero import zero_model_states
 from trainers.pipeline.schedules import analytic_bubble, schedule_orders, simulate
 from trainers.estimate.counters import Work
 from trainers.strategy import LayoutRefused, Strategy
