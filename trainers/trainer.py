@@ -22,13 +22,14 @@ from trainers.estimate.held_budget import HeldBudget
 from trainers.loop.data import (StepSampler, check_batch_sizes, evaluation_shares, largest_micro_batch,
                                  micro_batch_seed, pipeline_microbatches, seeded_batches)
 from trainers.loop.metrics import MetricsSink, step_record
+from trainers.loop.throughput import Throughput
 from trainers.memory.activations.plan import BlockActivations, chunked_recompute_policy, parse_block_activations
 from trainers.memory.chunks.states import chunked_states
 from trainers.memory.chunks.step import chunked_step
 from trainers.memory.measure import StepMemoryProbe, gather_reports
 from trainers.memory.recompute import RecomputePolicy
 from trainers.parallel.mesh import setup_distributed
-from trainers.parallelize import parallelize
+from trainers.parallelize import COMPUTE_DTYPES, parallelize
 from trainers.pipeline.schedules import check_schedule
 from trainers.pipeline.step import build_pipeline, pipeline_passes
 from trainers.state.checkpoint import (ensure_writable, full_state_dict, load_checkpoint, load_newest_intact,
@@ -96,6 +97,7 @@ class Trainer:
             self._build(example_batch)
         self.loss_scaler = DynamicLossScaler() if strategy.precision == "fp16" else None
         self.skipped = SkippedSteps(config.max_skipped_steps, log_skips=self.env.is_main)
+        self.throughput = Throughput(config.global_batch_size, self.input_ids_unit, self.env.device, COMPUTE_DTYPES[strategy.precision] or torch.float32)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self._steps_run = 0
@@ -186,10 +188,7 @@ class Trainer:
                 micro_batches = sampler.micro_batches(self.step)
                 record = self._train_step(lambda: seeded_batches(
                     train_dataset, micro_batches, collate, config.seed, self.step), len(micro_batches))
-                record["step_seconds"] = time.perf_counter() - started
-                record["examples_per_second"] = config.global_batch_size / record["step_seconds"]
-                if unit in record:
-                    record[f"{unit}_per_second"] = record[unit] / record["step_seconds"]
+                self.throughput.complete(record, time.perf_counter() - started)
                 self.step += 1
                 last = self.step == config.max_steps
                 if eval_dataset is not None and ((config.eval_every and self.step % config.eval_every == 0) or last):
@@ -240,12 +239,12 @@ class Trainer:
         return int(count)
 
     def memory_report(self) -> list[dict[str, Any]]:
-        """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and
-        the activation peak, measured from live tensors during one training step (the second
-        `fit` runs; see `MEMORY_PROBE_STEP` and `trainers.memory.measure.RankMemory`). Empty before then,
-        under offload="chunks" (whose steps record their disk traffic instead) and without
+        """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and the
+        activation peak, measured from live tensors in one step (the second `fit` runs: `MEMORY_PROBE_STEP`,
+        `trainers.memory.measure.RankMemory`), with its FLOPs and the last MFU (`trainers.loop.throughput`).
+        Empty before then, under offload="chunks" (whose steps record their disk traffic) and without
         `TrainConfig.measure_memory`."""
-        return self._memory or []
+        return [{**report, **self.throughput.figures()} for report in self._memory or []]
 
     def save(self) -> Path:
         """Write a checkpoint of the current step (collective: call on every rank)."""
@@ -325,11 +324,12 @@ class Trainer:
         hold = self.budget is not None and self.budget.measuring
         if measure or hold:
             probe = StepMemoryProbe(self.model, self.optimizer.inner, self.optimizer.kept_tensors(), env.device)
-        if self.chunks is not None:
-            record = self._chunked_step(make_batches, accumulation)
-        else:
-            with probe or nullcontext():
-                record = self._forward_backward_step(make_batches(), accumulation, probe)
+        with self.throughput.counting(self._steps_run == MEMORY_PROBE_STEP or last):
+            if self.chunks is not None:
+                record = self._chunked_step(make_batches, accumulation)
+            else:
+                with probe or nullcontext():
+                    record = self._forward_backward_step(make_batches(), accumulation, probe)
         if probe is not None:
             report = probe.report(env.rank)
             if measure:

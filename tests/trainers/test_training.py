@@ -8,6 +8,9 @@ import re
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import default_collate
+from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import TINY, lm_examples, tiny_gpt
 from nlp.gpt import GPT
@@ -120,6 +123,39 @@ def test_meta_device_model_is_materialised_after_sharding(tmp_path):
     assert not any(t.is_meta for t in state.values())
     assert 0.01 < state["embeddings.word.weight"].std().item() < 0.05
     assert history[-1]["loss"] < history[0]["loss"]
+
+
+class SquaredError(nn.Module):
+    """Two linear layers: no attention, so torch's own FLOP counter sees every multiply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": (self.down(torch.relu(self.up(x))).squeeze(-1) - y).square().mean()}
+
+
+@pytest.mark.timeout(60)
+def test_each_record_carries_the_steps_flops_and_mfu(tmp_path, caplog):
+    """From the measured (second) step on: the FLOPs of a step, counted once, equal torch's
+    FlopCounterMode over the step's two micro batches; MFU is those over the step's seconds and
+    the measured peak, and the log line shows it."""
+    generator = torch.Generator().manual_seed(0)
+    examples = [{"x": torch.randn(16, generator=generator), "y": torch.randn((), generator=generator)} for _ in range(16)]
+    trainer = Trainer(SquaredError(), config(tmp_path, global_batch_size=8, micro_batch_size=4, max_steps=3))
+    with caplog.at_level(logging.INFO, logger="trainers"):
+        history = trainer.fit(examples)
+    with FlopCounterMode(display=False) as counter:
+        SquaredError()(**default_collate(examples[:4]))["loss"].backward()
+    assert "flops" not in history[0]
+    for record in history[1:]:
+        assert record["flops"] == 2 * counter.get_total_flops()
+        assert record["mfu"] == pytest.approx(record["flops"] / record["step_seconds"] / trainer.throughput.peak.flops)
+        assert 0 < record["mfu"] < 1 and "measured" in record["mfu_peak"]
+    assert trainer.memory_report()[0]["mfu"] == history[-1]["mfu"]
+    assert re.search(r"MFU \d+\.\d%", caplog.text)
 
 
 @pytest.mark.timeout(60)

@@ -92,11 +92,13 @@ class MetricsSink:
 
     def advance(self, record: dict[str, Any], unit: str, total_steps: int, logged: bool) -> None:
         """Move the progress bar one step, showing `record`'s loss, learning rate, rate (in the
-        model's input_ids `unit` where it counts them) and memory; with `logged`, also write the
+        model's input_ids `unit` where it counts them), memory and, once counted, MFU; with `logged`, also write the
         record (`write`) and log it."""
         rate = (f"{record[f'{unit}_per_second']:,.0f} {unit}/s" if f"{unit}_per_second" in record
                 else f"{record['examples_per_second']:,.1f} examples/s")
         memory = f"{record.get('cuda_max_allocated_bytes', record['peak_rss_bytes']) / 2**20:,.0f} MiB"
+        if "mfu" in record:
+            memory += f", MFU {100 * record['mfu']:.1f}%"
         if logged:
             self.write(record)
             if self.active:
