@@ -9,10 +9,11 @@ from zoo.nn.dropout import dropout
 from zoo.nn.embedding import Embeddings
 from zoo.nn.kv_cache import KVCache
 from zoo.nn.mlp import FusedMLP, fused_mlp
+from zoo.nn.moe import MoEConfig, MoEFeedForward
 from zoo.nn.norm import Norm, dropout_add, dropout_add_norm, layer_norm, rms_norm
 
 __all__ = [
-    "Embeddings", "FusedMLP", "KVCache", "Norm", "SelfAttention", "TransformerBlock", "TransformerBlockConfig", "attention",
+    "Embeddings", "FusedMLP", "KVCache", "MoEConfig", "MoEFeedForward", "Norm", "SelfAttention", "TransformerBlock", "TransformerBlockConfig", "attention",
     "bias_act_dropout", "block_plan", "dropout", "dropout_add", "dropout_add_norm", "fused_mlp", "layer_norm",
     "linear_cross_entropy", "rms_norm",
 ]

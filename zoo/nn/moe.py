@@ -1,0 +1,189 @@
+"""A mixture-of-experts feed-forward (`MoEFeedForward`): a router sends each token to its top-k
+experts, each a gated feed-forward down(silu(gate(x)) * up(x)) as in Mixtral, Qwen-MoE, OLMoE and
+DeepSeek-MoE, and sums their outputs weighted by the router; shared experts, when configured, see
+every token (DeepSeek-MoE).
+
+Dispatch is dropless: the (token, expert) assignments are sorted by expert and each expert
+multiplies its contiguous run of tokens, however many (no capacity factor, no token dropped). The
+experts' weights are stacked, (E, F, W) for gate and up and (E, W, F) for down, so an expert no
+token chose still gets a (zero) gradient, the same on every rank. The routed experts keep for
+backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
+keeps its pre-activation (`_RoutedExperts`). The experts' products run one expert after another
+(the runs' lengths are read on the host: one synchronisation a layer on a GPU); a grouped product
+over all experts is for later.
+
+Routers: "softmax" (Mixtral, Switch: softmax over the experts' logits, then the top k) and
+"sigmoid" (DeepSeek-V3: independent sigmoid scores, then the top k); `normalize_top_k` rescales
+a token's k weights to sum to 1. Beside the output the layer returns its auxiliary loss: Switch's
+load-balancing loss E * sum_e f_e * P_e (f_e: expert e's share of the k * N assignments; P_e: its
+mean score over the N tokens, scores normalised to sum to 1 per token) times `balance_weight`,
+plus the router z-loss of ST-MoE, mean over tokens of logsumexp(logits)^2, times `z_weight`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Router = Literal["softmax", "sigmoid"]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Shape and routing of a `MoEFeedForward`."""
+
+    width: int
+    """Model width W: the tokens' features in and out."""
+    hidden: int
+    """Hidden width F of each expert (and of each shared expert)."""
+    experts: int
+    """Routed experts E."""
+    top_k: int = 2
+    """Experts each token is sent to (1 <= top_k <= experts)."""
+    shared_experts: int = 0
+    """Experts every token goes through besides its routed ones (one gated feed-forward of
+    shared_experts x hidden width)."""
+    router: Router = "softmax"
+    """How the router scores the experts: "softmax" over their logits or "sigmoid" of each."""
+    normalize_top_k: bool = True
+    """Rescale a token's top-k weights to sum to 1 (Mixtral: yes; OLMoE: no)."""
+    balance_weight: float = 0.01
+    """Weight of Switch's load-balancing loss in the auxiliary loss."""
+    z_weight: float = 0.0
+    """Weight of the router z-loss (ST-MoE) in the auxiliary loss."""
+
+    def __post_init__(self) -> None:
+        for name in ("width", "hidden", "experts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MoEConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"MoEConfig.top_k must be between 1 and experts={self.experts}; got {self.top_k}")
+        if self.shared_experts < 0:
+            raise ValueError(f"MoEConfig.shared_experts must be >= 0; got {self.shared_experts}")
+        if self.router not in ("softmax", "sigmoid"):
+            raise ValueError(f"MoEConfig.router must be 'softmax' or 'sigmoid'; got {self.router!r}")
+        for name in ("balance_weight", "z_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"MoEConfig.{name} must be >= 0; got {getattr(self, name)}")
+
+
+class _RoutedExperts(torch.autograd.Function):
+    """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
+    weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, `counts` of them
+    per expert; gate, up (E, F, W), down (E, W, F) -> (N, W). Saves only each assignment's gate
+    pre-activation (F) beside the tokens, the weights and the indices: up's output, the hidden
+    activation and the experts' outputs are computed again in backward (two more products a
+    routed token), as the dense fused feed-forward keeps only its pre-activation."""
+
+    @staticmethod
+    def forward(ctx, tokens, weights, gate, up, down, token_of, counts):
+        routed = tokens[token_of]
+        gated, outputs = [], []
+        for e, part in enumerate(routed.split(counts)):
+            g = part @ gate[e].t()
+            outputs.append((F.silu(g) * (part @ up[e].t())) @ down[e].t())
+            gated.append(g)
+        ctx.save_for_backward(tokens, weights, gate, up, down, token_of, torch.cat(gated))
+        ctx.counts = counts
+        return torch.zeros_like(tokens).index_add_(0, token_of, torch.cat(outputs) * weights[:, None])
+
+    @staticmethod
+    def backward(ctx, grad):
+        tokens, weights, gate, up, down, token_of, gated = ctx.saved_tensors
+        grad_routed = grad[token_of]
+        routed = tokens[token_of]
+        grad_tokens = torch.zeros_like(tokens)
+        grad_gate, grad_up, grad_down = torch.zeros_like(gate), torch.zeros_like(up), torch.zeros_like(down)
+        grad_weights = torch.empty_like(weights)
+        start = 0
+        for e, count in enumerate(ctx.counts):
+            end = start + count
+            part, g, grad_out = routed[start:end], gated[start:end], grad_routed[start:end]
+            u = part @ up[e].t()
+            sigmoid = torch.sigmoid(g)
+            s = g * sigmoid
+            hidden = s * u
+            grad_weights[start:end] = (grad_out * (hidden @ down[e].t())).sum(-1)
+            grad_out = grad_out * weights[start:end, None]
+            grad_down[e] = grad_out.t() @ hidden
+            grad_hidden = grad_out @ down[e]
+            grad_u = grad_hidden * s
+            grad_g = grad_hidden * u * sigmoid * (1 + g * (1 - sigmoid))
+            grad_gate[e] = grad_g.t() @ part
+            grad_up[e] = grad_u.t() @ part
+            grad_tokens.index_add_(0, token_of[start:end], grad_g @ gate[e] + grad_u @ up[e])
+            start = end
+        return grad_tokens, grad_weights, grad_gate, grad_up, grad_down, None, None
+
+
+class GatedFeedForward(nn.Module):
+    """down(silu(gate(x)) * up(x)) without biases: x (..., W) -> (..., W)."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MoEFeedForward(nn.Module):
+    """See the module docstring. forward(x (..., W)) -> (y (..., W), auxiliary loss (scalar,
+    float32)); `expert_counts` holds the last call's assignments per expert (E,)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.config = config
+        experts, width, hidden = config.experts, config.width, config.hidden
+        self.router = nn.Linear(width, experts, bias=False)
+        self.gate = nn.Parameter(torch.empty(experts, hidden, width))
+        self.up = nn.Parameter(torch.empty(experts, hidden, width))
+        self.down = nn.Parameter(torch.empty(experts, width, hidden))
+        self.shared = GatedFeedForward(width, config.shared_experts * hidden) if config.shared_experts else None
+        self.expert_counts: torch.Tensor | None = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as `nn.Linear` initialises its weight: U(-1/sqrt(fan_in), +)."""
+        for weight in (self.gate, self.up, self.down):
+            bound = 1 / math.sqrt(weight.shape[-1])
+            weight.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self.config
+        if x.shape[-1] != config.width:
+            raise ValueError(f"MoEFeedForward expects inputs of width {config.width}; got shape {tuple(x.shape)}")
+        tokens = x.reshape(-1, config.width)
+        logits = self.router(tokens).float()
+        scores = logits.softmax(-1) if config.router == "softmax" else logits.sigmoid()
+        weights, chosen = scores.topk(config.top_k, dim=-1)
+        if config.normalize_top_k:
+            weights = weights / weights.sum(-1, keepdim=True)
+        assignments = chosen.reshape(-1)
+        order = assignments.argsort(stable=True)
+        counts = torch.bincount(assignments, minlength=config.experts)
+        y = _RoutedExperts.apply(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
+                                 order // config.top_k, counts.tolist())
+        if self.shared is not None:
+            y = y + self.shared(tokens)
+        self.expert_counts = counts.detach()
+        return y.reshape(x.shape), self._auxiliary_loss(logits, scores, counts)
+
+    def _auxiliary_loss(self, logits: torch.Tensor, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        config = self.config
+        loss = logits.new_zeros(())
+        if config.balance_weight:
+            share = counts.float() / counts.sum()
+            mean_score = (scores / scores.sum(-1, keepdim=True)).mean(0)
+            loss = loss + config.balance_weight * config.experts * (share * mean_score).sum()
+        if config.z_weight:
+            loss = loss + config.z_weight * logits.logsumexp(-1).square().mean()
+        return loss
