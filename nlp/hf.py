@@ -89,8 +89,9 @@ def gpt_from_hf(folder: str | os.PathLike) -> GPT:
 def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
     """Write `model` as a GPT2LMHeadModel folder (multi-head attention with biases only)."""
     c = model.config
-    if not c.bias or c.n_kv_head not in (None, c.n_head):
-        raise ValueError(f"GPT-2 has biases and multi-head attention; this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}")
+    if not c.bias or c.n_kv_head not in (None, c.n_head) or c.n_experts:
+        raise ValueError(f"GPT-2 has biases and multi-head attention; this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}, "
+                         f"n_experts={c.n_experts} (GPT-2's feed-forwards are dense)")
     ours = model.state_dict()
     state = {"transformer.wte.weight": ours["embeddings.word.weight"], "transformer.wpe.weight": ours["embeddings.position.weight"],
              "transformer.ln_f.weight": ours["norm.weight"], "transformer.ln_f.bias": ours["norm.bias"]}

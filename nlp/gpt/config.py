@@ -27,6 +27,18 @@ class GPTConfig:
     """Biases in linears and LayerNorms (as in GPT-2)."""
     recompute_attention: bool = False
     """Recompute q, k, v and attention in backward instead of keeping them (see zoo.nn.block)."""
+    n_experts: int = 0
+    """Routed experts of a mixture-of-experts feed-forward (`zoo.nn.moe`); 0: every block dense."""
+    moe_top_k: int = 2
+    """Experts each token goes to (1 <= moe_top_k <= n_experts)."""
+    n_shared_experts: int = 0
+    """Experts every token goes through besides its routed ones."""
+    moe_every: int = 1
+    """Every moe_every-th block (the moe_every-th, 2 moe_every-th, ...) is a mixture of experts."""
+    moe_hidden: int | None = None
+    """Hidden width of each expert; None: 4 x n_embd, the dense block's."""
+    moe_balance_weight: float = 0.01
+    """Weight of the load-balancing loss added to the training loss, per mixture-of-experts block."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -36,5 +48,10 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.n_embd must be divisible by n_head={self.n_head}; got {self.n_embd}")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(f"GPTConfig.n_kv_head must divide n_head={self.n_head}; got {self.n_kv_head}")
+        if self.n_experts < 0 or (self.n_experts and not 1 <= self.moe_top_k <= self.n_experts):
+            raise ValueError(f"GPTConfig.moe_top_k must be between 1 and n_experts={self.n_experts} (n_experts >= 0); "
+                             f"got moe_top_k={self.moe_top_k}")
+        if self.n_experts and not 1 <= self.moe_every <= self.n_layer:
+            raise ValueError(f"GPTConfig.moe_every must be between 1 and n_layer={self.n_layer}; got {self.moe_every}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1); got {self.dropout}")

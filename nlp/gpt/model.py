@@ -23,6 +23,7 @@ from torch import nn
 from nlp.gpt.config import GPTConfig
 from nlp.sampling import Sampling, next_token
 from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlockConfig, block_plan, linear_cross_entropy
+from zoo.nn.moe import MoEConfig, MoEFeedForward
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.init import init_transformer_
@@ -32,12 +33,18 @@ from zoo.registry import register
 NORM_EPS = 1e-5
 
 
-def block_config(config: GPTConfig) -> TransformerBlockConfig:
-    """The `TransformerBlock` shape of a GPT's blocks."""
+def block_config(config: GPTConfig, index: int = 0) -> TransformerBlockConfig:
+    """The `TransformerBlock` shape of block `index` of a GPT (a mixture of experts for every
+    moe_every-th block when the config has experts)."""
+    moe = None
+    if config.n_experts and (index + 1) % config.moe_every == 0:
+        moe = MoEConfig(width=config.n_embd, hidden=config.moe_hidden or 4 * config.n_embd, experts=config.n_experts,
+                        top_k=config.moe_top_k, shared_experts=config.n_shared_experts,
+                        balance_weight=config.moe_balance_weight)
     return TransformerBlockConfig(
         width=config.n_embd, heads=config.n_head, kv_heads=config.n_kv_head, activation="gelu_tanh", prenorm=True,
         causal=True, dropout=config.dropout, attention_dropout=config.dropout, bias=config.bias, eps=NORM_EPS,
-        recompute_attention=config.recompute_attention)
+        recompute_attention=config.recompute_attention, moe=moe)
 
 
 @register("gpt", GPTConfig)
@@ -49,7 +56,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config.vocab_size, config.n_embd, positions=config.block_size, dropout=config.dropout)
-        self.blocks = nn.ModuleList(TransformerBlock(block_config(config)) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(TransformerBlock(block_config(config, index)) for index in range(config.n_layer))
         self.norm = Norm(config.n_embd, "layer", NORM_EPS, bias=config.bias)
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
@@ -65,7 +72,11 @@ class GPT(nn.Module):
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); the word embedding, and through the tied weight the output head, split by
         vocabulary rows. Under sequence parallelism the embeddings' output is split along the
-        sequence and the final norm's output gathered whole for the head."""
+        sequence and the final norm's output gathered whole for the head. A GPT with experts splits
+        nothing yet and runs unpipelined (its blocks' auxiliary losses do not travel between
+        stages): its blocks are its shard and recompute units."""
+        if self.config.n_experts:
+            return ModelPlan(blocks=("blocks.*",))
         blocks = block_plan("blocks.*", block_config(self.config))
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
                        sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",),
@@ -85,8 +96,20 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
-        init_transformer_(self, residual_std=0.02 / math.sqrt(2 * self.config.n_layer))
+        """GPT-2 initialisation: N(0, 0.02), residual projections (experts' down included) scaled by
+        1/sqrt(2 n_layer)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        init_transformer_(self, residual_std=residual_std, residual=("attn.out", "mlp.fc2", "shared.down"))
+        for module in self.modules():
+            if isinstance(module, MoEFeedForward):
+                module.gate.normal_(0.0, 0.02)
+                module.up.normal_(0.0, 0.02)
+                module.down.normal_(0.0, residual_std)
+
+    def auxiliary_loss(self) -> torch.Tensor | float:
+        """The mixture-of-experts blocks' auxiliary losses of the last forward, summed (0 without
+        experts): what training adds to the cross-entropy."""
+        return sum((block.aux_loss for block in self.blocks if block.aux_loss is not None), 0.0)
 
     def num_parameters(self) -> int:
         """Number of parameters (the tied head counted once)."""
@@ -136,7 +159,8 @@ class GPT(nn.Module):
         Face (position t predicts labels[:, t + 1]; -100 ignored).
 
         Returns {"logits": (B, T, V)}, plus with labels {"loss"}: the mean cross-entropy in fp32 over
-        the T - 1 predicted positions. skip_logits: return {"loss"} alone, from the fused linear +
+        the T - 1 predicted positions (plus the experts' auxiliary loss, `auxiliary_loss`, in a GPT
+        with experts). skip_logits: return {"loss"} alone, from the fused linear +
         cross-entropy that never forms the logits; None (default) skips them when there are labels and
         the model trains or runs inside `zoo.nn.logits.loss_only()` (as the trainer's steps do).
         """
@@ -145,12 +169,12 @@ class GPT(nn.Module):
         skip = decide_skip_logits(skip_logits, self.training, labels is not None)
         hidden = self.hidden_states(input_ids)
         if skip:
-            return {"loss": self._fused_loss(hidden, labels)}
+            return {"loss": self._fused_loss(hidden, labels) + self.auxiliary_loss()}
         logits = F.linear(hidden, self.embeddings.word.weight)
         if labels is None:
             return {"logits": logits}
         loss = F.cross_entropy(logits.flatten(0, 1).float(), self._targets(labels), ignore_index=IGNORE_INDEX)
-        return {"loss": loss, "logits": logits}
+        return {"loss": loss + self.auxiliary_loss(), "logits": logits}
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -24,6 +24,7 @@ from zoo.nn.activation import Activation
 from zoo.nn.attention import SelfAttention
 from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.mlp import FusedMLP
+from zoo.nn.moe import MoEConfig, MoEFeedForward
 from zoo.nn.norm import Norm, NormKind, dropout_add
 from zoo.plan import ModelPlan
 
@@ -59,6 +60,9 @@ class TransformerBlockConfig:
     recompute_attention: bool = False
     """Recompute the q, k, v projections and attention in backward instead of keeping q, k, v
     (about one extra projection and attention forward per step)."""
+    moe: MoEConfig | None = None
+    """A mixture of experts as the feed-forward (`zoo.nn.moe`; its width must be `width`) instead
+    of the dense one; None: dense."""
 
     @property
     def mlp_width(self) -> int:
@@ -76,7 +80,13 @@ class TransformerBlock(nn.Module):
         self.attn = SelfAttention(config.width, config.heads, config.kv_heads, bias=config.bias,
                                   causal=config.causal, dropout=config.attention_dropout,
                                   recompute=config.recompute_attention)
-        self.mlp = FusedMLP(config.width, config.mlp_width, config.activation, bias=config.bias)
+        if config.moe is not None and config.moe.width != config.width:
+            raise ValueError(f"TransformerBlockConfig.moe.width must be the block's width {config.width}; "
+                             f"got {config.moe.width}")
+        self.mlp = (FusedMLP(config.width, config.mlp_width, config.activation, bias=config.bias) if config.moe is None
+                    else MoEFeedForward(config.moe))
+        self.aux_loss: torch.Tensor | None = None
+        """A mixture-of-experts block's auxiliary loss of its last forward (None for a dense block)."""
         self.norm1 = Norm(config.width, config.norm, config.eps, bias=config.bias)
         self.norm2 = Norm(config.width, config.norm, config.eps, bias=config.bias)
 
@@ -88,9 +98,15 @@ class TransformerBlock(nn.Module):
         if self.config.prenorm:
             attended = self.attn(self.norm1(x), key_padding_mask, cache)
             normed, residual = self.norm2(attended, x, p=p, prenorm=True)
-            return dropout_add(self.mlp(normed), residual, p=p, training=self.training)
+            return dropout_add(self._feed_forward(normed), residual, p=p, training=self.training)
         hidden = self.norm1(self.attn(x, key_padding_mask, cache), x, p=p)
-        return self.norm2(self.mlp(hidden), hidden, p=p)
+        return self.norm2(self._feed_forward(hidden), hidden, p=p)
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.config.moe is None:
+            return self.mlp(x)
+        y, self.aux_loss = self.mlp(x)
+        return y
 
 
 def block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
