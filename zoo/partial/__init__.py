@@ -1,6 +1,7 @@
 """zoo.partial: running small models in little memory (the Pex issue): the activation arena a
-sequential executor needs (`arena`)."""
+sequential executor needs (`arena`) and partial execution, a slice of channels at a time (`pex`)."""
 
 from zoo.partial.arena import ArenaPlan, Buffer, activation_buffers, plan_arena
+from zoo.partial.pex import PartialSchedule, schedule
 
-__all__ = ["ArenaPlan", "Buffer", "activation_buffers", "plan_arena"]
+__all__ = ["ArenaPlan", "Buffer", "PartialSchedule", "activation_buffers", "plan_arena", "schedule"]
