@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from trainers.memory.tensor_peak import TensorPeak
 from zoo.parity import relative_error
 from zoo.partial import schedule
 
@@ -60,6 +61,13 @@ def test_inverted_residual_chains_run_in_a_fifth_of_the_arena_with_the_same_outp
     assert plan.peak_bytes == 3 * 96 * 96 * 4 + 8 * 48 * 48 * 4  # the input and the first convolution's output
     assert plan.baseline_bytes / plan.peak_bytes >= 4
     assert all(segment.slices > 1 for segment in plan.segments) and len(plan.segments) == 4
+    # Measured: the live tensors torch holds (the caller's input aside) peak at the two arenas.
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad(), TensorPeak() as plain:
+        model(x)
+    with torch.no_grad(), TensorPeak() as split:
+        plan(x)
+    assert plain.peak == plan.baseline_bytes and split.peak <= plan.peak_bytes
     with pytest.raises(ValueError, match=rf"memory_budget=100000 bytes is below the smallest arena partial execution "
                                          rf"reaches for Sequential: {plan.peak_bytes} bytes \(unsplit: {plan.baseline_bytes}\)"):
         schedule(model, torch.randn(1, 3, 96, 96), memory_budget=100_000)
