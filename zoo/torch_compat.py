@@ -20,6 +20,8 @@ What each is, and why no public API serves:
   version (autograd would refuse its saved copy otherwise).
 - `graph_task_keeps_graph`, `storage_use_count`, `clear_cublas_workspaces`,
   `clear_dtensor_sharding_caches`: torch._C's, said in their docstrings.
+- grouped_mm: torch's grouped matrix product (a mixture of experts' per-expert products in one
+  call; None where this torch lacks it).
 - `group_of_name`: the process group a functional collective names (DTensor's redistributions
   pass groups by name; the step counters count their traffic by ranks).
 """
@@ -47,6 +49,9 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as current_dispatch_modes
 from torch.utils._pytree import tree_flatten, tree_leaves
 
+grouped_mm = getattr(torch, "_grouped_mm", None)
+"""torch._grouped_mm(a, b, offs=...) where this torch has it, else None."""
+
 CHECKED_ON = ("2.13.0",)
 """The torch releases this module's names were checked on."""
 
@@ -54,7 +59,7 @@ __all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "Dyn
            "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
            "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "current_dispatch_modes",
            "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "replicate", "stage_backward_input",
-           "stage_backward_weight", "storage_use_count", "group_of_name", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
+           "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
            "unset_fake_temporarily"]
 
 def group_of_name(name: str) -> torch.distributed.ProcessGroup:

@@ -119,3 +119,27 @@ def test_a_routed_token_keeps_about_what_a_token_of_the_dense_fused_feed_forward
         kept[name] = saved.bytes / assignments
     assert kept["dense"] == 4 * 256
     assert kept["moe"] <= 1.1 * kept["dense"], kept
+
+
+def test_shapes_the_grouped_product_refuses_run_one_product_an_expert_and_say_so(caplog):
+    """Width 6 (rows of 24 bytes, not 16-byte aligned): torch's grouped product refuses; the layer
+    loops over the experts, logs that once, and still matches the reference."""
+    torch.manual_seed(0)
+    layer = MoEFeedForward(MoEConfig(width=6, hidden=8, experts=3, top_k=2))
+    x = torch.randn(10, 6, requires_grad=True)
+    with caplog.at_level("WARNING", logger="zoo.nn"):
+        y, aux = layer(x)
+        layer(x)
+    expected, *_ = reference(layer, x)
+    assert relative_error(y, expected) < 1e-6
+    refusals = [record for record in caplog.records if "grouped product refused" in record.getMessage()]
+    assert refusals and len({record.getMessage() for record in refusals}) == len(refusals)  # each said once
+
+
+def test_aligned_shapes_take_the_grouped_product_without_a_word(caplog):
+    torch.manual_seed(0)
+    layer = MoEFeedForward(MoEConfig(width=16, hidden=24, experts=4, top_k=2))
+    with caplog.at_level("WARNING", logger="zoo.nn"):
+        y, aux = layer(torch.randn(5, 16, requires_grad=True))
+        (y.sum() + aux).backward()
+    assert "grouped product refused" not in caplog.text

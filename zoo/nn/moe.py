@@ -8,9 +8,9 @@ multiplies its contiguous run of tokens, however many (no capacity factor, no to
 experts' weights are stacked, (E, F, W) for gate and up and (E, W, F) for down, so an expert no
 token chose still gets a (zero) gradient, the same on every rank. The routed experts keep for
 backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
-keeps its pre-activation (`_RoutedExperts`). The experts' products run one expert after another
-(the runs' lengths are read on the host: one synchronisation a layer on a GPU); a grouped product
-over all experts is for later.
+keeps its pre-activation (`_RoutedExperts`). Each product over the experts is one grouped product
+(torch's, where it takes the shapes: rows 16-byte aligned), else one product an expert, said once
+in the log; the runs' lengths are read on the host (one synchronisation a layer on a GPU).
 
 Routers: "softmax" (Mixtral, Switch: softmax over the experts' logits, then the top k) and
 "sigmoid" (DeepSeek-V3: independent sigmoid scores, then the top k); `normalize_top_k` rescales
@@ -22,6 +22,7 @@ plus the router z-loss of ST-MoE, mean over tokens of logsumexp(logits)^2, times
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.torch_compat import grouped_mm
+
+log = logging.getLogger("zoo.nn")
 Router = Literal["softmax", "sigmoid"]
 
 
@@ -72,6 +76,48 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be >= 0; got {getattr(self, name)}")
 
 
+def _per_expert(rows: torch.Tensor, matrices: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Each expert's run of `rows` (A, K), sorted by expert with `counts` a run, times its matrix of
+    `matrices` (E, K, M) -> (A, M): one grouped product where torch has one for these shapes,
+    else one product an expert."""
+    grouped = _grouped(rows, matrices, counts)
+    if grouped is not None:
+        return grouped
+    return torch.cat([run @ matrices[e] for e, run in enumerate(rows.split(counts))])
+
+
+def _per_expert_outer(left: torch.Tensor, right: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Each expert's sum over its run of the outer products left^T right: left (A, P), right (A, Q),
+    sorted by expert -> (E, P, Q) (the experts' weight gradients)."""
+    grouped = _grouped(left.t(), right, counts)
+    if grouped is not None:
+        return grouped
+    return torch.stack([a.t() @ b for a, b in zip(left.split(counts), right.split(counts))])
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+    """torch's grouped product over the expert runs (a's rows, or its columns when b is 2-D), or
+    None where it does not take these shapes or this device (then the caller loops, and says so once)."""
+    if grouped_mm is None:
+        return None
+    offsets = torch.tensor(counts, device=a.device).cumsum(0).to(torch.int32)
+    try:
+        return grouped_mm(a, b, offs=offsets)
+    except RuntimeError as error:
+        _say_once(f"zoo.nn.moe: torch's grouped product refused {tuple(a.shape)} x {tuple(b.shape)} "
+                  f"{a.dtype} on {a.device} ({str(error).splitlines()[0]}); the experts run one product each")
+        return None
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning(message)
+
+
 class _RoutedExperts(torch.autograd.Function):
     """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
     weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, `counts` of them
@@ -83,42 +129,31 @@ class _RoutedExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, weights, gate, up, down, token_of, counts):
         routed = tokens[token_of]
-        gated, outputs = [], []
-        for e, part in enumerate(routed.split(counts)):
-            g = part @ gate[e].t()
-            outputs.append((F.silu(g) * (part @ up[e].t())) @ down[e].t())
-            gated.append(g)
-        ctx.save_for_backward(tokens, weights, gate, up, down, token_of, torch.cat(gated))
+        gated = _per_expert(routed, gate.transpose(1, 2), counts)
+        hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), counts)
+        outputs = _per_expert(hidden, down.transpose(1, 2), counts)
+        ctx.save_for_backward(tokens, weights, gate, up, down, token_of, gated)
         ctx.counts = counts
-        return torch.zeros_like(tokens).index_add_(0, token_of, torch.cat(outputs) * weights[:, None])
+        return torch.zeros_like(tokens).index_add_(0, token_of, outputs * weights[:, None])
 
     @staticmethod
     def backward(ctx, grad):
         tokens, weights, gate, up, down, token_of, gated = ctx.saved_tensors
-        grad_routed = grad[token_of]
-        routed = tokens[token_of]
-        grad_tokens = torch.zeros_like(tokens)
-        grad_gate, grad_up, grad_down = torch.zeros_like(gate), torch.zeros_like(up), torch.zeros_like(down)
-        grad_weights = torch.empty_like(weights)
-        start = 0
-        for e, count in enumerate(ctx.counts):
-            end = start + count
-            part, g, grad_out = routed[start:end], gated[start:end], grad_routed[start:end]
-            u = part @ up[e].t()
-            sigmoid = torch.sigmoid(g)
-            s = g * sigmoid
-            hidden = s * u
-            grad_weights[start:end] = (grad_out * (hidden @ down[e].t())).sum(-1)
-            grad_out = grad_out * weights[start:end, None]
-            grad_down[e] = grad_out.t() @ hidden
-            grad_hidden = grad_out @ down[e]
-            grad_u = grad_hidden * s
-            grad_g = grad_hidden * u * sigmoid * (1 + g * (1 - sigmoid))
-            grad_gate[e] = grad_g.t() @ part
-            grad_up[e] = grad_u.t() @ part
-            grad_tokens.index_add_(0, token_of[start:end], grad_g @ gate[e] + grad_u @ up[e])
-            start = end
-        return grad_tokens, grad_weights, grad_gate, grad_up, grad_down, None, None
+        counts = ctx.counts
+        routed, grad_routed = tokens[token_of], grad[token_of]
+        u = _per_expert(routed, up.transpose(1, 2), counts)
+        sigmoid = torch.sigmoid(gated)
+        s = gated * sigmoid
+        hidden = s * u
+        grad_weights = (grad_routed * _per_expert(hidden, down.transpose(1, 2), counts)).sum(-1)
+        grad_out = grad_routed * weights[:, None]
+        grad_hidden = _per_expert(grad_out, down, counts)
+        grad_u = grad_hidden * s
+        grad_g = grad_hidden * u * sigmoid * (1 + gated * (1 - sigmoid))
+        grad_in = _per_expert(grad_g, gate, counts) + _per_expert(grad_u, up, counts)
+        return (torch.zeros_like(tokens).index_add_(0, token_of, grad_in), grad_weights,
+                _per_expert_outer(grad_g, routed, counts), _per_expert_outer(grad_u, routed, counts),
+                _per_expert_outer(grad_out, hidden, counts), None, None)
 
 
 class GatedFeedForward(nn.Module):
