@@ -76,33 +76,43 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.{name} must be >= 0; got {getattr(self, name)}")
 
 
-def _per_expert(rows: torch.Tensor, matrices: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """Each expert's run of `rows` (A, K), sorted by expert with `counts` a run, times its matrix of
-    `matrices` (E, K, M) -> (A, M): one grouped product where torch has one for these shapes,
-    else one product an expert."""
-    grouped = _grouped(rows, matrices, counts)
+Runs = tuple[list[int], torch.Tensor]
+"""The assignments a run each expert has, as a list and as their running sums (int32, the grouped
+product's offsets), made once a call."""
+
+
+def _runs(counts: list[int], device: torch.device) -> Runs:
+    return counts, torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
+
+
+def _per_expert(rows: torch.Tensor, matrices: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """Each expert's run of `rows` (A, K), sorted by expert, times its matrix of `matrices`
+    (E, K, M) -> (A, M): one grouped product where torch has one for these shapes, else one product
+    an expert."""
+    counts = runs[0]
+    grouped = _grouped(rows, matrices, runs)
     if grouped is not None:
         return grouped
     return torch.cat([run @ matrices[e] for e, run in enumerate(rows.split(counts))])
 
 
-def _per_expert_outer(left: torch.Tensor, right: torch.Tensor, counts: list[int]) -> torch.Tensor:
+def _per_expert_outer(left: torch.Tensor, right: torch.Tensor, runs: Runs) -> torch.Tensor:
     """Each expert's sum over its run of the outer products left^T right: left (A, P), right (A, Q),
     sorted by expert -> (E, P, Q) (the experts' weight gradients)."""
-    grouped = _grouped(left.t(), right, counts)
+    counts = runs[0]
+    grouped = _grouped(left.t(), right, runs)
     if grouped is not None:
         return grouped
     return torch.stack([a.t() @ b for a, b in zip(left.split(counts), right.split(counts))])
 
 
-def _grouped(a: torch.Tensor, b: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+def _grouped(a: torch.Tensor, b: torch.Tensor, runs: Runs) -> torch.Tensor | None:
     """torch's grouped product over the expert runs (a's rows, or its columns when b is 2-D), or
     None where it does not take these shapes or this device (then the caller loops, and says so once)."""
     if grouped_mm is None:
         return None
-    offsets = torch.tensor(counts, device=a.device).cumsum(0).to(torch.int32)
     try:
-        return grouped_mm(a, b, offs=offsets)
+        return grouped_mm(a, b, offs=runs[1])
     except RuntimeError as error:
         _say_once(f"zoo.nn.moe: torch's grouped product refused {tuple(a.shape)} x {tuple(b.shape)} "
                   f"{a.dtype} on {a.device} ({str(error).splitlines()[0]}); the experts run one product each")
@@ -128,32 +138,32 @@ class _RoutedExperts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tokens, weights, gate, up, down, token_of, counts):
-        routed = tokens[token_of]
-        gated = _per_expert(routed, gate.transpose(1, 2), counts)
-        hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), counts)
-        outputs = _per_expert(hidden, down.transpose(1, 2), counts)
+        routed, runs = tokens[token_of], _runs(counts, tokens.device)
+        gated = _per_expert(routed, gate.transpose(1, 2), runs)
+        hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), runs)
+        outputs = _per_expert(hidden, down.transpose(1, 2), runs)
         ctx.save_for_backward(tokens, weights, gate, up, down, token_of, gated)
-        ctx.counts = counts
+        ctx.runs = runs
         return torch.zeros_like(tokens).index_add_(0, token_of, outputs * weights[:, None])
 
     @staticmethod
     def backward(ctx, grad):
         tokens, weights, gate, up, down, token_of, gated = ctx.saved_tensors
-        counts = ctx.counts
+        runs = ctx.runs
         routed, grad_routed = tokens[token_of], grad[token_of]
-        u = _per_expert(routed, up.transpose(1, 2), counts)
+        u = _per_expert(routed, up.transpose(1, 2), runs)
         sigmoid = torch.sigmoid(gated)
         s = gated * sigmoid
         hidden = s * u
-        grad_weights = (grad_routed * _per_expert(hidden, down.transpose(1, 2), counts)).sum(-1)
+        grad_weights = (grad_routed * _per_expert(hidden, down.transpose(1, 2), runs)).sum(-1)
         grad_out = grad_routed * weights[:, None]
-        grad_hidden = _per_expert(grad_out, down, counts)
+        grad_hidden = _per_expert(grad_out, down, runs)
         grad_u = grad_hidden * s
         grad_g = grad_hidden * u * sigmoid * (1 + gated * (1 - sigmoid))
-        grad_in = _per_expert(grad_g, gate, counts) + _per_expert(grad_u, up, counts)
+        grad_in = _per_expert(grad_g, gate, runs) + _per_expert(grad_u, up, runs)
         return (torch.zeros_like(tokens).index_add_(0, token_of, grad_in), grad_weights,
-                _per_expert_outer(grad_g, routed, counts), _per_expert_outer(grad_u, routed, counts),
-                _per_expert_outer(grad_out, hidden, counts), None, None)
+                _per_expert_outer(grad_g, routed, runs), _per_expert_outer(grad_u, routed, runs),
+                _per_expert_outer(grad_out, hidden, runs), None, None)
 
 
 class GatedFeedForward(nn.Module):
