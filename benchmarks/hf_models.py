@@ -41,6 +41,10 @@ VIT_CONFIGS = {"vit-base": {"num_labels": 1000},
                               "layer_norm_eps": 1e-6, "num_labels": 10}}
 
 
+GPT2_SIZES = {"gpt2-small": {}, "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16}}
+"""GPT-2 configurations by name: small (124M parameters, transformers' default) and medium (355M)."""
+
+
 def build(model_name: str, implementation: str):
     """(model, batch builder) with HF's initialisation; ours loads the HF weights."""
     import transformers
@@ -62,8 +66,8 @@ def build(model_name: str, implementation: str):
         with tempfile.TemporaryDirectory() as folder:  # our import reads the names a folder stores
             hf.save_pretrained(folder)
             return vit_from_hf(folder)
-    if model_name == "gpt2-small":
-        config = transformers.GPT2Config(n_positions=1024)
+    if model_name in GPT2_SIZES:
+        config = transformers.GPT2Config(n_positions=1024, **GPT2_SIZES[model_name])
         hf = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
         if implementation == "hf":
             return hf

@@ -1,5 +1,5 @@
 """Apply a `Strategy` to a model: the pipeline split first, then tensor parallelism, then
-recompute, then data parallelism (FSDP2 on the "dp" mesh dimension, per pipeline stage), then
+recompute, then torch.compile, then data parallelism (FSDP2 on the "dp" mesh dimension, per pipeline stage), then
 materialise.
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from trainers.speed.compile import apply_compile
 from trainers.parallel.scalars import average_scalar_gradients
 from trainers.parallel.mesh import DistEnv
 from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
@@ -100,6 +101,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         if missing:
             raise ValueError(f"the recompute policy names no choice for recompute units {missing[:3]}")
         apply_recompute(model, recompute, units)
+    apply_compile(model, strategy, block_names, recompute)
     if strategy.offload == "chunks":  # one data-parallel layout, the chunks' (trainers.memory.chunks.states)
         return model, None, partial_gradients
 

@@ -15,6 +15,7 @@ ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params", "chunks"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Recompute = Literal["none", "blocks", "selective"]
+Compile = Literal["none", "blocks", "model"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"]
 MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "looped_bfs")
 """Schedules that can run several pipeline stages on each rank (`Strategy.stages_per_rank` > 1);
@@ -69,6 +70,17 @@ class Strategy:
     backward; "selective": each block keeps the outputs of matrix multiplies and attention and
     recomputes the cheap element-wise ops. Selective pays off for unfused layers; `zoo.nn` blocks
     already keep no more than it would, so for them use "blocks" (or recompute_attention)."""
+
+    compile: Compile = "none"
+    """torch.compile (`trainers.speed.compile`). "blocks": each block of the model's plan compiled whole
+    (fullgraph; a block that cannot be fails at its first forward, naming why); "model": the whole
+    forward compiled, graph breaks allowed; "none" (or False): eager. Dropout under compile draws
+    its masks from the compiled graph's random numbers, so they differ from eager's."""
+
+    compile_backend: str = "inductor"
+    """torch.compile's backend for `compile`: "inductor" generates fused kernels; "aot_eager"
+    traces the same forward and backward graphs and runs them eagerly (no code generation: quick
+    to start, for checking that a model compiles)."""
 
     tp: int = 1
     """Tensor-parallel degree: ranks that split each layer the model's plan names (attention heads,
@@ -153,6 +165,8 @@ class Strategy:
     blocks.0=keep,blocks.1=swap,...`). Needs recompute="none"; not with `activation_memory`."""
 
     def __post_init__(self) -> None:
+        if self.compile is False:
+            self.compile = "none"
         if self.memory_budget is not None:
             self.memory_budget = parse_bytes(self.memory_budget, "Strategy.memory_budget")
         if self.device_memory_budget is not None:
@@ -236,6 +250,10 @@ class Strategy:
         if self.zero not in (0, 3):
             raise ValueError("Strategy.offload='chunks' runs with zero=0 (every rank keeps all chunks) or zero=3 "
                              f"(each rank its share); got zero={self.zero!r}")
+        if self.compile != "none":
+            raise ValueError("Strategy.offload='chunks' runs with compile='none': its parameters' numbers come and go "
+                             "with their chunks, found through a torch-function mode at every operation, which a "
+                             f"compiled graph would not see; got compile={self.compile!r}")
         others = {"tp": (self.tp, 1), "pp": (self.pp, 1), "precision": (self.precision, "fp32")}
         for name, (value, allowed) in others.items():
             if value != allowed:
@@ -247,5 +265,6 @@ _CHOICES = {
     "offload": get_args(Offload),
     "precision": get_args(Precision),
     "recompute": get_args(Recompute),
+    "compile": get_args(Compile),
     "pp_schedule": get_args(PipelineSchedule),
 }

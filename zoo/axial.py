@@ -12,11 +12,13 @@ needs another layout, its code says so with these functions:
 On one device, and whenever no trainer applied axial parallelism, each returns x unchanged, so the
 model stays single-device code with a few sharding annotations (GSPMD's idea); `trainers` installs
 the collectives (`trainers.parallel.axial`). The model holds no distributed code.
+
+The active layout is a module-level stack, not a `ContextVar`: torch.compile reads (and guards
+on) a module's globals but cannot trace `ContextVar.get`, and the scopes nest within one forward.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
 from typing import Protocol
 
 import torch
@@ -32,32 +34,37 @@ class AxialLayout(Protocol):
     def reshard(self, x: torch.Tensor, source: int, target: int) -> torch.Tensor: ...
 
 
-_ACTIVE: ContextVar[AxialLayout | None] = ContextVar("memzoo_axial_layout", default=None)
+_ACTIVE: list[AxialLayout] = []
+"""The layouts of the scopes entered and not yet left, innermost last."""
 
 
-def activate(layout: AxialLayout | None) -> Token:
-    """Make `layout` the one the annotations use until `deactivate(token)`."""
-    return _ACTIVE.set(layout)
+def activate(layout: AxialLayout) -> None:
+    """Make `layout` the one the annotations use until the matching `deactivate()`."""
+    _ACTIVE.append(layout)
 
 
-def deactivate(token: Token) -> None:
-    """Restore the layout from before the `activate` that returned `token`."""
-    _ACTIVE.reset(token)
+def deactivate() -> None:
+    """Restore the layout from before the last `activate`."""
+    _ACTIVE.pop()
+
+
+def _layout() -> AxialLayout | None:
+    return _ACTIVE[-1] if _ACTIVE else None
 
 
 def gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     """x whole along `dim`, from this rank's part."""
-    layout = _ACTIVE.get()
+    layout = _layout()
     return x if layout is None else layout.gather(x, dim)
 
 
 def own_part(x: torch.Tensor, dim: int) -> torch.Tensor:
     """This rank's part along `dim` of x, whole."""
-    layout = _ACTIVE.get()
+    layout = _layout()
     return x if layout is None else layout.own_part(x, dim)
 
 
 def reshard(x: torch.Tensor, source: int, target: int) -> torch.Tensor:
     """x split along `target`, from x split along `source`."""
-    layout = _ACTIVE.get()
+    layout = _layout()
     return x if layout is None else layout.reshard(x, source, target)

@@ -24,10 +24,13 @@ What each is, and why no public API serves:
   call; None where this torch lacks it).
 - `group_of_name`: the process group a functional collective names (DTensor's redistributions
   pass groups by name; the step counters count their traffic by ranks).
+- `partitioner_memory_budget`: the activation budget of torch.compile's forward/backward
+  partitioner, a torch._functorch.config setting (torch.compile takes no such option).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -58,7 +61,7 @@ CHECKED_ON = ("2.13.0",)
 __all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "DynamicOutputShapeException", "FakeStore",
            "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
            "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "current_dispatch_modes",
-           "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "replicate", "stage_backward_input",
+           "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
            "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
            "unset_fake_temporarily"]
 
@@ -73,6 +76,17 @@ def graph_task_keeps_graph() -> bool:
     """Whether the backward running now keeps its graph (`retain_graph=True`): a fused loss that
     stores its gradients from the forward scales them in place only when it does not."""
     return torch._C._autograd._get_current_graph_task_keep_graph()
+
+
+def partitioner_memory_budget(fraction: float) -> contextlib.AbstractContextManager:
+    """Within the block, graphs torch.compile partitions keep `fraction` of the activations its
+    speed-first default would, between 0 (recompute all it can) and 1 (the default). The budget
+    weighs every input of a graph; script objects among them count zero bytes: in the graphs
+    compiled here they are process groups (tensor parallelism's collectives), which hold no tensors."""
+    import torch._functorch.config
+
+    return torch._functorch.config.patch(activation_memory_budget=fraction,
+                                         unsafe_treat_script_objects_as_zero_size=True)
 
 
 def storage_use_count(tensor: torch.Tensor) -> int:

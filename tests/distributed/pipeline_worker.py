@@ -9,7 +9,7 @@ tensors gathered on rank 0) to a file the test compares.
     pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
     pipeline_worker.py resume DIR LAYOUT OUT resume DIR's step-2 checkpoint, run steps 3-4: losses + params
 One launch runs several commands separated by "+", one after another.
-LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] (see `strategy`).
+LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled] (see `strategy`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
-sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "asr")]
+sys.path += [str(Path(__file__).resolve().parents[1])]
 
 from torch.utils.data import default_collate  # noqa: E402
 
@@ -30,10 +30,11 @@ from helpers import lm_examples, run_commands, tiny_gpt  # noqa: E402
 from protein.data import collate_folding  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
+from trainers.speed.compile import compiled_forwards  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from parity_models import FeedForwardLM  # noqa: E402
-from worker import (digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
-                    tiny_bert, tiny_fold, tiny_vit)
+from tiny_models import (digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
+                         tiny_bert, tiny_fold, tiny_vit)
 
 MODELS = {
     "gpt": (lambda: tiny_gpt(n_layer=4), lm_examples, default_collate),
@@ -63,15 +64,17 @@ def config(**overrides) -> TrainConfig:
 
 
 def strategy(layout: str) -> Strategy:
-    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16] as a Strategy (mM:
-    M micro batches per pipeline run; fp16: fp16 compute with loss scaling)."""
+    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled] as a Strategy
+    (mM: M micro batches per pipeline run; fp16: fp16 compute with loss scaling; compiled: the
+    blocks compiled)."""
     layout, *options = layout.split(":")
     fields = layout.split("/")
     schedule, pp, stages_per_rank, zero, tp, sp = fields + ["1", "0"][len(fields) - 4:]
     runs = [int(o[1:]) for o in options if o.startswith("m")]
     return Strategy(pp=int(pp), pp_schedule=schedule, stages_per_rank=int(stages_per_rank), zero=int(zero),
                     tp=int(tp), sequence_parallel=sp == "1", microbatches=runs[0] if runs else None,
-                    precision="fp16" if "fp16" in options else "fp32")
+                    precision="fp16" if "fp16" in options else "fp32",
+                    compile="blocks" if "compiled" in options else "none")
 
 
 def example(data, collate=default_collate) -> dict[str, torch.Tensor]:
@@ -90,7 +93,8 @@ def parity(out: str, *runs: str) -> None:
         trainer = Trainer(build(), config(), strategy(layout), example_batch=example(data, collate))
         history = trainer.fit(data, held_out, collate_fn=collate)
         results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
-                        "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"]}
+                        "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"],
+                        "compiled_calls": sum(f.compiled_calls for f in compiled_forwards(trainer.model))}
     if dist.get_rank() == 0:
         torch.save(results, out)
 

@@ -22,7 +22,7 @@ from zoo.parity import relative_error
 ONE = ("gpt/1f1b/1/1/0", "gpt/1f1b/1/1/0:fp16", "gpt_dropout/1f1b/1/1/0", "custom/1f1b/1/1/0", "bert/1f1b/1/1/0", "vit/1f1b/1/1/0", "conformer/1f1b/1/1/0",
        "whisper/1f1b/1/1/0", "fold/1f1b/1/1/0")
 TWO = ("gpt/gpipe/2/1/0", "gpt/1f1b/2/1/0", "gpt/interleaved_1f1b/2/2/0", "gpt/looped_bfs/2/2/0",
-       "gpt/zero_bubble/2/1/0", "gpt/1f1b/2/1/0:m2", "gpt/zero_bubble/2/1/0:m2", "gpt/1f1b/2/1/0:fp16",
+       "gpt/zero_bubble/2/1/0", "gpt/1f1b/2/1/0:compiled", "gpt/1f1b/2/1/0:m2", "gpt/zero_bubble/2/1/0:m2", "gpt/1f1b/2/1/0:fp16",
        "gpt_dropout/1f1b/2/1/0", "custom/1f1b/2/1/0", "bert/1f1b/2/1/0", "vit/1f1b/2/1/0", "conformer/1f1b/2/1/0",
        "whisper/1f1b/2/1/0", "fold/1f1b/2/1/0", "fold/zero_bubble/2/1/0")
 FOUR = ("gpt/looped_bfs/2/2/3", "gpt_dropout/zero_bubble/2/1/3", "gpt/zero_bubble/2/1/3", "gpt/1f1b/2/1/0/2/0", "gpt/interleaved_1f1b/2/2/0/2/1",
@@ -30,7 +30,7 @@ FOUR = ("gpt/looped_bfs/2/2/3", "gpt_dropout/zero_bubble/2/1/3", "gpt/zero_bubbl
 """model/schedule/pp/stages_per_rank/zero[/tp/sequence_parallel][:options] (tests/distributed/
 pipeline_worker.py): on 4 ranks dp = 4 / (pp * tp); ":m2" runs the step's 4 micro batches as two
 pipeline runs of 2 (gradients accumulate across runs), ":fp16" computes in fp16 with loss scaling
-(against one fp16 process)."""
+(against one fp16 process), ":compiled" compiles the blocks (against the eager process)."""
 
 
 AMPLIFIED = ("attn.k.bias", "row_attention.pair_norm.bias", "backbone_update.bias")
@@ -68,6 +68,7 @@ def test_pipeline_matches_one_process(runs, layout):
     result = runs[layout]
     reference = runs[f"{layout.split('/')[0]}/1f1b/1/1/0" + (":fp16" if layout.endswith(":fp16") else "")]
     assert len(result["losses"]) == 3
+    assert (result["compiled_calls"] > 0) == layout.endswith(":compiled")
     for key in ("losses", "grad_norms"):
         for ours, theirs in zip(result[key], reference[key]):
             assert abs(ours - theirs) <= 1e-5 * abs(theirs), key

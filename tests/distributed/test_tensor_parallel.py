@@ -16,11 +16,12 @@ import torch
 
 ONE = ("gpt/1/0/0", "mqa/1/0/0", "custom/1/0/0", "gained/1/0/0", "bert/1/0/0", "vit/1/0/0", "conformer/1/0/0", "whisper/1/0/0", "fold/1/0/0",
        "fold_dropout/1/0/0")
-TWO = ("gpt/2/0/0", "gpt/2/0/1", "mqa/2/0/0", "gained/2/0/0", "bert/2/0/1", "fold/2/0/0", "fold_dropout/2/0/0")
-FOUR = ("gpt/2/3/0", "gpt/2/2/1", "custom/2/1/0", "custom/2/3/0", "bert/2/3/0", "vit/2/1/0", "conformer/2/2/0",
+TWO = ("gpt/2/0/0", "gpt/2/0/1", "gpt/2/0/1/compiled", "mqa/2/0/0", "gained/2/0/0", "bert/2/0/1", "fold/2/0/0", "fold_dropout/2/0/0")
+FOUR = ("gpt/2/3/0", "gpt/2/3/1/compiled", "gpt/2/2/1", "custom/2/1/0", "custom/2/3/0", "bert/2/3/0", "vit/2/1/0", "conformer/2/2/0",
         "whisper/2/3/0")
-"""model/tp/zero/sequence_parallel (models: tests/distributed/worker.py TP_MODELS): on 2 ranks
-dp=1 x tp=2, on 4 ranks dp=2 x tp=2."""
+"""model/tp/zero/sequence_parallel[/compiled] (models: tests/tiny_models.py TP_MODELS): on 2 ranks
+dp=1 x tp=2, on 4 ranks dp=2 x tp=2; "compiled" compiles the blocks (Strategy.compile="blocks",
+Inductor) against the eager one-process run."""
 
 
 ZERO_GRADIENT = ("attn.k.bias", "row_attention.pair_norm.bias")
@@ -55,6 +56,7 @@ def test_tensor_parallel_matches_one_process(runs, layout):
     model = layout.split("/")[0]
     result, reference = runs[layout], runs[f"{model}/1/0/0"]
     assert len(result["losses"]) == 3
+    assert (result["compiled_calls"] > 0) == layout.endswith("/compiled")
     for ours, theirs in zip(result["losses"], reference["losses"]):
         assert abs(ours - theirs) <= 1e-5 * abs(theirs)
     assert result["params"].keys() == reference["params"].keys()

@@ -17,7 +17,8 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
                                                    losses, disk bytes
     worker.py chunks_checkpoint DIR OUT            ZeRO-3 over chunks and FSDP ZeRO-3 checkpoints, each resumed
                                                    by the other and by itself: losses + params
-    worker.py tensor_parallel OUT MODEL/TP/ZERO/SP ...  each model and layout: gradients on a probe
+    worker.py tensor_parallel OUT MODEL/TP/ZERO/SP[/compiled] ...  each model and layout (its blocks
+                                                   compiled with /compiled): gradients on a probe
                                                    batch, then 3 training steps: losses, params
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
     worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
@@ -41,23 +42,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import default_collate
 
-# The repository root first (tests/ mirrors its package names), then tests/ and tests/asr for the helpers.
+# The repository root first (tests/ mirrors its package names), then tests/ for the helpers.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
-sys.path += [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "asr")]
+sys.path += [str(Path(__file__).resolve().parents[1])]
 
 from asr.data import collate_speech  # noqa: E402
-from nlp.bert import Bert, BertConfig  # noqa: E402
 from protein.data import CropConfig, FoldingExamples, collate_folding, load_chains  # noqa: E402
-from protein.evoformer import EvoformerConfig  # noqa: E402
-from protein.model import FoldConfig, FoldingModel  # noqa: E402
-from protein.structure_module import StructureConfig  # noqa: E402
-from vision.vit import ViT, ViTConfig  # noqa: E402
 from helpers import chunk_budget, lm_examples, run_commands, tiny_gpt  # noqa: E402
-from tiny_transducer import tiny, tiny_whisper, token_utterances  # noqa: E402
+from tiny_transducer import tiny, token_utterances  # noqa: E402
+from tiny_models import TP_MODELS, speech_examples, tiny_fold  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
+from trainers.speed.compile import compiled_forwards  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from trainers.memory.recompute import clean_fqn  # noqa: E402
-from parity_models import FeedForwardLM, GainedLM, GainedRegression, Routed  # noqa: E402
+from parity_models import GainedRegression, Routed  # noqa: E402
 from zoo.plan import ModelPlan  # noqa: E402
 
 STEPS = 3
@@ -276,90 +274,6 @@ def dropout(out: str) -> None:
         torch.save({"params": params, "losses": [r["loss"] for r in history]}, out)
 
 
-def mlm_examples(count: int) -> list[dict[str, torch.Tensor]]:
-    """BERT masked-LM examples of 16 tokens, the last ones of some padded, every fourth labelled."""
-    generator = torch.Generator().manual_seed(3)
-    examples = []
-    for index in range(count):
-        ids = torch.randint(1, 50, (16,), generator=generator)
-        mask = (torch.arange(16) < 16 - index % 5).long()
-        labels = torch.where((torch.arange(16) % 4 == 1) & (mask == 1), ids, -100)
-        examples.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    return examples
-
-
-def digit_examples(count: int) -> list[dict[str, torch.Tensor]]:
-    """8x8 one-channel images of 3 classes (a bright row at the class's place, plus noise)."""
-    generator = torch.Generator().manual_seed(4)
-    examples = []
-    for index in range(count):
-        image = 0.1 * torch.randn(1, 8, 8, generator=generator)
-        image[0, 2 * (index % 3)] += 1.0
-        examples.append({"pixel_values": image, "labels": torch.tensor(index % 3)})
-    return examples
-
-
-def speech_examples(count: int) -> list[dict[str, torch.Tensor]]:
-    features, mask, labels = token_utterances(count, seed=5)
-    return [{"input_features": x[: int(m.sum())], "labels": y[y >= 0]} for x, m, y in zip(features, mask, labels)]
-
-
-def tiny_fold(dropout: float = 0.0, max_recycles: int = 1) -> nn.Module:
-    torch.manual_seed(0)
-    evoformer = EvoformerConfig(msa_dim=16, pair_dim=16, blocks=2, msa_heads=2, pair_heads=2, head_dim=8,
-                                outer_product_dim=4, triangle_dim=16, msa_dropout=dropout, pair_dropout=dropout)
-    return FoldingModel(FoldConfig(evoformer=evoformer, structure=StructureConfig(single_dim=32, layers=2, heads=2,
-                                                                                 head_dim=8), max_recycles=max_recycles))
-
-
-def fold_examples(count: int):
-    """Crops of 16 residues and 4 MSA rows of real chains at least that long."""
-    chains = [chain for chain in load_chains("train") if len(chain.sequence) >= 16][:count]
-    return FoldingExamples(chains, CropConfig(crop_size=16, msa_rows=4, withhold_profile=0.0))
-
-
-def tiny_bert() -> nn.Module:
-    torch.manual_seed(0)
-    return Bert(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=24, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0, head="mlm"))
-
-
-def tiny_vit() -> nn.Module:
-    """A ViT whose biases start non-zero: zero-initialised ones stay small after 3 steps, where
-    AdamW's rounding noise is largest relative to them."""
-    torch.manual_seed(0)
-    model = ViT(ViTConfig(image_size=8, patch_size=4, num_channels=1, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=4, intermediate_size=64, hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0, num_labels=3))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.add_(0.1 * torch.randn_like(param))
-    return model
-
-
-TP_MODELS = {
-    "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
-    "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
-    "custom": (FeedForwardLM, lm_examples, None),
-    "gained": (GainedLM, lm_examples, None),
-    "bert": (tiny_bert, mlm_examples, None),
-    "vit": (tiny_vit, digit_examples, None),
-    "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
-    "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
-    "fold": (tiny_fold, fold_examples, collate_folding),
-    "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
-}
-"""Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
-(row-parallel biases are added once), multi-query GPT (keys and values replicated), the models of parity_models.py
-(the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
-gain in each region, kept whole on every rank), BERT masked-LM with padding,
-a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
-parallelism: 4 MSA rows and 16 residues split over the ranks), with dropout 0.25 too (its masks,
-shared along rows or columns, are the same on any number of ranks)."""
-
-
 def tp_config(**overrides) -> TrainConfig:
     """SGD-like conditions for parity: AdamW at lr 1e-3 does not amplify summation-order noise."""
     return config(lr=1e-3, **overrides)
@@ -368,8 +282,9 @@ def tp_config(**overrides) -> TrainConfig:
 def tensor_parallel(out: str, *runs: str) -> None:
     results = {}
     for run in runs:
-        model, tp, zero, sequence_parallel = run.split("/")
-        strategy = Strategy(zero=int(zero), tp=int(tp), sequence_parallel=sequence_parallel == "1")
+        model, tp, zero, sequence_parallel, *compiled = run.split("/")
+        strategy = Strategy(zero=int(zero), tp=int(tp), sequence_parallel=sequence_parallel == "1",
+                            compile="blocks" if compiled == ["compiled"] else "none")
         build, examples, collate = TP_MODELS[model]
         trainer = Trainer(build(), tp_config(), strategy)
         data = examples(64)
@@ -381,7 +296,8 @@ def tensor_parallel(out: str, *runs: str) -> None:
         grads = {clean_fqn(n): full(p.grad) for n, p in trainer.model.named_parameters() if p.grad is not None}
         trainer.optimizer.zero_grad()
         history = trainer.fit(data, collate_fn=collate)
-        results[run] = {"params": trainer.full_state_dict(), "grads": grads, "losses": [r["loss"] for r in history]}
+        results[run] = {"params": trainer.full_state_dict(), "grads": grads, "losses": [r["loss"] for r in history],
+                        "compiled_calls": sum(f.compiled_calls for f in compiled_forwards(trainer.model))}
     if dist.get_rank() == 0:
         torch.save(results, out)
 

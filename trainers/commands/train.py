@@ -25,7 +25,7 @@ from zoo.recipes import apply_overrides, get_recipe, parse_overrides, recipes
 
 TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--pp P [--pp-schedule S] "
                "[--microbatches M] [--stages-per-rank V]] [--offload chunks --offload-dir DIR --memory BYTES "
-               "[--device-memory BYTES] [--swap-activations BYTES]] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
+               "[--device-memory BYTES] [--swap-activations BYTES]] [--compile blocks|model] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
 
 
 def check_ranks(config: Any, nproc: int) -> None:
@@ -62,13 +62,14 @@ def check_ranks(config: Any, nproc: int) -> None:
 STRATEGY_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
                   "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank",
                   "offload": "strategy.offload", "offload_dir": "strategy.offload_dir", "memory": "strategy.memory_budget",
-                  "device_memory": "strategy.device_memory_budget", "swap_activations": "strategy.swap_activations"}
+                  "device_memory": "strategy.device_memory_budget", "swap_activations": "strategy.swap_activations",
+                  "compile": "strategy.compile"}
 """`zoo train` flags that stand for recipe options of the strategy (with --sequence-parallel)."""
 
 
 def strategy_overrides(args: argparse.Namespace, config: Any) -> list[str]:
     """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches, --stages-per-rank, --offload,
-    --offload-dir, --memory, --device-memory and --swap-activations as the recipe options they stand for
+    --offload-dir, --memory, --device-memory, --swap-activations and --compile as the recipe options they stand for
     (strategy.*); ValueError for a recipe without a strategy."""
     words = [word for flag, option in STRATEGY_FLAGS.items() if getattr(args, flag) is not None
              for word in (f"--{option}", str(getattr(args, flag)))]
@@ -151,6 +152,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        "GPU: the memory free at the start)")
     parser.add_argument("--swap-activations", default=None, help="with --offload chunks: saved activations of this "
                        "size and more go to files, e.g. 1MiB (--strategy.swap_activations)")
+    parser.add_argument("--compile", default=None, help="torch.compile (--strategy.compile): blocks (each block of "
+                       "the model's plan, whole) or model (the whole forward)")
     parser.add_argument("--stages-per-rank", type=int, default=None,
                        help="with --pp: pipeline stages on each rank (--strategy.stages_per_rank)")
 

@@ -145,7 +145,7 @@ class RecomputePolicy:
         if keep == "matmuls":
             context_fn = partial(create_selective_checkpoint_contexts, _matmul_policy)
         elif isinstance(keep, frozenset):
-            context_fn = lambda: create_selective_checkpoint_contexts(_KeyedPolicy(keep))  # noqa: E731
+            context_fn = partial(_keyed_contexts, keep)
         elif self.profile:
             costs = self.profiles[name] = []
             context_fn = lambda: (_OpRecorder(costs), nullcontext())  # noqa: E731
@@ -156,6 +156,13 @@ class RecomputePolicy:
                                  self.recompute_context)
         extra = {} if context_fn is None else {"context_fn": context_fn}
         return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **extra, **kwargs)
+
+
+def _keyed_contexts(saved: frozenset) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """Selective-checkpoint contexts keeping the calls of `saved`, with a fresh count of calls (a
+    module-level function: torch.compile takes a checkpoint's context_fn only as a function or a
+    partial of one)."""
+    return create_selective_checkpoint_contexts(_KeyedPolicy(saved))
 
 
 def _recomputed_in(context_fn: Callable[[], tuple[AbstractContextManager, AbstractContextManager]],

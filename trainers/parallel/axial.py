@@ -83,9 +83,8 @@ def apply_axial_parallel(model: nn.Module, names: list[str], blocks: list[str], 
 
 def _hook_scope(module: nn.Module, layout: AxialGroup) -> None:
     """While `module` runs, the annotations use `layout`."""
-    tokens: list = []
-    module.register_forward_pre_hook(lambda *_: tokens.append(axial.activate(layout)))
-    module.register_forward_hook(lambda *_: axial.deactivate(tokens.pop()), always_call=True)
+    module.register_forward_pre_hook(lambda *_: axial.activate(layout))
+    module.register_forward_hook(lambda *_: axial.deactivate(), always_call=True)
 
 
 def _hook_axial_module(module: nn.Module, layout: AxialGroup) -> None:

@@ -23,6 +23,8 @@ the streams: draws inside a region differ between ranks, outside they agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -35,6 +37,13 @@ from zoo.nn.mlp import fused_mlp
 
 SEQUENCE_DIM = 1
 """Activations are (B, S, ...) everywhere a plan splits them along the sequence."""
+
+
+def eager(hook: Callable) -> Callable:
+    """`hook` kept out of torch.compile's graphs: the regions' collectives give storage back between
+    passes and reseed the random generator, which a graph cannot express. A compiled block under
+    tensor parallelism is compiled in the pieces between its regions' edges (`trainers.speed.compile`)."""
+    return torch.compiler.disable(hook)
 
 
 def shard_parameter(module: nn.Module, name: str, placement, mesh: DeviceMesh) -> None:
@@ -89,8 +98,8 @@ class RankStream:
 
     def hook(self, module: nn.Module) -> None:
         """Draw from this rank's stream while `module` runs."""
-        module.register_forward_pre_hook(lambda *_: self.enter())
-        module.register_forward_hook(lambda *_: self.leave(), always_call=True)
+        module.register_forward_pre_hook(eager(lambda *_: self.enter()))
+        module.register_forward_hook(eager(lambda *_: self.leave()), always_call=True)
 
 
 class OwnStream(ParallelStyle):
@@ -119,7 +128,7 @@ class SequenceSplit(ParallelStyle):
                                  f"length must be divisible by it, got {length} (from {type(module).__name__})")
             return tpc.split_to_shards(output, SEQUENCE_DIM, group)
 
-        module.register_forward_hook(split)
+        module.register_forward_hook(eager(split))
         return module
 
 
@@ -128,7 +137,7 @@ class SequenceGather(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         group = device_mesh.get_group()
-        module.register_forward_hook(lambda _module, _args, output: tpc.gather_whole(output, SEQUENCE_DIM, group))
+        module.register_forward_hook(eager(lambda _module, _args, output: tpc.gather_whole(output, SEQUENCE_DIM, group)))
         return module
 
 
@@ -168,8 +177,8 @@ class Region(ParallelStyle):
                 gathered.release()
             return output
 
-        module.register_forward_pre_hook(enter, with_kwargs=True)
-        module.register_forward_hook(leave, with_kwargs=True, always_call=True)
+        module.register_forward_pre_hook(eager(enter), with_kwargs=True)
+        module.register_forward_hook(eager(leave), with_kwargs=True, always_call=True)
         return module
 
 
@@ -180,9 +189,9 @@ class RegionColwise(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         shard_parameter(module, "weight", Shard(0), device_mesh)
         shard_parameter(module, "bias", Shard(0), device_mesh)
-        module.register_forward_pre_hook(lambda _m, args: (_PartialInputGradient.apply(args[0], device_mesh),
-                                                           *args[1:]))
-        module.register_forward_hook(lambda _m, _args, output: output.to_local())
+        module.register_forward_pre_hook(eager(lambda _m, args: (_PartialInputGradient.apply(args[0], device_mesh),
+                                                                 *args[1:])))
+        module.register_forward_hook(eager(lambda _m, _args, output: output.to_local()))
         return module
 
 
@@ -194,8 +203,8 @@ class RegionRowwise(ParallelStyle):
         shard_parameter(module, "weight", Shard(1), device_mesh)
         shard_parameter(module, "bias", Replicate(), device_mesh)
         module.register_forward_pre_hook(
-            lambda _m, args: (DTensor.from_local(args[0], device_mesh, [Shard(-1)], run_check=False), *args[1:]))
-        module.register_forward_hook(lambda _m, _args, output: output.to_local())
+            eager(lambda _m, args: (DTensor.from_local(args[0], device_mesh, [Shard(-1)], run_check=False), *args[1:])))
+        module.register_forward_hook(eager(lambda _m, _args, output: output.to_local()))
         return module
 
 

@@ -2,7 +2,9 @@
 
 "auto" picks Triton when every tensor is on a CUDA device and Triton imports, PyTorch otherwise;
 and PyTorch under the memory estimator's fake tensors, which a Triton kernel cannot read (the
-PyTorch paths save what the kernels save, so the trace counts the same bytes).
+PyTorch paths save what the kernels save, so the trace counts the same bytes), and under
+torch.compile, whose Inductor fuses the PyTorch paths' element-wise operations into its own kernels
+(the hand-written kernels serve eager runs).
 "triton" forces the kernel (on CPU tensors it runs only under `TRITON_INTERPRET=1`, which is how
 the kernels are tested without a GPU); "torch" forces the PyTorch path. The environment variable
 `MEMZOO_KERNELS` ("auto" | "torch" | "triton") sets the default for every op.
@@ -36,6 +38,8 @@ def interpreting() -> bool:
 def tracing_fake_tensors() -> bool:
     """Whether a `FakeTensorMode` is on the dispatch stack (the memory estimator's trace). Not
     torch.compile's tracing, which runs on fake tensors too but compiles its graph's kernels."""
+    if torch.compiler.is_compiling():
+        return False
     return any(isinstance(mode, FakeTensorMode) for mode in current_dispatch_modes())
 
 
@@ -48,7 +52,8 @@ def resolve_backend(backend: Backend | None, *tensors: torch.Tensor) -> Literal[
     if choice == "torch":
         return "torch"
     if choice == "auto":
-        return "triton" if on_gpu and triton_available() and not tracing_fake_tensors() else "torch"
+        fused_elsewhere = tracing_fake_tensors() or torch.compiler.is_compiling()
+        return "triton" if on_gpu and triton_available() and not fused_elsewhere else "torch"
     if not triton_available():
         raise ValueError("backend='triton' needs the triton package (pip install memzoo[gpu])")
     if not on_gpu and not interpreting():

@@ -30,9 +30,14 @@ def check_probability(name: str, p: float) -> None:
         raise ValueError(f"{name} must be in [0, 1); got {p}")
 
 
-def draw_seed(p: float) -> int:
-    """A fresh mask seed from the default generator, or 0 (nothing drawn) when p == 0."""
-    return int(torch.randint(SEED_BOUND, (1,)).item()) if p > 0 else 0
+def draw_seed(p: float) -> int | torch.Tensor:
+    """A fresh mask seed from the default generator, or 0 (nothing drawn) when p == 0. Under
+    torch.compile the seed stays a 0-d int64 tensor (reading it into Python would end the graph);
+    the PyTorch path takes either, the Triton kernels (eager only) an int."""
+    if p == 0:
+        return 0
+    seed = torch.randint(SEED_BOUND, (), dtype=torch.int64)
+    return seed if torch.compiler.is_compiling() else int(seed.item())
 
 
 def _signed(constant: int) -> int:
@@ -45,7 +50,7 @@ _MIX = ((30, _signed(0xBF58476D1CE4E5B9)), (27, _signed(0x94D049BB133111EB)), (3
 """SplitMix64 (Steele et al., 2014): state step, then (shift, multiplier) of each finalizer round."""
 
 
-def random_words(count: int, seed: int, device: torch.device, first: int = 0) -> torch.Tensor:
+def random_words(count: int, seed: int | torch.Tensor, device: torch.device, first: int = 0) -> torch.Tensor:
     """(count,) int64 of uniformly random bits: SplitMix64 of element offsets first + 1 ..
     first + count under `seed`.
 
@@ -65,7 +70,7 @@ def random_words(count: int, seed: int, device: torch.device, first: int = 0) ->
     return z
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int, device: torch.device,
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int | torch.Tensor, device: torch.device,
               offset: int = 0) -> torch.Tensor:
     """The PyTorch path's mask: a bool tensor of `shape`, True (kept) with probability 1 - p
     (p rounded to a multiple of 2^-16), the same for the same (seed, shape, device). `offset`
@@ -83,7 +88,7 @@ def _mask_shape(shape: torch.Size, shared_dims: tuple[int, ...]) -> tuple[int, .
     return tuple(1 if d in shared else n for d, n in enumerate(shape))
 
 
-def apply_dropout(x: torch.Tensor, p: float, seed: int, *, inplace: bool = False,
+def apply_dropout(x: torch.Tensor, p: float, seed: int | torch.Tensor, *, inplace: bool = False,
                   shared_dims: tuple[int, ...] = ()) -> torch.Tensor:
     """x * mask / (1 - p) with the mask of (seed, mask shape); x itself when p == 0. The mask has
     x's shape with `shared_dims` set to 1 (broadcast along them). `inplace` overwrites x (for

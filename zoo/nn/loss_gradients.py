@@ -17,14 +17,15 @@ class GradientsFromForward(torch.autograd.Function):
     one copy of each (the output head's gradient, V x H in float32, is 196 MiB at GPT-2's vocabulary
     and width 1024). A backward that keeps the graph (`retain_graph=True`: a second backward, a
     zero-bubble schedule's input pass before its weight pass) may read them again, so it gets
-    scaled copies (the check AOTAutograd makes before it frees saved tensors)."""
+    scaled copies (the check AOTAutograd makes before it frees saved tensors). Under torch.compile
+    it writes the out-of-place form, whose buffers the compiler reuses itself."""
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         weight_dtype, bias_dtype = ctx.dtypes
         scale = grad_loss.float()
-        in_place = not graph_task_keeps_graph()
+        in_place = not torch.compiler.is_compiling() and not graph_task_keeps_graph()
 
         def scaled(gradient: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
             return gradient.mul_(factor) if in_place else gradient * factor
