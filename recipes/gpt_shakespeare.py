@@ -1,6 +1,6 @@
 """Recipe `gpt_shakespeare`: a small GPT on the complete works of Shakespeare.
 
-    zoo train gpt_shakespeare --nproc 2                       the default: characters, ZeRO-3, bf16
+    zoo train gpt_shakespeare --nproc 2                       the default: characters, ZeRO-3, bf16 where native
     zoo train gpt_shakespeare --tokenizer gpt2 --train.max_steps 2000
 
 Held-out text: the last `validation_fraction` of the corpus. Reports validation perplexity (per
@@ -46,7 +46,7 @@ class GPTShakespeareConfig:
         global_batch_size=32, micro_batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, weight_decay=0.1,
         log_every=25, eval_every=100, eval_batches=8, output_dir="runs/gpt_shakespeare"))
     """Optimisation settings."""
-    strategy: Strategy = field(default_factory=lambda: Strategy(zero=3, precision="bf16"))
+    strategy: Strategy = field(default_factory=lambda: Strategy(zero=3, precision="auto"))
     """Memory strategy."""
     validation_fraction: float = 0.05
     """Share of the corpus (its end) held out for validation."""
@@ -139,7 +139,7 @@ Load it with `zoo.load("{name}")`; sample with `zoo generate {name} "ROMEO."`.
 
 
 RECIPE = Recipe(name="gpt_shakespeare", config_class=GPTShakespeareConfig, run=run,
-                produces=("gpt-shakespeare-char", "gpt-shakespeare-gpt2"), description="character GPT on Shakespeare (ZeRO-3, bf16)")
+                produces=("gpt-shakespeare-char", "gpt-shakespeare-gpt2"), description="character GPT on Shakespeare (ZeRO-3, bf16 where native)")
 
 if __name__ == "__main__":
     run(GPTShakespeareConfig())

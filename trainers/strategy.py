@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from trainers.estimate.devices import parse_bytes
+from trainers.speed.precision import resolve_precision
 
 ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params", "chunks"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Recompute = Literal["none", "blocks", "selective"]
 Compile = Literal["none", "blocks", "model"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"]
@@ -63,7 +64,9 @@ class Strategy:
 
     precision: Precision = "fp32"
     """Compute precision of the blocks. Master parameters, gradient reduction and optimizer state
-    stay fp32; "fp16" adds dynamic loss scaling that skips steps whose gradients overflow."""
+    stay fp32; "fp16" adds dynamic loss scaling that skips steps whose gradients overflow. "auto"
+    becomes "bf16" where the training device computes it natively and "fp32" elsewhere, logged
+    (`trainers.speed.precision`); the field then holds the choice."""
 
     recompute: Recompute = "none"
     """Activation recompute. "blocks": each block keeps only its input and recomputes the rest in
@@ -167,6 +170,8 @@ class Strategy:
     def __post_init__(self) -> None:
         if self.compile is False:
             self.compile = "none"
+        if self.precision in _CHOICES["precision"]:
+            self.precision = resolve_precision(self.precision)
         if self.memory_budget is not None:
             self.memory_budget = parse_bytes(self.memory_budget, "Strategy.memory_budget")
         if self.device_memory_budget is not None:

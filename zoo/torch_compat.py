@@ -24,6 +24,7 @@ What each is, and why no public API serves:
   call; None where this torch lacks it).
 - `group_of_name`: the process group a functional collective names (DTensor's redistributions
   pass groups by name; the step counters count their traffic by ranks).
+- `cpu_bf16_native`: whether this CPU has bf16 instructions (torch.cpu's checks are private).
 - `partitioner_memory_budget`: the activation budget of torch.compile's forward/backward
   partitioner, a torch._functorch.config setting (torch.compile takes no such option).
 """
@@ -60,7 +61,7 @@ CHECKED_ON = ("2.13.0",)
 
 __all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "DynamicOutputShapeException", "FakeStore",
            "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
-           "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "current_dispatch_modes",
+           "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "cpu_bf16_native", "current_dispatch_modes",
            "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
            "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
            "unset_fake_temporarily"]
@@ -76,6 +77,11 @@ def graph_task_keeps_graph() -> bool:
     """Whether the backward running now keeps its graph (`retain_graph=True`): a fused loss that
     stores its gradients from the forward scales them in place only when it does not."""
     return torch._C._autograd._get_current_graph_task_keep_graph()
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively: AVX-512 BF16 or AMX tiles (x86; False elsewhere)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def partitioner_memory_budget(fraction: float) -> contextlib.AbstractContextManager:
