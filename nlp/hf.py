@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from nlp.bert import Bert, BertConfig
 from nlp.gpt import GPT, GPTConfig
-from nlp.gpt.model import NORM_EPS
+from nlp.hf_mixtral import is_mixtral_shaped, mixtral_to_hf
 from zoo.hf import StateReader, read_hf_config, read_hf_state
 from zoo.model_folder import write_model_folder
 
@@ -51,11 +51,11 @@ def gpt_config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     """Our GPTConfig of a GPT2Config dict (dropout: resid_pdrop, used for every dropout)."""
     _require(hf, "activation_function", GPT2_ACTIVATIONS, "gelu_new")
     _require(hf, "n_inner", (None, 4 * hf["n_embd"]), None)
-    _require(hf, "layer_norm_epsilon", (NORM_EPS,), 1e-5)
     _require(hf, "scale_attn_weights", (True,), True)
     _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False)
     return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                     n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=hf.get("resid_pdrop", 0.1), bias=True)
+                     n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=hf.get("resid_pdrop", 0.1), bias=True,
+                     norm_eps=hf.get("layer_norm_epsilon", 1e-5))
 
 
 def gpt_state_from_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -87,11 +87,18 @@ def gpt_from_hf(folder: str | os.PathLike) -> GPT:
 
 
 def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
-    """Write `model` as a GPT2LMHeadModel folder (multi-head attention with biases only)."""
+    """Write `model` as a MixtralForCausalLM folder when it is Mixtral-shaped
+    (`nlp.hf_mixtral.is_mixtral_shaped`), else as a GPT2LMHeadModel folder (multi-head attention
+    with biases, learned positions, LayerNorm, the head tied, dense feed-forwards only)."""
     c = model.config
-    if not c.bias or c.n_kv_head not in (None, c.n_head) or c.n_experts:
-        raise ValueError(f"GPT-2 has biases and multi-head attention; this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}, "
-                         f"n_experts={c.n_experts} (GPT-2's feed-forwards are dense)")
+    if is_mixtral_shaped(c):
+        return mixtral_to_hf(model, directory)
+    if (not c.bias or c.n_kv_head not in (None, c.n_head) or c.n_experts or c.positions != "learned"
+            or c.norm != "layer" or not c.tie_embeddings):
+        raise ValueError(f"GPT-2 has biases, multi-head attention, learned positions, LayerNorm, a tied head and dense "
+                         f"feed-forwards (and Mixtral rotary positions, RMSNorm, no biases and experts in every block); "
+                         f"this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}, positions={c.positions!r}, "
+                         f"norm={c.norm!r}, tie_embeddings={c.tie_embeddings}, n_experts={c.n_experts}")
     ours = model.state_dict()
     state = {"transformer.wte.weight": ours["embeddings.word.weight"], "transformer.wpe.weight": ours["embeddings.position.weight"],
              "transformer.ln_f.weight": ours["norm.weight"], "transformer.ln_f.bias": ours["norm.bias"]}
@@ -106,7 +113,7 @@ def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": c.vocab_size,
               "n_positions": c.block_size, "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
               "activation_function": "gelu_new", "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout,
-              "layer_norm_epsilon": NORM_EPS, "tie_word_embeddings": True,
+              "layer_norm_epsilon": c.norm_eps, "tie_word_embeddings": True,
               # GPT-2's <|endoftext|> (50256) where the vocabulary has it, else the last id: transformers
               # defaults both to 50256, outside a smaller vocabulary.
               "bos_token_id": min(GPT2_END_OF_TEXT, c.vocab_size - 1), "eos_token_id": min(GPT2_END_OF_TEXT, c.vocab_size - 1)}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
 class GPTConfig:
-    """Shape of a GPT (pre-LN decoder, learned positions, GELU (tanh) MLP, tied input/output embeddings)."""
+    """Shape of a GPT: a pre-norm decoder, by default GPT-2's (learned positions, LayerNorm, GELU
+    (tanh) feed-forwards, the output head tied to the word embedding); with rotary positions,
+    RMSNorm, no biases, experts and a head of its own, Mixtral's."""
 
     vocab_size: int = 50257
     """Number of token ids."""
@@ -25,6 +28,17 @@ class GPTConfig:
     """Dropout on embeddings, attention probabilities and residual branches."""
     bias: bool = True
     """Biases in linears and LayerNorms (as in GPT-2)."""
+    positions: Literal["learned", "rotary"] = "learned"
+    """Where positions enter: a learned table of block_size positions added to the token embeddings
+    (GPT-2), or rotary angles applied to every block's queries and keys (Llama, Mixtral)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary angles (positions="rotary")."""
+    norm: Literal["layer", "rms"] = "layer"
+    """The blocks' and the final norm: LayerNorm (GPT-2) or RMSNorm (Llama, Mixtral)."""
+    norm_eps: float = 1e-5
+    """The norms' epsilon."""
+    tie_embeddings: bool = True
+    """The output head is the word embedding (GPT-2); False: a head of its own, `lm_head` (Mixtral)."""
     recompute_attention: bool = False
     """Recompute q, k, v and attention in backward instead of keeping them (see zoo.nn.block)."""
     n_experts: int = 0
@@ -53,5 +67,11 @@ class GPTConfig:
                              f"got moe_top_k={self.moe_top_k}")
         if self.n_experts and not 1 <= self.moe_every <= self.n_layer:
             raise ValueError(f"GPTConfig.moe_every must be between 1 and n_layer={self.n_layer}; got {self.moe_every}")
+        if self.positions not in ("learned", "rotary") or self.norm not in ("layer", "rms"):
+            raise ValueError(f"GPTConfig.positions must be 'learned' or 'rotary' and norm 'layer' or 'rms'; got "
+                             f"positions={self.positions!r}, norm={self.norm!r}")
+        if self.positions == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig.positions='rotary' needs an even head dimension; got "
+                             f"n_embd / n_head = {self.n_embd // self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1); got {self.dropout}")

@@ -1,7 +1,10 @@
-"""GPT: a pre-LN decoder-only transformer (GPT-2 shaped) on the fused `zoo.nn` layers.
+"""GPT: a pre-norm decoder-only transformer (GPT-2 shaped, or Mixtral's) on the fused `zoo.nn` layers.
 
     embeddings (word + learned position, dropout) -> blocks (causal `TransformerBlock`s, GELU tanh)
     -> norm -> LM head tied to the word embedding, fused with the cross-entropy
+
+`GPTConfig` also builds Mixtral's variant: rotary positions in every block's attention instead of
+the learned table, RMSNorm, no biases, mixture-of-experts feed-forwards and an output head of its own.
 
 Batches follow Hugging Face's causal LMs: `labels` are unshifted (usually `input_ids` itself, -100
 ignored) and position t is scored on labels[:, t + 1]; the output holds "loss" and "logits". Training
@@ -26,12 +29,10 @@ from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlock
 from zoo.nn.moe import MoEConfig, MoEFeedForward
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.logits import skip_logits as decide_skip_logits
+from zoo.nn.rotary import rotary_tables
 from zoo.nn.init import init_transformer_
 from zoo.plan import Carry, ModelPlan, PipelineSplit
 from zoo.registry import register
-
-NORM_EPS = 1e-5
-
 
 def block_config(config: GPTConfig, index: int = 0) -> TransformerBlockConfig:
     """The `TransformerBlock` shape of block `index` of a GPT (a mixture of experts for every
@@ -43,21 +44,24 @@ def block_config(config: GPTConfig, index: int = 0) -> TransformerBlockConfig:
                         balance_weight=config.moe_balance_weight)
     return TransformerBlockConfig(
         width=config.n_embd, heads=config.n_head, kv_heads=config.n_kv_head, activation="gelu_tanh", prenorm=True,
-        causal=True, dropout=config.dropout, attention_dropout=config.dropout, bias=config.bias, eps=NORM_EPS,
-        recompute_attention=config.recompute_attention, moe=moe)
+        norm=config.norm, causal=True, dropout=config.dropout, attention_dropout=config.dropout, bias=config.bias,
+        eps=config.norm_eps, recompute_attention=config.recompute_attention, moe=moe)
 
 
 @register("gpt", GPTConfig)
 class GPT(nn.Module):
     """`forward(input_ids, labels=None, skip_logits=None)`: see `forward`. State-dict names:
-    embeddings.{word,position}.weight, blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*."""
+    embeddings.{word,position}.weight, blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*,
+    and lm_head.weight when the head is not tied."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.embeddings = Embeddings(config.vocab_size, config.n_embd, positions=config.block_size, dropout=config.dropout)
+        learned = config.block_size if config.positions == "learned" else 0
+        self.embeddings = Embeddings(config.vocab_size, config.n_embd, positions=learned, dropout=config.dropout)
         self.blocks = nn.ModuleList(TransformerBlock(block_config(config, index)) for index in range(config.n_layer))
-        self.norm = Norm(config.n_embd, "layer", NORM_EPS, bias=config.bias)
+        self.norm = Norm(config.n_embd, config.norm, config.norm_eps, bias=config.bias)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
@@ -78,9 +82,10 @@ class GPT(nn.Module):
         if self.config.n_experts:
             return ModelPlan(blocks=("blocks.*",))
         blocks = block_plan("blocks.*", block_config(self.config))
+        head = "embeddings.word" if self.config.tie_embeddings else "lm_head"
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
                        sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",),
-                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", "embeddings.word")))
+                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", head)))
 
     def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
         """First pipeline stage: {"hidden": (B, T, C) embeddings of input_ids (B, T)}."""
@@ -88,7 +93,8 @@ class GPT(nn.Module):
 
     def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
         """One block on {"hidden": (B, T, C)}."""
-        return {"hidden": block(carry["hidden"])}
+        hidden = carry["hidden"]
+        return {"hidden": block(hidden, rotary=self._rotary(0, hidden.shape[1], hidden.device))}
 
     def pipeline_exit(self, carry: Carry, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Last pipeline stage: the fused head + loss on the final norm of carry["hidden"] (B, T, C)."""
@@ -115,18 +121,25 @@ class GPT(nn.Module):
         """Number of parameters (the tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's weight (V, C): the word embedding's when tied, else lm_head's."""
+        return self.embeddings.word.weight if self.lm_head is None else self.lm_head.weight
+
     def new_cache(self, batch: int, max_length: int | None = None) -> KVCache:
         """An empty `KVCache` for `batch` sequences of up to `max_length` (default block_size) positions."""
-        config, weight = self.config, self.embeddings.word.weight
+        config, weight = self.config, self.head_weight
         return KVCache(config.n_layer, batch, config.n_kv_head or config.n_head, config.n_embd // config.n_head,
                        max_length or config.block_size, dtype=weight.dtype, device=weight.device)
 
     def hidden_states(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """input_ids: (B, T) int64, the positions after those in `cache` (if any). Returns the final
         normalised hidden states (B, T, C); with a cache, its keys and values grow by T."""
-        x = self._embed(input_ids, 0 if cache is None else cache.length)
+        past = 0 if cache is None else cache.length
+        x = self._embed(input_ids, past)
+        rotary = self._rotary(past, input_ids.shape[1], input_ids.device)
         for index, block in enumerate(self.blocks):
-            x = block(x, cache=None if cache is None else cache.layer(index))
+            x = block(x, cache=None if cache is None else cache.layer(index), rotary=rotary)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         return self.norm(x)
@@ -142,6 +155,15 @@ class GPT(nn.Module):
         positions = torch.arange(past, past + length, device=input_ids.device)[None]
         return self.embeddings(input_ids, position_ids=positions)
 
+    def _rotary(self, past: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (cos, sin) tables of positions past..past + length - 1 (`zoo.nn.rotary`), each
+        (length, head_dim / 2); None with learned positions."""
+        if self.config.positions != "rotary":
+            return None
+        config = self.config
+        cos, sin = rotary_tables(past + length, config.n_embd // config.n_head, config.rope_theta, device)
+        return cos[past:], sin[past:]
+
     @staticmethod
     def _targets(labels: torch.Tensor) -> torch.Tensor:
         """(B * T,) targets: position t's is labels[:, t + 1], the last position's none (-100).
@@ -151,7 +173,7 @@ class GPT(nn.Module):
 
     def _fused_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of the tied head on normalised hidden (B, T, C), logits never formed."""
-        return linear_cross_entropy(hidden.flatten(0, 1), self.embeddings.word.weight, self._targets(labels))
+        return linear_cross_entropy(hidden.flatten(0, 1), self.head_weight, self._targets(labels))
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 skip_logits: bool | None = None) -> dict[str, torch.Tensor]:
@@ -170,7 +192,7 @@ class GPT(nn.Module):
         hidden = self.hidden_states(input_ids)
         if skip:
             return {"loss": self._fused_loss(hidden, labels) + self.auxiliary_loss()}
-        logits = F.linear(hidden, self.embeddings.word.weight)
+        logits = F.linear(hidden, self.head_weight)
         if labels is None:
             return {"logits": logits}
         loss = F.cross_entropy(logits.flatten(0, 1).float(), self._targets(labels), ignore_index=IGNORE_INDEX)
@@ -189,7 +211,7 @@ class GPT(nn.Module):
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
         sampling = Sampling(temperature, top_k, top_p)
-        block_size, weight = self.config.block_size, self.embeddings.word.weight
+        block_size, weight = self.config.block_size, self.head_weight
         cache = self.new_cache(input_ids.shape[0]) if use_cache else None
         ids, step = input_ids, input_ids
         for _ in range(max_new_tokens):

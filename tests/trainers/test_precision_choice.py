@@ -27,11 +27,12 @@ def cpu(monkeypatch):
 @pytest.mark.parametrize("native", [False, True])
 def test_auto_is_bf16_where_native_and_fp32_elsewhere_and_says_which(cpu, caplog, native):
     cpu(native)
-    with caplog.at_level(logging.INFO, logger="trainers.speed.precision"):
+    with caplog.at_level(logging.DEBUG, logger="trainers.speed.precision"):
         chosen = Strategy(zero=3, precision="auto").precision
     assert chosen == ("bf16" if native else "fp32")
     assert f"precision='auto': {chosen} on this CPU" in caplog.text
     assert ("no native bf16" in caplog.text) == (not native)
+    assert {r.levelno for r in caplog.records} == {logging.DEBUG if native else logging.WARNING}
 
 
 def test_explicit_bf16_stays_and_is_warned_about_where_slow(cpu, caplog):

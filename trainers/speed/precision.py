@@ -4,8 +4,8 @@ A CPU without native bf16 (AVX2 only, or AVX-512 without its BF16 extension) con
 bf16 matrix multiply through fp32 kernels that are not its fast path: such multiplies run many
 times slower than fp32 ones. "auto" resolves, against the device this process trains on
 (`trainers.parallel.mesh.use_cuda`), to bf16 on a GPU that supports it and on a CPU with AVX-512
-BF16 or AMX, and to fp32 elsewhere; an explicit "bf16" is kept, with a warning where it is slow.
-Each outcome is logged once a process.
+BF16 or AMX, and to fp32 elsewhere (a warning); an explicit "bf16" is kept, with a warning where
+it is slow. Each is logged once a process (the native choice at debug level).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def resolve_precision(precision: str) -> str:
                                    "run many times slower than fp32 ones; precision='auto' computes in fp32 here")
         return "bf16"
     chosen = "bf16" if native else "fp32"
-    _once(logging.WARNING if chosen == "fp32" else logging.INFO,
+    _once(logging.WARNING if chosen == "fp32" else logging.DEBUG,
           f"precision='auto': {chosen} on {device}" + ("" if native else " (no native bf16)"))
     return chosen
 

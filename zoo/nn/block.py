@@ -91,15 +91,17 @@ class TransformerBlock(nn.Module):
         self.norm2 = Norm(config.width, config.norm, config.eps, bias=config.bias)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                cache: LayerKVCache | None = None) -> torch.Tensor:
+                cache: LayerKVCache | None = None,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x: (B, S, W); key_padding_mask: (B, Skv) bool, True = attend; cache: this block's past keys
-        and values for incremental decoding (x then holds only the new positions)."""
+        and values for incremental decoding (x then holds only the new positions); rotary: (cos,
+        sin) tables (S, head_dim / 2) of x's positions rotating queries and keys (`zoo.nn.rotary`)."""
         p = self.config.dropout
         if self.config.prenorm:
-            attended = self.attn(self.norm1(x), key_padding_mask, cache)
+            attended = self.attn(self.norm1(x), key_padding_mask, cache, rotary)
             normed, residual = self.norm2(attended, x, p=p, prenorm=True)
             return dropout_add(self._feed_forward(normed), residual, p=p, training=self.training)
-        hidden = self.norm1(self.attn(x, key_padding_mask, cache), x, p=p)
+        hidden = self.norm1(self.attn(x, key_padding_mask, cache, rotary), x, p=p)
         return self.norm2(self._feed_forward(hidden), hidden, p=p)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
