@@ -77,8 +77,8 @@ class Strategy:
     compile: Compile = "none"
     """torch.compile (`trainers.speed.compile`). "blocks": each block of the model's plan compiled whole
     (fullgraph; a block that cannot be fails at its first forward, naming why); "model": the whole
-    forward compiled, graph breaks allowed; "none" (or False): eager. Dropout under compile draws
-    its masks from the compiled graph's random numbers, so they differ from eager's."""
+    forward compiled, graph breaks allowed; "none" (or False): eager. The zoo's dropout draws the
+    same masks compiled or not."""
 
     compile_backend: str = "inductor"
     """torch.compile's backend for `compile`: "inductor" generates fused kernels; "aot_eager"

@@ -1,7 +1,7 @@
 """torch.compile through `Strategy.compile`: each zoo family's blocks compile whole (fullgraph, so
 a graph break fails), give eager's loss and gradients within 1e-5 and keep no more for backward
-than eager; a compiled training run matches an eager one with and without recompute; what cannot
-compose is refused. The multi-process layouts (tensor, sequence and pipeline parallelism, ZeRO-3)
+than eager; a compiled training run with dropout matches an eager one with and without recompute;
+what cannot compose is refused. The multi-process layouts (tensor, sequence and pipeline parallelism, ZeRO-3)
 run compiled in tests/distributed/test_tensor_parallel.py and test_pipeline.py."""
 
 from __future__ import annotations
@@ -77,9 +77,11 @@ def config(tmp_path, **overrides) -> TrainConfig:
                                       dict(compile="blocks", recompute="selective"), dict(compile="model")],
                          ids=["blocks", "blocks+recompute", "blocks+selective", "model"])
 def test_compiled_training_matches_eager(tmp_path, strategy):
-    eager = Trainer(tiny_gpt(), config(tmp_path), Strategy(recompute=strategy.get("recompute", "none")))
+    """With dropout: compiled blocks draw eager's masks (`zoo.nn.dropout`), and a recomputed block
+    the same ones again."""
+    eager = Trainer(tiny_gpt(dropout=0.1), config(tmp_path), Strategy(recompute=strategy.get("recompute", "none")))
     eager_losses = [r["loss"] for r in eager.fit(lm_examples(64))]
-    compiled = Trainer(tiny_gpt(), config(tmp_path), Strategy(**strategy))
+    compiled = Trainer(tiny_gpt(dropout=0.1), config(tmp_path), Strategy(**strategy))
     losses = [r["loss"] for r in compiled.fit(lm_examples(64))]
 
     forwards = compiled_forwards(compiled.model)
@@ -102,3 +104,4 @@ def test_what_compile_cannot_take_is_refused(tmp_path):
     planless = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="compile='blocks' compiles each block.*Sequential declares none"):
         apply_compile(planless, Strategy(compile="blocks"), [])
+

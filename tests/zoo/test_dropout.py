@@ -49,3 +49,17 @@ def test_shared_dims_share_one_mask_value_and_backward_reuses_it():
     assert torch.equal(x.grad != 0, kept) and torch.allclose(x.grad[kept], torch.full_like(x.grad[kept], 2.0))
     with pytest.raises(ValueError, match="shared_dims must be dimensions"):
         dropout(x, 0.5, shared_dims=(3,))
+
+
+def test_inductor_draws_eager_s_mask_at_any_offset_from_a_seed_tensor():
+    """Under torch.compile the seed stays a tensor and the hash is one opaque operator: traced into
+    Inductor's C++, its wrapping int64 multiplications drew other bits at offset 8 and corrupted
+    memory at offset 2 (signed overflow is undefined there)."""
+    def masked(x, seed, offset):
+        return x * keep_mask(x.shape, 0.25, seed, x.device, offset=offset)
+
+    x = torch.randn(4, 256)
+    for offset in (0, 2, 8, 3 * 2**20 + 2):
+        compiled = torch.compile(masked, fullgraph=True, dynamic=False)(x, torch.tensor(1234), offset)
+        assert torch.equal(compiled, masked(x, 1234, offset))
+        assert 0.2 < (compiled == 0).float().mean() < 0.3

@@ -2,7 +2,9 @@
 
 A seed is drawn from PyTorch's default CPU generator when the forward runs, so `torch.manual_seed`
 makes runs reproducible and `torch.utils.checkpoint` (which restores the RNG state before
-recomputing) redraws the same seed: recompute and replay are exact. Backward regenerates the mask
+recomputing) redraws the same seed: recompute and replay are exact. Under torch.compile the draw
+and the hash are each one opaque operator of the graph (`zoo::draw_seed`, `zoo::random_words`):
+compiled runs draw eager's masks, and a block recomputed inside a compiled graph keeps its seed. Backward regenerates the mask
 from the saved seed instead of keeping a (N,) bool tensor alive.
 
 The PyTorch path hashes (seed, element offset) with SplitMix64 and cuts each 64-bit hash into four
@@ -32,12 +34,26 @@ def check_probability(name: str, p: float) -> None:
 
 def draw_seed(p: float) -> int | torch.Tensor:
     """A fresh mask seed from the default generator, or 0 (nothing drawn) when p == 0. Under
-    torch.compile the seed stays a 0-d int64 tensor (reading it into Python would end the graph);
-    the PyTorch path takes either, the Triton kernels (eager only) an int."""
+    torch.compile the seed stays a 0-d int64 tensor (reading it into Python would end the graph),
+    drawn by an opaque operator (`zoo::draw_seed`) that the compiler keeps for backward rather than
+    running again (a recomputed block draws no new mask); the PyTorch path takes either, the
+    Triton kernels (eager only) an int."""
     if p == 0:
         return 0
-    seed = torch.randint(SEED_BOUND, (), dtype=torch.int64)
-    return seed if torch.compiler.is_compiling() else int(seed.item())
+    if torch.compiler.is_compiling():
+        return _draw_seed_op(torch.empty(()))
+    return int(torch.randint(SEED_BOUND, (), dtype=torch.int64).item())
+
+
+@torch.library.custom_op("zoo::draw_seed", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _draw_seed_op(anchor: torch.Tensor) -> torch.Tensor:
+    """`anchor`: a CPU tensor, only so that the operator has a device."""
+    return torch.randint(SEED_BOUND, (), dtype=torch.int64)
+
+
+@_draw_seed_op.register_fake
+def _(anchor: torch.Tensor) -> torch.Tensor:
+    return torch.empty((), dtype=torch.int64)
 
 
 def _signed(constant: int) -> int:
@@ -55,11 +71,20 @@ def random_words(count: int, seed: int | torch.Tensor, device: torch.device, fir
     first + count under `seed`.
 
     Under fake tensors (the memory estimator's trace) the bits are never read: only the hash's two
-    buffers are made, so the trace holds the same bytes in 2 operations instead of 14."""
+    buffers are made, so the trace holds the same bytes in 2 operations instead of 14. Under
+    torch.compile the hash is one opaque operator (`zoo::random_words`): its multiplications wrap
+    around int64, which Inductor's generated C++ (signed overflow, undefined there) does not
+    reproduce."""
     if tracing_fake_tensors():
         words = torch.empty(count, dtype=torch.int64, device=device)
         torch.empty_like(words)  # the shift's scratch buffer, freed when the hash ends
         return words
+    if torch.compiler.is_compiling():
+        return _random_words_op(count, torch.as_tensor(seed), device, first)
+    return _splitmix(count, seed, device, first)
+
+
+def _splitmix(count: int, seed: int | torch.Tensor, device: torch.device, first: int) -> torch.Tensor:
     z = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device).mul_(_GOLDEN_GAMMA).add_(seed)
     shifted = torch.empty_like(z)
     for shift, multiplier in _MIX:  # z ^= z >>> shift (logical: arithmetic shift, sign bits masked off)
@@ -70,6 +95,16 @@ def random_words(count: int, seed: int | torch.Tensor, device: torch.device, fir
     return z
 
 
+@torch.library.custom_op("zoo::random_words", mutates_args=())
+def _random_words_op(count: int, seed: torch.Tensor, device: torch.device, first: int) -> torch.Tensor:
+    return _splitmix(count, seed, device, first)
+
+
+@_random_words_op.register_fake
+def _(count: int, seed: torch.Tensor, device: torch.device, first: int) -> torch.Tensor:
+    return torch.empty(count, dtype=torch.int64, device=device)
+
+
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int | torch.Tensor, device: torch.device,
               offset: int = 0) -> torch.Tensor:
     """The PyTorch path's mask: a bool tensor of `shape`, True (kept) with probability 1 - p
@@ -77,7 +112,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int | torch.T
     makes it elements offset .. offset + numel of the mask of a larger flat shape, so that a
     mask made in pieces equals the whole one."""
     count = math.prod(shape)
-    first, skip = divmod(offset, 4)
+    first, skip = offset // 4, offset % 4  # not divmod: torch.compile takes these on symbolic sizes
     uniforms = random_words(-(-(count + skip) // 4), seed, device, first).view(torch.int16)[skip : skip + count]
     return (uniforms >= round(p * 2**16) - 2**15).view(shape)
 
