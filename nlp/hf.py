@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from nlp.bert import Bert, BertConfig
 from nlp.gpt import GPT, GPTConfig
-from nlp.hf_mixtral import is_mixtral_shaped, mixtral_to_hf
+from nlp.hf_moe import is_hf_moe_shaped, moe_to_hf
 from zoo.hf import StateReader, read_hf_config, read_hf_state
 from zoo.model_folder import write_model_folder
 
@@ -87,18 +87,19 @@ def gpt_from_hf(folder: str | os.PathLike) -> GPT:
 
 
 def gpt_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
-    """Write `model` as a MixtralForCausalLM folder when it is Mixtral-shaped
-    (`nlp.hf_mixtral.is_mixtral_shaped`), else as a GPT2LMHeadModel folder (multi-head attention
+    """Write `model` as a MixtralForCausalLM or OlmoeForCausalLM folder when it has their shape
+    (`nlp.hf_moe.is_hf_moe_shaped`), else as a GPT2LMHeadModel folder (multi-head attention
     with biases, learned positions, LayerNorm, the head tied, dense feed-forwards only)."""
     c = model.config
-    if is_mixtral_shaped(c):
-        return mixtral_to_hf(model, directory)
+    if is_hf_moe_shaped(c):
+        return moe_to_hf(model, directory)
     if (not c.bias or c.n_kv_head not in (None, c.n_head) or c.n_experts or c.positions != "learned"
-            or c.norm != "layer" or not c.tie_embeddings):
+            or c.norm != "layer" or not c.tie_embeddings or c.qk_norm):
         raise ValueError(f"GPT-2 has biases, multi-head attention, learned positions, LayerNorm, a tied head and dense "
-                         f"feed-forwards (and Mixtral rotary positions, RMSNorm, no biases and experts in every block); "
+                         f"feed-forwards (and Mixtral and OLMoE rotary positions, RMSNorm, no biases and experts in every "
+                         f"block); "
                          f"this GPT has bias={c.bias}, n_kv_head={c.n_kv_head}, positions={c.positions!r}, "
-                         f"norm={c.norm!r}, tie_embeddings={c.tie_embeddings}, n_experts={c.n_experts}")
+                         f"norm={c.norm!r}, tie_embeddings={c.tie_embeddings}, qk_norm={c.qk_norm}, n_experts={c.n_experts}")
     ours = model.state_dict()
     state = {"transformer.wte.weight": ours["embeddings.word.weight"], "transformer.wpe.weight": ours["embeddings.position.weight"],
              "transformer.ln_f.weight": ours["norm.weight"], "transformer.ln_f.bias": ours["norm.bias"]}

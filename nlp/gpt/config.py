@@ -37,6 +37,9 @@ class GPTConfig:
     """The blocks' and the final norm: LayerNorm (GPT-2) or RMSNorm (Llama, Mixtral)."""
     norm_eps: float = 1e-5
     """The norms' epsilon."""
+    qk_norm: bool = False
+    """RMS-normalise every block's query and key projections (OLMoE); such a GPT splits nothing
+    for tensor parallelism."""
     tie_embeddings: bool = True
     """The output head is the word embedding (GPT-2); False: a head of its own, `lm_head` (Mixtral)."""
     recompute_attention: bool = False
@@ -51,6 +54,8 @@ class GPTConfig:
     """Every moe_every-th block (the moe_every-th, 2 moe_every-th, ...) is a mixture of experts."""
     moe_hidden: int | None = None
     """Hidden width of each expert; None: 4 x n_embd, the dense block's."""
+    moe_normalize_top_k: bool = True
+    """Rescale a token's top-k router weights to sum to 1 (Mixtral: yes; OLMoE: no)."""
     moe_balance_weight: float = 0.01
     """Weight of the load-balancing loss added to the training loss, per mixture-of-experts block."""
 

@@ -41,11 +41,11 @@ def block_config(config: GPTConfig, index: int = 0) -> TransformerBlockConfig:
     if config.n_experts and (index + 1) % config.moe_every == 0:
         moe = MoEConfig(width=config.n_embd, hidden=config.moe_hidden or 4 * config.n_embd, experts=config.n_experts,
                         top_k=config.moe_top_k, shared_experts=config.n_shared_experts,
-                        balance_weight=config.moe_balance_weight)
+                        normalize_top_k=config.moe_normalize_top_k, balance_weight=config.moe_balance_weight)
     return TransformerBlockConfig(
         width=config.n_embd, heads=config.n_head, kv_heads=config.n_kv_head, activation="gelu_tanh", prenorm=True,
         norm=config.norm, causal=True, dropout=config.dropout, attention_dropout=config.dropout, bias=config.bias,
-        eps=config.norm_eps, recompute_attention=config.recompute_attention, moe=moe)
+        eps=config.norm_eps, recompute_attention=config.recompute_attention, qk_norm=config.qk_norm, moe=moe)
 
 
 @register("gpt", GPTConfig)
@@ -76,10 +76,10 @@ class GPT(nn.Module):
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); the word embedding, and through the tied weight the output head, split by
         vocabulary rows. Under sequence parallelism the embeddings' output is split along the
-        sequence and the final norm's output gathered whole for the head. A GPT with experts splits
-        nothing yet and runs unpipelined (its blocks' auxiliary losses do not travel between
-        stages): its blocks are its shard and recompute units."""
-        if self.config.n_experts:
+        sequence and the final norm's output gathered whole for the head. A GPT with experts or
+        QK-norm splits nothing yet and runs unpipelined (the blocks' auxiliary losses do not travel
+        between stages): its blocks are its shard and recompute units."""
+        if self.config.n_experts or self.config.qk_norm:
             return ModelPlan(blocks=("blocks.*",))
         blocks = block_plan("blocks.*", block_config(self.config))
         head = "embeddings.word" if self.config.tie_embeddings else "lm_head"

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from zoo.nn.chunk_memory import rows_per_chunk
 from zoo.nn.dropout import check_probability, draw_seed, keep_mask
 from zoo.nn.kv_cache import LayerKVCache
+from zoo.nn.norm import Norm
 from zoo.nn.rotary import apply_rotary
 
 def _rows_keep(shape: torch.Size, p: float, seed: int, start: int, device: torch.device) -> torch.Tensor:
@@ -161,14 +162,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention: query, key and value projections, `attention()`, and the output
-    projection. `kv_heads` < `heads` gives grouped-query attention (kv_heads = 1: multi-query).
-    State-dict names: q.*, k.*, v.*, out.* (a checkpoint with one fused qkv.* loads too).
+    projection. `kv_heads` < `heads` gives grouped-query attention (kv_heads = 1: multi-query);
+    `qk_norm` RMS-normalises the query and key projections (norm epsilon `eps`). State-dict names:
+    q.*, k.*, v.*, out.*, q_norm.*, k_norm.* (a checkpoint with one fused qkv.* loads too).
 
     The head counts of a call are read from the projections' output widths (`head_dim` columns a
     head), so the layer also runs on a tensor-parallel shard that holds some of the heads."""
 
     def __init__(self, width: int, heads: int, kv_heads: int | None = None, *, bias: bool = True,
-                 causal: bool = False, dropout: float = 0.0, recompute: bool = False) -> None:
+                 causal: bool = False, dropout: float = 0.0, recompute: bool = False, qk_norm: bool = False,
+                 eps: float = 1e-5) -> None:
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         if heads < 1 or width % heads:
@@ -182,6 +185,8 @@ class SelfAttention(nn.Module):
         self.k = nn.Linear(width, kv_heads * self.head_dim, bias=bias)
         self.v = nn.Linear(width, kv_heads * self.head_dim, bias=bias)
         self.out = nn.Linear(width, width, bias=bias)
+        self.q_norm = Norm(heads * self.head_dim, "rms", eps, bias=False) if qk_norm else None
+        self.k_norm = Norm(kv_heads * self.head_dim, "rms", eps, bias=False) if qk_norm else None
         self._register_load_state_dict_pre_hook(self._split_fused_qkv)
 
     def _split_fused_qkv(self, state_dict, prefix, *args) -> None:
@@ -195,8 +200,12 @@ class SelfAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, S, W) -> q (B, Hq, S, D), k and v (B, Hkv, S, D), with the head counts those of
-        the projections' outputs."""
-        return tuple(self._heads(linear(x)) for linear in (self.q, self.k, self.v))
+        the projections' outputs; with `q_norm` and `k_norm`, each of the query and key projections
+        RMS-normalised over its whole width first (OLMoE's QK-norm)."""
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self._heads(q), self._heads(k), self._heads(v)
 
     def _heads(self, y: torch.Tensor) -> torch.Tensor:
         return y.unflatten(-1, (-1, self.head_dim)).transpose(1, 2)

@@ -60,6 +60,9 @@ class TransformerBlockConfig:
     recompute_attention: bool = False
     """Recompute the q, k, v projections and attention in backward instead of keeping q, k, v
     (about one extra projection and attention forward per step)."""
+    qk_norm: bool = False
+    """RMS-normalise the query and key projections before attention (OLMoE); not under tensor
+    parallelism (`block_plan` refuses it)."""
     moe: MoEConfig | None = None
     """A mixture of experts as the feed-forward (`zoo.nn.moe`; its width must be `width`) instead
     of the dense one; None: dense."""
@@ -79,7 +82,7 @@ class TransformerBlock(nn.Module):
         self.config = config
         self.attn = SelfAttention(config.width, config.heads, config.kv_heads, bias=config.bias,
                                   causal=config.causal, dropout=config.attention_dropout,
-                                  recompute=config.recompute_attention)
+                                  recompute=config.recompute_attention, qk_norm=config.qk_norm, eps=config.eps)
         if config.moe is not None and config.moe.width != config.width:
             raise ValueError(f"TransformerBlockConfig.moe.width must be the block's width {config.width}; "
                              f"got {config.moe.width}")
@@ -115,7 +118,10 @@ def block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
     """The plan of a stack of `TransformerBlock`s of shape `config` whose names match `pattern`
     (e.g. "blocks.*"): each block one shard and recompute unit; attention and feed-forward are the
     tensor-parallel regions (q, k, v and fc1 column-, out and fc2 row-parallel; multi-query
-    attention's one key/value head is replicated), the norms run on sequence shards."""
+    attention's one key/value head is replicated), the norms run on sequence shards. Blocks with
+    QK-norm split nothing."""
+    if config.qk_norm:  # its norms span every head, which a split by heads would cut
+        return ModelPlan(blocks=(pattern,))
     kv = (f"{pattern}.attn.k", f"{pattern}.attn.v")
     multi_query = config.heads > 1 and (config.kv_heads or config.heads) == 1
     head_dim = config.width // config.heads

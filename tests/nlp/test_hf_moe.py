@@ -1,7 +1,9 @@
-"""Hugging Face parity for Mixtral: a tiny seeded `MixtralForCausalLM` that transformers builds and
-saves loads into our GPT (rotary positions, RMSNorm, experts in every block) with its logits and
-the routers' choices, in both layouts of the experts' weights; our export loads back into
-transformers with the same logits; configs we would not reproduce are refused by name."""
+"""Hugging Face parity for two mixture-of-experts families, Mixtral and OLMoE (QK-norm, top-k
+weights unnormalised): a tiny seeded `MixtralForCausalLM` / `OlmoeForCausalLM` that transformers
+builds and saves loads into our GPT (rotary positions, RMSNorm, experts in every block) with its
+logits, the routers' choices and greedy decoding, Mixtral in both layouts of the experts' weights;
+our export loads back into transformers with the same logits; configs we would not reproduce are
+refused by name."""
 
 from __future__ import annotations
 
@@ -14,26 +16,34 @@ from safetensors.torch import load_file, save_file
 
 import zoo
 from nlp.gpt import GPT
-from nlp.hf_mixtral import mixtral_config_from_hf
+from nlp.hf_moe import moe_config_from_hf
 from zoo.hf import export_hf
 from zoo.nn.moe import MoEFeedForward
 from zoo.parity import relative_error
 
 CONFIG = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32,
-              rope_theta=500.0)
+              num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=32, rope_theta=500.0,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+FAMILIES = {"mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, {"num_local_experts": 4}),
+            "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM, {"num_experts": 4})}
+EXPERTS, TOP_K = 4, CONFIG["num_experts_per_tok"]
 
 
-def hf_mixtral(tmp_path, **overrides):
-    """A seeded tiny Mixtral with non-trivial norms, saved by transformers."""
+def hf_config(family: str, **overrides):
+    config_class, _, experts = FAMILIES[family]
+    return config_class(**{**CONFIG, **experts, **overrides})
+
+
+def hf_mixtral(tmp_path, family: str = "mixtral", **overrides):
+    """A seeded tiny model of `family` with non-trivial norms, saved by transformers."""
     torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**{**CONFIG, **overrides})).eval()
+    model = FAMILIES[family][1](hf_config(family, **overrides)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
-    model.save_pretrained(tmp_path / "hf_mixtral")
-    return model, tmp_path / "hf_mixtral"
+    model.save_pretrained(tmp_path / family)
+    return model, tmp_path / family
 
 
 def ids(seed: int) -> torch.Tensor:
@@ -48,15 +58,18 @@ def routed_experts(model: GPT) -> list[torch.Tensor]:
 def hf_routed_experts(hf_model, tokens: torch.Tensor) -> list[torch.Tensor]:
     """Each layer's assignments per expert, from the router logits transformers returns."""
     logits = hf_model(tokens, output_router_logits=True).router_logits
-    top = [layer.softmax(-1).topk(CONFIG["num_experts_per_tok"], -1).indices.flatten() for layer in logits]
-    return [torch.bincount(chosen, minlength=CONFIG["num_local_experts"]) for chosen in top]
+    top = [layer.softmax(-1).topk(TOP_K, -1).indices.flatten() for layer in logits]
+    return [torch.bincount(chosen, minlength=EXPERTS) for chosen in top]
 
 
-def test_mixtral_loads_with_transformers_logits_and_router_choices(tmp_path):
-    hf_model, folder = hf_mixtral(tmp_path)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loads_with_transformers_logits_router_choices_and_greedy_tokens(tmp_path, family):
+    hf_model, folder = hf_mixtral(tmp_path, family)
     model = zoo.load(folder).eval()
     assert isinstance(model, GPT) and model.config.positions == "rotary" and model.config.n_experts == 4
     assert model.config.rope_theta == 500.0 and not model.config.tie_embeddings
+    olmoe = family == "olmoe"  # QK-norm, top-k weights left unnormalised
+    assert (model.config.qk_norm, model.config.moe_normalize_top_k) == (olmoe, not olmoe)
     tokens = ids(1)
     with torch.no_grad():
         theirs, ours = hf_model(tokens).logits, model(tokens)["logits"]
@@ -90,29 +103,34 @@ def test_mixtral_of_the_published_per_expert_layout_loads_alike(tmp_path):
         assert relative_error(zoo.load(folder).eval()(tokens)["logits"], hf_model(tokens).logits) < 1e-5
 
 
-def test_our_mixtral_exports_to_a_folder_transformers_loads_with_the_same_logits(tmp_path):
-    hf_model, folder = hf_mixtral(tmp_path)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_our_export_is_a_folder_transformers_loads_with_the_same_logits(tmp_path, family):
+    hf_model, folder = hf_mixtral(tmp_path, family)
     model = zoo.load(folder)
     with torch.no_grad():  # trained-looking weights: the export must carry ours, not the import's
         for param in model.parameters():
             param.add_(0.01 * torch.randn_like(param))
     export_hf(model, tmp_path / "exported")
-    assert json.loads((tmp_path / "exported" / "config.json").read_text())["architectures"] == ["MixtralForCausalLM"]
-    reloaded = transformers.MixtralForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["architectures"] == [FAMILIES[family][1].__name__]
+    reloaded = FAMILIES[family][1].from_pretrained(tmp_path / "exported").eval()
     tokens = ids(3)
     with torch.no_grad():
         assert relative_error(reloaded(tokens).logits, model.eval()(tokens)["logits"]) < 1e-5
 
 
-def test_mixtral_configs_we_would_not_reproduce_are_refused():
-    base = transformers.MixtralConfig(**CONFIG).to_dict()
-    for key, value, message in (("router_jitter_noise", 0.1, "router_jitter_noise=0.1"),
+def test_configs_we_would_not_reproduce_are_refused():
+    base = hf_config("mixtral").to_dict()
+    for key, value, message in (("router_jitter_noise", 0.1, "mixtral config router_jitter_noise=0.1"),
                                 ("hidden_act", "gelu", "hidden_act='gelu'"),
                                 ("sliding_window", 8, "sliding_window=8"),
                                 ("attention_dropout", 0.1, "attention_dropout=0.1")):
         with pytest.raises(ValueError, match=message):
-            mixtral_config_from_hf({**base, key: value})
-    dense = GPT(mixtral_config_from_hf(base).__class__(n_layer=1, n_head=2, n_embd=16, vocab_size=32, block_size=8,
-                                                       positions="rotary", norm="rms", bias=False))
+            moe_config_from_hf({**base, key: value})
+    olmoe = hf_config("olmoe").to_dict()
+    for key, value in (("clip_qkv", 8.0), ("attention_bias", True)):
+        with pytest.raises(ValueError, match=f"olmoe config {key}={value!r}"):
+            moe_config_from_hf({**olmoe, key: value})
+    dense = GPT(moe_config_from_hf(base).__class__(n_layer=1, n_head=2, n_embd=16, vocab_size=32, block_size=8,
+                                                   positions="rotary", norm="rms", bias=False))
     with pytest.raises(ValueError, match="GPT-2 has biases.*positions='rotary'"):
         export_hf(dense, "/nonexistent")
