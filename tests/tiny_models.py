@@ -84,6 +84,7 @@ def tiny_vit() -> nn.Module:
 TP_MODELS = {
     "gpt": (lambda: tiny_gpt(bias=True), lm_examples, None),
     "mqa": (lambda: tiny_gpt(n_head=4, n_kv_head=1, vocab_size=49), lm_examples, None),
+    "moe": (lambda: tiny_gpt(n_experts=4, moe_top_k=2), lm_examples, None),
     "custom": (FeedForwardLM, lm_examples, None),
     "gained": (GainedLM, lm_examples, None),
     "bert": (tiny_bert, mlm_examples, None),
@@ -94,7 +95,8 @@ TP_MODELS = {
     "fold_dropout": (lambda: tiny_fold(dropout=0.25), fold_examples, collate_folding),
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
-(row-parallel biases are added once), multi-query GPT (keys and values replicated), the models of parity_models.py
+(row-parallel biases are added once), multi-query GPT (keys and values replicated), GPT with
+mixture-of-experts blocks (no split of its own: for the compiled runs), the models of parity_models.py
 (the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
 gain in each region, kept whole on every rank), BERT masked-LM with padding,
 a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial

@@ -18,7 +18,7 @@ from trainers.speed.compile import apply_compile, compiled_forwards
 from zoo.parity import relative_error
 from zoo.plan import model_plan
 
-BACKENDS = {"gpt": "inductor", "bert": "inductor", "vit": "inductor", "conformer": "inductor", "fold": "aot_eager"}
+BACKENDS = {"gpt": "inductor", "moe": "inductor", "bert": "inductor", "vit": "inductor", "conformer": "inductor", "fold": "aot_eager"}
 """Inductor generates the kernels; for the folding model's Evoformer (about 200 operators a block)
 that takes close to a minute on two cores, so its test traces the same graphs with "aot_eager"."""
 

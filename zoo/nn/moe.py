@@ -8,7 +8,7 @@ multiplies its contiguous run of tokens, however many (no capacity factor, no to
 experts' weights are stacked, (E, F, W) for gate and up and (E, W, F) for down, so an expert no
 token chose still gets a (zero) gradient, the same on every rank. The routed experts keep for
 backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
-keeps its pre-activation (`_RoutedExperts`). Each product over the experts is one grouped product
+keeps its pre-activation (`_routed_experts`, one operator to torch.compile). Each product over the experts is one grouped product
 (torch's, where it takes the shapes: rows 16-byte aligned), else one product an expert, said once
 in the log; the runs' lengths are read on the host (one synchronisation a layer on a GPU).
 
@@ -128,42 +128,66 @@ def _say_once(message: str) -> None:
         log.warning(message)
 
 
-class _RoutedExperts(torch.autograd.Function):
+@torch.library.custom_op("zoo::routed_experts", mutates_args=())
+def _routed_experts(tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                    down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
-    weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, `counts` of them
-    per expert; gate, up (E, F, W), down (E, W, F) -> (N, W). Saves only each assignment's gate
-    pre-activation (F) beside the tokens, the weights and the indices: up's output, the hidden
-    activation and the experts' outputs are computed again in backward (two more products a
-    routed token), as the dense fused feed-forward keeps only its pre-activation."""
+    weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, counts (E,) of
+    them per expert; gate, up (E, F, W), down (E, W, F) -> ((N, W), each assignment's gate
+    pre-activation (A, F)). One operator to torch.compile (its fake form gives the shapes), so that
+    the runs' lengths are read on the host inside it, not in a compiled graph. Its backward
+    (`_routed_experts_backward`) keeps only the pre-activation beside the inputs: up's output, the
+    hidden activation and the experts' outputs are computed again (two more products a routed
+    token), as the dense fused feed-forward keeps only its pre-activation."""
+    routed, runs = tokens[token_of], _runs(counts.tolist(), tokens.device)
+    gated = _per_expert(routed, gate.transpose(1, 2), runs)
+    hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), runs)
+    outputs = _per_expert(hidden, down.transpose(1, 2), runs)
+    return torch.zeros_like(tokens).index_add_(0, token_of, outputs * weights[:, None]), gated
 
-    @staticmethod
-    def forward(ctx, tokens, weights, gate, up, down, token_of, counts):
-        routed, runs = tokens[token_of], _runs(counts, tokens.device)
-        gated = _per_expert(routed, gate.transpose(1, 2), runs)
-        hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), runs)
-        outputs = _per_expert(hidden, down.transpose(1, 2), runs)
-        ctx.save_for_backward(tokens, weights, gate, up, down, token_of, gated)
-        ctx.runs = runs
-        return torch.zeros_like(tokens).index_add_(0, token_of, outputs * weights[:, None])
 
-    @staticmethod
-    def backward(ctx, grad):
-        tokens, weights, gate, up, down, token_of, gated = ctx.saved_tensors
-        runs = ctx.runs
-        routed, grad_routed = tokens[token_of], grad[token_of]
-        u = _per_expert(routed, up.transpose(1, 2), runs)
-        sigmoid = torch.sigmoid(gated)
-        s = gated * sigmoid
-        hidden = s * u
-        grad_weights = (grad_routed * _per_expert(hidden, down.transpose(1, 2), runs)).sum(-1)
-        grad_out = grad_routed * weights[:, None]
-        grad_hidden = _per_expert(grad_out, down, runs)
-        grad_u = grad_hidden * s
-        grad_g = grad_hidden * u * sigmoid * (1 + gated * (1 - sigmoid))
-        grad_in = _per_expert(grad_g, gate, runs) + _per_expert(grad_u, up, runs)
-        return (torch.zeros_like(tokens).index_add_(0, token_of, grad_in), grad_weights,
-                _per_expert_outer(grad_g, routed, runs), _per_expert_outer(grad_u, routed, runs),
-                _per_expert_outer(grad_out, hidden, runs), None, None)
+@_routed_experts.register_fake
+def _(tokens, weights, gate, up, down, token_of, counts):
+    return torch.empty_like(tokens), tokens.new_empty(token_of.shape[0], gate.shape[1])
+
+
+@torch.library.custom_op("zoo::routed_experts_backward", mutates_args=())
+def _routed_experts_backward(grad: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                             up: torch.Tensor, down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor,
+                             gated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor]:
+    """Gradients of `_routed_experts`'s output `grad` (N, W) for tokens, weights, gate, up, down."""
+    runs = _runs(counts.tolist(), tokens.device)
+    routed, grad_routed = tokens[token_of], grad[token_of]
+    u = _per_expert(routed, up.transpose(1, 2), runs)
+    sigmoid = torch.sigmoid(gated)
+    s = gated * sigmoid
+    hidden = s * u
+    grad_weights = (grad_routed * _per_expert(hidden, down.transpose(1, 2), runs)).sum(-1)
+    grad_out = grad_routed * weights[:, None]
+    grad_hidden = _per_expert(grad_out, down, runs)
+    grad_u = grad_hidden * s
+    grad_g = grad_hidden * u * sigmoid * (1 + gated * (1 - sigmoid))
+    grad_in = _per_expert(grad_g, gate, runs) + _per_expert(grad_u, up, runs)
+    return (torch.zeros_like(tokens).index_add_(0, token_of, grad_in), grad_weights,
+            _per_expert_outer(grad_g, routed, runs), _per_expert_outer(grad_u, routed, runs),
+            _per_expert_outer(grad_out, hidden, runs))
+
+
+@_routed_experts_backward.register_fake
+def _(grad, tokens, weights, gate, up, down, token_of, counts, gated):
+    return tuple(torch.empty_like(t) for t in (tokens, weights, gate, up, down))
+
+
+def _keep_for_backward(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs, output[1])
+
+
+def _backward(ctx, grad, _grad_gated):
+    return (*_routed_experts_backward(grad, *ctx.saved_tensors), None, None)
+
+
+_routed_experts.register_autograd(_backward, setup_context=_keep_for_backward)
 
 
 class GatedFeedForward(nn.Module):
@@ -214,9 +238,10 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         assignments = chosen.reshape(-1)
         order = assignments.argsort(stable=True)
-        counts = torch.bincount(assignments, minlength=config.experts)
-        y = _RoutedExperts.apply(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
-                                 order // config.top_k, counts.tolist())
+        counts = torch.zeros(config.experts, dtype=torch.int64, device=x.device).index_add_(
+            0, assignments, torch.ones_like(assignments))
+        y, _ = _routed_experts(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
+                               order // config.top_k, counts)
         if self.shared is not None:
             y = y + self.shared(tokens)
         self.expert_counts = counts.detach()
