@@ -67,16 +67,41 @@ def build_tokenizer(kind: str, text: str) -> TextTokenizer:
     return CharTokenizer.from_text(text) if kind == "char" else GPT2Tokenizer()
 
 
+@dataclass
+class ShakespeareBlocks:
+    """The corpus tokenized and cut into training blocks and held-out validation blocks (its end)."""
+
+    tokenizer: TextTokenizer
+    ids: torch.Tensor
+    """Every token id of the corpus."""
+    split: int
+    """Index of the first validation token."""
+    train: TokenBlocks
+    validation: TokenBlocks
+
+    @property
+    def characters_per_validation_token(self) -> float:
+        return len(self.tokenizer.decode(self.ids[self.split:].tolist())) / (self.ids.numel() - self.split)
+
+
+def shakespeare_blocks(tokenizer_kind: str, block: int, validation_fraction: float) -> ShakespeareBlocks:
+    """Shakespeare in blocks of `block` tokens of the `tokenizer_kind` tokenizer, the last
+    `validation_fraction` held out."""
+    text = shakespeare_text()
+    tokenizer = build_tokenizer(tokenizer_kind, text)
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    split = int(ids.numel() * (1.0 - validation_fraction))
+    data = ShakespeareBlocks(tokenizer, ids, split, TokenBlocks(ids[:split], block), TokenBlocks(ids[split:], block))
+    log.info("Shakespeare: %s characters, %s %s tokens; %d training and %d validation blocks of %d tokens",
+             f"{len(text):,}", f"{ids.numel():,}", tokenizer_kind, len(data.train), len(data.validation), block)
+    return data
+
+
 def run(config: GPTShakespeareConfig) -> dict[str, Any]:
     """Train, evaluate, report memory, save the model, print a sample. Call on every rank."""
-    text = shakespeare_text()
-    tokenizer = build_tokenizer(config.tokenizer, text)
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    split = int(ids.numel() * (1.0 - config.validation_fraction))
-    block = config.model.block_size
-    train_set, validation_set = TokenBlocks(ids[:split], block), TokenBlocks(ids[split:], block)
-    log.info("Shakespeare: %s characters, %s %s tokens; %d training and %d validation blocks of %d tokens",
-             f"{len(text):,}", f"{ids.numel():,}", config.tokenizer, len(train_set), len(validation_set), block)
+    data = shakespeare_blocks(config.tokenizer, config.model.block_size, config.validation_fraction)
+    tokenizer, block = data.tokenizer, config.model.block_size
+    train_set, validation_set = data.train, data.validation
 
     model_config = dataclasses.replace(config.model, vocab_size=tokenizer.vocab_size)
     torch.manual_seed(config.train.seed)
@@ -88,7 +113,7 @@ def run(config: GPTShakespeareConfig) -> dict[str, Any]:
         return {}
 
     evaluation = [r for r in history if "eval_loss" in r][-1]
-    characters_per_token = len(tokenizer.decode(ids[split:].tolist())) / (ids.numel() - split)
+    characters_per_token = data.characters_per_validation_token
     metrics = {
         "validation_loss": evaluation["eval_loss"],
         "validation_perplexity": math.exp(evaluation["eval_loss"]),
