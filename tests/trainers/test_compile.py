@@ -18,9 +18,13 @@ from trainers.speed.compile import apply_compile, compiled_forwards
 from zoo.parity import relative_error
 from zoo.plan import model_plan
 
-BACKENDS = {"gpt": "inductor", "moe": "inductor", "bert": "inductor", "vit": "inductor", "conformer": "inductor", "fold": "aot_eager"}
+BACKENDS = {"gpt": "inductor", "gpt_dropout": "inductor", "moe": "inductor", "bert": "inductor", "vit": "inductor",
+            "conformer": "inductor", "fold": "aot_eager"}
 """Inductor generates the kernels; for the folding model's Evoformer (about 200 operators a block)
 that takes close to a minute on two cores, so its test traces the same graphs with "aot_eager"."""
+MODELS = {**TP_MODELS, "gpt_dropout": (lambda: tiny_gpt(dropout=0.1), lm_examples, None)}
+"""The parity models (tests/tiny_models.py) and GPT with dropout 0.1 (attention's chunked operator;
+compiled blocks draw eager's masks)."""
 
 ZERO_GRADIENT = ("attn.k.bias", "row_attention.pair_norm.bias")
 """Parameters whose gradients are zero up to rounding (a key bias; see test_tensor_parallel.py)."""
@@ -44,7 +48,7 @@ def saved_bytes_and_gradients(model: nn.Module, batch: dict) -> tuple[torch.Tens
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", BACKENDS)
 def test_each_zoo_family_s_blocks_compile_whole_and_keep_what_eager_keeps(name):
-    build, examples, collate = TP_MODELS[name]
+    build, examples, collate = MODELS[name]
     torch.manual_seed(5)
     data = examples(8)
     batch = (collate or default_collate)([data[i] for i in range(4)])

@@ -3,10 +3,10 @@
 `attention()` runs SDPA (flash / memory-efficient backends: saves q, k, v, the output and one
 log-sum-exp per query) for causal and key-padding masks and multi-/grouped-query heads. One case
 SDPA cannot serve without materialising the (B, H, S, S) probabilities: attention dropout on CPU,
-where only the math backend supports it. There `attention()` runs `_ChunkedAttention`, a PyTorch
-flash-style function: query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
+where only the math backend supports it. There `attention()` runs `_chunked_attention`, a PyTorch
+flash-style operator: query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
 per chunk, and a backward that recomputes each chunk's probabilities. It saves what SDPA's flash
-backend saves.
+backend saves (and the seed), compiled or not.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.norm import Norm
 from zoo.nn.rotary import apply_rotary
 
-def _rows_keep(shape: torch.Size, p: float, seed: int, start: int, device: torch.device) -> torch.Tensor:
+def _rows_keep(shape: torch.Size, p: float, seed: int | torch.Tensor, start: int, device: torch.device) -> torch.Tensor:
     """The dropout scale (keep / (1 - p)) of query rows start .. start + shape[2] of the (B, H, Sq,
     Sk) probabilities: rows of one mask laid out (Sq, B, H, Sk), so the same whatever the chunks."""
     b, h, rows, keys = shape
@@ -47,58 +47,85 @@ def _chunk_scores(q_chunk, k, start, scale, bias, causal, sq):
     return scores
 
 
-class _ChunkedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, causal, p, scale, chunk):
-        groups = q.shape[1] // k.shape[1]
-        ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
-        seed = draw_seed(p)
-        acc = lse.dtype
-        ke_acc = ke.to(acc)
-        for start in range(0, q.shape[2], chunk):
-            scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal, q.shape[2])
-            chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
-            probs = scores.sub_(chunk_lse[..., None]).exp_()
-            if p:
-                probs *= _rows_keep(probs.shape, p, seed, start, q.device)
-            lse[:, :, start : start + chunk] = chunk_lse
-            out[:, :, start : start + chunk] = probs.to(v.dtype) @ ve
-        ctx.save_for_backward(q, k, v, bias, out, lse)
-        ctx.config = (causal, p, scale, chunk, seed)
-        return out
+@torch.library.custom_op("zoo::chunked_attention", mutates_args=())
+def _chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
+                       p: float, scale: float, chunk: int, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with dropout on the probabilities, `chunk` query rows at a time: (out like q,
+    log-sum-exp (B, Hq, S)). The probabilities of a chunk exist only while it runs; backward
+    (`_chunked_attention_backward`) forms them again from q, k and the log-sum-exp, and the
+    dropout masks from `seed`. One operator to torch.compile, so that a compiled graph keeps what
+    it keeps (not the probabilities of every chunk)."""
+    groups = q.shape[1] // k.shape[1]
+    ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    out = q.new_empty(q.shape)  # contiguous, as the fake form says, whatever q's strides
+    lse = torch.empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
+    ke_acc = ke.to(lse.dtype)
+    for start in range(0, q.shape[2], chunk):
+        scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal, q.shape[2])
+        chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
+        probs = scores.sub_(chunk_lse[..., None]).exp_()
+        if p:
+            probs *= _rows_keep(probs.shape, p, seed, start, q.device)
+        lse[:, :, start : start + chunk] = chunk_lse
+        out[:, :, start : start + chunk] = probs.to(v.dtype) @ ve
+    return out, lse
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, bias, out, lse = ctx.saved_tensors
-        causal, p, scale, chunk, seed = ctx.config
-        groups = q.shape[1] // k.shape[1]
-        ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        grad_out = grad_out.to(q.dtype)
-        acc = lse.dtype
-        delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
-        grad_q = torch.empty_like(q)
-        grad_k = torch.zeros(ke.shape, dtype=acc, device=q.device)
-        grad_v = torch.zeros(ve.shape, dtype=acc, device=q.device)
-        ke_acc = ke.to(acc)
-        for start in range(0, q.shape[2], chunk):
-            rows = slice(start, start + chunk)
-            q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
-            probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal, q.shape[2])
-            probs = probs.sub_(lse[:, :, rows, None]).exp_()
-            grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
-            dropped = probs
-            if p:
-                keep = _rows_keep(probs.shape, p, seed, start, q.device)
-                dropped = probs * keep
-                grad_probs *= keep
-            grad_v += dropped.transpose(-1, -2) @ g_chunk.to(acc)
-            grad_scores = probs.mul_(grad_probs.sub_(delta[:, :, rows, None])).mul_(scale)
-            grad_q[:, :, rows] = (grad_scores.to(q.dtype) @ ke)
-            grad_k += grad_scores.transpose(-1, -2) @ q_chunk.to(acc)
-        fold = lambda g: g.unflatten(1, (k.shape[1], groups)).sum(2).to(k.dtype)  # noqa: E731
-        return grad_q, fold(grad_k), fold(grad_v), None, None, None, None, None
+
+@_chunked_attention.register_fake
+def _(q, k, v, bias, causal, p, scale, chunk, seed):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
+
+
+@torch.library.custom_op("zoo::chunked_attention_backward", mutates_args=())
+def _chunked_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                bias: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
+                                causal: bool, p: float, scale: float,
+                                chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `_chunked_attention`'s output for q, k, v."""
+    groups = q.shape[1] // k.shape[1]
+    ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    grad_out = grad_out.to(q.dtype)
+    acc = lse.dtype
+    delta = (grad_out.to(acc) * out.to(acc)).sum(-1)
+    grad_q = q.new_empty(q.shape)
+    grad_k = torch.zeros(ke.shape, dtype=acc, device=q.device)
+    grad_v = torch.zeros(ve.shape, dtype=acc, device=q.device)
+    ke_acc = ke.to(acc)
+    for start in range(0, q.shape[2], chunk):
+        rows = slice(start, start + chunk)
+        q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
+        probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal, q.shape[2])
+        probs = probs.sub_(lse[:, :, rows, None]).exp_()
+        grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
+        dropped = probs
+        if p:
+            keep = _rows_keep(probs.shape, p, seed, start, q.device)
+            dropped = probs * keep
+            grad_probs *= keep
+        grad_v += dropped.transpose(-1, -2) @ g_chunk.to(acc)
+        grad_scores = probs.mul_(grad_probs.sub_(delta[:, :, rows, None])).mul_(scale)
+        grad_q[:, :, rows] = (grad_scores.to(q.dtype) @ ke)
+        grad_k += grad_scores.transpose(-1, -2) @ q_chunk.to(acc)
+    fold = lambda g: g.unflatten(1, (k.shape[1], groups)).sum(2).to(k.dtype).contiguous()  # noqa: E731
+    return grad_q, fold(grad_k), fold(grad_v)
+
+
+@_chunked_attention_backward.register_fake
+def _(grad_out, q, k, v, bias, out, lse, seed, causal, p, scale, chunk):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _keep_for_backward(ctx, inputs, output) -> None:
+    q, k, v, bias, causal, p, scale, chunk, seed = inputs
+    ctx.save_for_backward(q, k, v, bias, output[0], output[1], seed)
+    ctx.config = (causal, p, scale, chunk)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    return (*_chunked_attention_backward(grad_out, *ctx.saved_tensors, *ctx.config), None, None, None, None, None, None)
+
+
+_chunked_attention.register_autograd(_backward, setup_context=_keep_for_backward)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
@@ -152,7 +179,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if mask is not None:
             bias = torch.zeros(mask.shape, dtype=torch.float32, device=q.device).masked_fill_(~mask, float("-inf"))
         chunk = rows_per_chunk(4 * q.shape[0] * q.shape[1] * k.shape[2])  # float32 scores of one query row
-        return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk)
+        return _chunked_attention(q, k, v, bias, causal, p, scale, chunk, torch.as_tensor(draw_seed(p)))[0]
     if causal and (mask is not None or q.shape[2] != k.shape[2]):  # else SDPA's is_causal serves
         lower = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
         mask = lower if mask is None else mask & lower
