@@ -10,8 +10,9 @@ attention), "hf-compiled" (the whole HF model under `torch.compile`), "ours" (th
 holding HF's weights) and "ours-compiled" (its blocks compiled, `Strategy(compile="blocks")`).
 The compiled twin shares its eager model's parameters, so one process holds two copies of the
 weights, not four. A step is forward, loss, backward and an AdamW step at learning rate 0 (all its
-work, the weights unchanged: every implementation's loss is on the same weights, a parity check
-beside the timings). After one warm-up step per
+work, the weights unchanged: every implementation's loss is on the same weights; the models keep
+HF's default dropout of 0.1, so the losses differ by their masks, ours and ours compiled drawing
+the same ones given the same generator state). After one warm-up step per
 implementation (which compiles; its time is reported) the implementations run `--steps` steps in
 turns, one step each, the order rotating, and each reports its median: this machine's speed
 drifts, and the turns spread the drift over all four.

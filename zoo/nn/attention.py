@@ -3,10 +3,11 @@
 `attention()` runs SDPA (flash / memory-efficient backends: saves q, k, v, the output and one
 log-sum-exp per query) for causal and key-padding masks and multi-/grouped-query heads. One case
 SDPA cannot serve without materialising the (B, H, S, S) probabilities: attention dropout on CPU,
-where only the math backend supports it. There `attention()` runs `_chunked_attention`, a PyTorch
-flash-style operator: query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
+where only the math backend supports it. There `attention()` runs a PyTorch flash-style function
+(`_chunks_forward`): query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
 per chunk, and a backward that recomputes each chunk's probabilities. It saves what SDPA's flash
-backend saves (and the seed), compiled or not.
+backend saves. Under torch.compile it is one custom operator (`zoo::chunked_attention`), so that
+the compiled graph saves no more.
 """
 
 from __future__ import annotations
@@ -47,14 +48,12 @@ def _chunk_scores(q_chunk, k, start, scale, bias, causal, sq):
     return scores
 
 
-@torch.library.custom_op("zoo::chunked_attention", mutates_args=())
-def _chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
-                       p: float, scale: float, chunk: int, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with dropout on the probabilities, `chunk` query rows at a time: (out like q,
-    log-sum-exp (B, Hq, S)). The probabilities of a chunk exist only while it runs; backward
-    (`_chunked_attention_backward`) forms them again from q, k and the log-sum-exp, and the
-    dropout masks from `seed`. One operator to torch.compile, so that a compiled graph keeps what
-    it keeps (not the probabilities of every chunk)."""
+def _chunks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
+                    p: float, scale: float, chunk: int, seed: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with dropout on the probabilities, `chunk` query rows at a time: (out (B, Hq, S,
+    D) contiguous, log-sum-exp (B, Hq, S)). The probabilities of a chunk exist only while it runs;
+    backward (`_chunks_backward`) forms them again from q, k and the log-sum-exp, and the dropout
+    masks from `seed`."""
     groups = q.shape[1] // k.shape[1]
     ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     out = q.new_empty(q.shape)  # contiguous, as the fake form says, whatever q's strides
@@ -71,17 +70,23 @@ def _chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: 
     return out, lse
 
 
+@torch.library.custom_op("zoo::chunked_attention", mutates_args=())
+def _chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
+                       p: float, scale: float, chunk: int, seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunks_forward` as one operator to torch.compile, so that a compiled graph keeps what it
+    keeps (not every chunk's probabilities)."""
+    return _chunks_forward(q, k, v, bias, causal, p, scale, chunk, seed)
+
+
 @_chunked_attention.register_fake
 def _(q, k, v, bias, causal, p, scale, chunk, seed):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
 
 
-@torch.library.custom_op("zoo::chunked_attention_backward", mutates_args=())
-def _chunked_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                bias: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
-                                causal: bool, p: float, scale: float,
-                                chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of `_chunked_attention`'s output for q, k, v."""
+def _chunks_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     bias: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, seed: int | torch.Tensor,
+                     causal: bool, p: float, scale: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `_chunks_forward`'s output for q, k, v (contiguous)."""
     groups = q.shape[1] // k.shape[1]
     ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     grad_out = grad_out.to(q.dtype)
@@ -110,6 +115,14 @@ def _chunked_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torc
     return grad_q, fold(grad_k), fold(grad_v)
 
 
+@torch.library.custom_op("zoo::chunked_attention_backward", mutates_args=())
+def _chunked_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                bias: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, seed: torch.Tensor,
+                                causal: bool, p: float, scale: float,
+                                chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _chunks_backward(grad_out, q, k, v, bias, out, lse, seed, causal, p, scale, chunk)
+
+
 @_chunked_attention_backward.register_fake
 def _(grad_out, q, k, v, bias, out, lse, seed, causal, p, scale, chunk):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -126,6 +139,23 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 _chunked_attention.register_autograd(_backward, setup_context=_keep_for_backward)
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """`_chunks_forward` and its backward in eager runs: their operators stay in sight of dispatch
+    modes (the memory estimator's fake trace counts the chunks' transient bytes, the FLOP count
+    their products), which see a custom operator as one call."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, causal, p, scale, chunk, seed):
+        out, lse = _chunks_forward(q, k, v, bias, causal, p, scale, chunk, seed)
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.config = (seed, causal, p, scale, chunk)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return (*_chunks_backward(grad_out, *ctx.saved_tensors, *ctx.config), None, None, None, None, None, None)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
@@ -179,7 +209,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if mask is not None:
             bias = torch.zeros(mask.shape, dtype=torch.float32, device=q.device).masked_fill_(~mask, float("-inf"))
         chunk = rows_per_chunk(4 * q.shape[0] * q.shape[1] * k.shape[2])  # float32 scores of one query row
-        return _chunked_attention(q, k, v, bias, causal, p, scale, chunk, torch.as_tensor(draw_seed(p)))[0]
+        if torch.compiler.is_compiling():
+            return _chunked_attention(q, k, v, bias, causal, p, scale, chunk, draw_seed(p))[0]
+        return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk, draw_seed(p))
     if causal and (mask is not None or q.shape[2] != k.shape[2]):  # else SDPA's is_causal serves
         lower = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
         mask = lower if mask is None else mask & lower

@@ -8,7 +8,7 @@ multiplies its contiguous run of tokens, however many (no capacity factor, no to
 experts' weights are stacked, (E, F, W) for gate and up and (E, W, F) for down, so an expert no
 token chose still gets a (zero) gradient, the same on every rank. The routed experts keep for
 backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
-keeps its pre-activation (`_routed_experts`, one operator to torch.compile). Each product over the experts is one grouped product
+keeps its pre-activation (`_experts_forward`; one custom operator under torch.compile). Each product over the experts is one grouped product
 (torch's, where it takes the shapes: rows 16-byte aligned), else one product an expert, said once
 in the log; the runs' lengths are read on the host (one synchronisation a layer on a GPU).
 
@@ -128,22 +128,28 @@ def _say_once(message: str) -> None:
         log.warning(message)
 
 
-@torch.library.custom_op("zoo::routed_experts", mutates_args=())
-def _routed_experts(tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                    down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _experts_forward(tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                     down: torch.Tensor, token_of: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
-    weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, counts (E,) of
-    them per expert; gate, up (E, F, W), down (E, W, F) -> ((N, W), each assignment's gate
-    pre-activation (A, F)). One operator to torch.compile (its fake form gives the shapes), so that
-    the runs' lengths are read on the host inside it, not in a compiled graph. Its backward
-    (`_routed_experts_backward`) keeps only the pre-activation beside the inputs: up's output, the
-    hidden activation and the experts' outputs are computed again (two more products a routed
-    token), as the dense fused feed-forward keeps only its pre-activation."""
-    routed, runs = tokens[token_of], _runs(counts.tolist(), tokens.device)
+    weights (A,) and token_of (A,) of the A = N * k assignments sorted by expert, `counts` of them
+    per expert; gate, up (E, F, W), down (E, W, F) -> ((N, W), each assignment's gate
+    pre-activation (A, F)). Its backward (`_experts_backward`) needs only the pre-activation beside
+    the inputs: up's output, the hidden activation and the experts' outputs are computed again
+    (two more products a routed token), as the dense fused feed-forward keeps only its
+    pre-activation."""
+    routed, runs = tokens[token_of], _runs(counts, tokens.device)
     gated = _per_expert(routed, gate.transpose(1, 2), runs)
     hidden = F.silu(gated) * _per_expert(routed, up.transpose(1, 2), runs)
     outputs = _per_expert(hidden, down.transpose(1, 2), runs)
     return torch.zeros_like(tokens).index_add_(0, token_of, outputs * weights[:, None]), gated
+
+
+@torch.library.custom_op("zoo::routed_experts", mutates_args=())
+def _routed_experts(tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                    down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_experts_forward` as one operator to torch.compile (its fake form gives the shapes), with
+    `counts` a tensor read on the host inside it, not in the compiled graph."""
+    return _experts_forward(tokens, weights, gate, up, down, token_of, counts.tolist())
 
 
 @_routed_experts.register_fake
@@ -151,13 +157,11 @@ def _(tokens, weights, gate, up, down, token_of, counts):
     return torch.empty_like(tokens), tokens.new_empty(token_of.shape[0], gate.shape[1])
 
 
-@torch.library.custom_op("zoo::routed_experts_backward", mutates_args=())
-def _routed_experts_backward(grad: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
-                             up: torch.Tensor, down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor,
-                             gated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                           torch.Tensor]:
-    """Gradients of `_routed_experts`'s output `grad` (N, W) for tokens, weights, gate, up, down."""
-    runs = _runs(counts.tolist(), tokens.device)
+def _experts_backward(grad: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                      up: torch.Tensor, down: torch.Tensor, token_of: torch.Tensor, counts: list[int],
+                      gated: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients of `_experts_forward`'s output `grad` (N, W) for tokens, weights, gate, up, down."""
+    runs = _runs(counts, tokens.device)
     routed, grad_routed = tokens[token_of], grad[token_of]
     u = _per_expert(routed, up.transpose(1, 2), runs)
     sigmoid = torch.sigmoid(gated)
@@ -174,6 +178,14 @@ def _routed_experts_backward(grad: torch.Tensor, tokens: torch.Tensor, weights: 
             _per_expert_outer(grad_out, hidden, runs))
 
 
+@torch.library.custom_op("zoo::routed_experts_backward", mutates_args=())
+def _routed_experts_backward(grad: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                             up: torch.Tensor, down: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor,
+                             gated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor]:
+    return _experts_backward(grad, tokens, weights, gate, up, down, token_of, counts.tolist(), gated)
+
+
 @_routed_experts_backward.register_fake
 def _(grad, tokens, weights, gate, up, down, token_of, counts, gated):
     return tuple(torch.empty_like(t) for t in (tokens, weights, gate, up, down))
@@ -188,6 +200,25 @@ def _backward(ctx, grad, _grad_gated):
 
 
 _routed_experts.register_autograd(_backward, setup_context=_keep_for_backward)
+
+
+class _RoutedExperts(torch.autograd.Function):
+    """`_experts_forward` and its backward in eager runs, their operators in sight of dispatch
+    modes (the memory estimator's fake trace, the FLOP count), which see a custom operator as one
+    call; the runs' lengths read on the host once, in forward."""
+
+    @staticmethod
+    def forward(ctx, tokens, weights, gate, up, down, token_of, counts):
+        counts = counts.tolist()
+        out, gated = _experts_forward(tokens, weights, gate, up, down, token_of, counts)
+        ctx.save_for_backward(tokens, weights, gate, up, down, token_of, gated)
+        ctx.counts = counts
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        tokens, weights, gate, up, down, token_of, gated = ctx.saved_tensors
+        return (*_experts_backward(grad, tokens, weights, gate, up, down, token_of, ctx.counts, gated), None, None)
 
 
 class GatedFeedForward(nn.Module):
@@ -240,8 +271,9 @@ class MoEFeedForward(nn.Module):
         order = assignments.argsort(stable=True)
         counts = torch.zeros(config.experts, dtype=torch.int64, device=x.device).index_add_(
             0, assignments, torch.ones_like(assignments))
-        y, _ = _routed_experts(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
-                               order // config.top_k, counts)
+        experts = (lambda *args: _routed_experts(*args)[0]) if torch.compiler.is_compiling() else _RoutedExperts.apply
+        y = experts(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
+                    order // config.top_k, counts)
         if self.shared is not None:
             y = y + self.shared(tokens)
         self.expert_counts = counts.detach()
