@@ -11,6 +11,7 @@ from trainers.estimate.counters import Work, WorkCount
 from trainers.estimate.fake import HostFakeMode
 from trainers.estimate.trace import estimate_memory
 from trainers.loop.data import first_micro_batch
+from zoo.nn.moe import MoEConfig, MoEFeedForward
 
 
 def test_work_is_flops_for_matmuls_bytes_for_the_rest_and_nothing_for_views():
@@ -76,3 +77,14 @@ def test_zero_1_moves_its_parameters_once_each_way_a_step_whatever_the_accumulat
     scattered = sum(nbytes for kind, (nbytes, _) in traffic.items() if "reduce_scatter" in kind)
     assert parameter_bytes <= gathered <= 1.1 * parameter_bytes and parameter_bytes <= scattered <= 1.1 * parameter_bytes
     assert sum(calls for _, calls in traffic.values()) <= 3 * units, traffic
+
+
+def test_the_flop_count_sees_a_mixture_of_experts_grouped_products():
+    """Forward of 64 tokens of width 32 to 2 of 4 experts of width 48: the router's product
+    (2 N W E) and three grouped products over the N k assignments (gate, up: 2 A W F; down: 2 A F W)."""
+    torch.manual_seed(0)
+    layer = MoEFeedForward(MoEConfig(width=32, hidden=48, experts=4, top_k=2))
+    with torch.no_grad(), WorkCount() as counter:
+        layer(torch.randn(64, 32))
+    assignments = 64 * 2
+    assert counter.work.flops == 2 * 64 * 32 * 4 + 3 * 2 * assignments * 32 * 48

@@ -101,11 +101,18 @@ def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_val=No
     return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
 
 
+def _grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:  # type: ignore[no-untyped-def]
+    """A grouped product's FLOPs: each row of a (A, K) times its group's (K, M) of b (G, K, M), or
+    each group's columns of a (K, A) times its rows of b (A, M): 2 A K M either way."""
+    return 2 * a.shape[0] * a.shape[1] * b.shape[-1]
+
+
 FLOP_FORMULAS = {**flop_registry,
                  torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
-                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops}
-"""FLOPs by operator: `torch.utils.flop_counter`'s formulas, and the CPU flash-attention kernels
-it lacks (counted as torch counts the GPU ones)."""
+                 torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops,
+                 torch.ops.aten._grouped_mm: _grouped_mm_flops}
+"""FLOPs by operator: `torch.utils.flop_counter`'s formulas, and the CPU flash-attention kernels and
+the grouped product (a mixture of experts' products) it lacks (counted as torch counts the others)."""
 
 
 MOVES_NO_MEMORY = ("c10d", "_c10d_functional", "profiler", "prim")
