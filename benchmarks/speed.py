@@ -26,7 +26,9 @@ Memory: the bytes autograd saves for backward in one forward (storages counted o
 excluded), and on a GPU `torch.cuda.max_memory_allocated` above the memory in use before the step.
 
 Shapes follow the issue's: GPT-2 small and the 350M GPT-2 medium at 1024 tokens, BERT-base at 512,
-ViT-B/16 at 224x224; `--batch` sets every model's batch (default 8 on a GPU, 1 on a CPU).
+ViT-B/16 at 224x224; `--batch` sets every model's batch (default 8 on a GPU, 1 on a CPU). The 350M
+GPT-2 medium's four implementations (two copies of the weights, gradients and AdamW's state, the
+compiled graphs) outgrow a 24 GiB machine: on such a CPU leave it out of `--models`.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def run(config: GPTMoEConfig) -> dict[str, Any]:
         results[name] = {"validation_loss": evaluation["eval_loss"], "train_loss": history[-1]["loss"],
                          "parameters": trainer.num_parameters(),
                          "active_feed_forward_parameters": active_feed_forward_parameters(model_config),
-                         "validation_curve": [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]}
+                         "validation_curve": [(r["step"], round(r["eval_loss"], 4)) for r in history if "eval_loss" in r]}
         if load is not None:
             results[name]["expert_load"] = load.summary()
             state = trainer.full_state_dict()
