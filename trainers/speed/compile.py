@@ -47,14 +47,19 @@ activations the compiler's partitioner keeps: below 1 it recomputes cheap elemen
 (an activation function's output) rather than keep them, as the zoo's fused ops do."""
 
 
+def _no_selection() -> bool:
+    """No recompute policy keeps selected operators (the partitioner's own budget applies)."""
+    return False
+
+
 class CompiledForward:
     """A module's `forward`, compiled, and run eagerly while a dispatch mode is active; counts the
     calls each way (`compiled_calls`, `eager_calls`). `selective()` says, at each call, whether
     recompute keeps selected operators of the module (its graph is then partitioned as they say)."""
 
     def __init__(self, forward: Callable[..., Any], backend: str, fullgraph: bool,
-                 selective: Callable[[], bool] = lambda: False) -> None:
-        self.eager, self.selective = forward, selective
+                 selective: Callable[[], bool] | None = None) -> None:
+        self.eager, self.selective = forward, selective or _no_selection
         self.compiled = torch.compile(forward, backend=backend, fullgraph=fullgraph)
         self.compiled_calls = self.eager_calls = 0
 
@@ -88,7 +93,7 @@ def apply_compile(model: nn.Module, strategy: Strategy, block_names: Iterable[st
                          "zoo.plan.ModelPlan, or use compile='model')")
     for name in names:
         block = model.get_submodule(name)
-        selective = (lambda name=name: recompute.keep.get(name) not in (None, "all", "inputs")) if recompute else bool
+        selective = (lambda name=name: recompute.keep.get(name) not in (None, "all", "inputs")) if recompute else _no_selection
         block.forward = CompiledForward(block.forward, strategy.compile_backend, strategy.tp == 1, selective)
 
 

@@ -4,8 +4,8 @@ A seed is drawn from PyTorch's default CPU generator when the forward runs, so `
 makes runs reproducible and `torch.utils.checkpoint` (which restores the RNG state before
 recomputing) redraws the same seed: recompute and replay are exact. Under torch.compile the draw
 and the hash are each one opaque operator of the graph (`zoo::draw_seed`, `zoo::random_words`):
-compiled runs draw eager's masks, and a block recomputed inside a compiled graph keeps its seed. Backward regenerates the mask
-from the saved seed instead of keeping a (N,) bool tensor alive.
+compiled runs draw eager's masks, and a block recomputed inside a compiled graph keeps its seed.
+Backward regenerates the mask from the saved seed instead of keeping a (N,) bool tensor alive.
 
 The PyTorch path hashes (seed, element offset) with SplitMix64 and cuts each 64-bit hash into four
 16-bit uniforms: a counter-based draw in a few integer tensor ops, cheaper on CPU than
