@@ -138,10 +138,13 @@ tiered_tests() {
     # Chunked states with the GPU as their device tier (pinned host memory and disk below it): the
     # device-tier tests on the GPU (parity with training in memory, the update where each chunk lives,
     # parameters bound on the GPU only, checkpoints; the host-and-disk tests are CI's, as on a GPU
-    # the default device tier holds their states).
+    # the default device tier holds their states), and activations swapped to pinned host memory on a
+    # side stream (bit for bit, reads ahead; blocks that keep, swap or recompute train as in memory).
     section "tiered memory tests on the GPU"
     MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/trainers/test_chunked_training.py \
         -k "device or checkpoints or storage" 2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
+    MEMZOO_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider tests/trainers/test_host_swap.py \
+        tests/trainers/test_activation_plan.py 2>&1 | tee -a "$out/pytest.log" | tail -3 | tee -a "$results" || true
 }
 
 tiered() {
@@ -155,6 +158,9 @@ tiered() {
     # 1.66B at 128: 8 min 15 s with an 87 s build, so alone in its own call).
     MEMZOO_DEVICE=cuda record python3 benchmarks/gpu_tiered_memory.py --budget 4GiB --modes chunks --layers 64 96 \
         --steps 4 --run-timeout 300 --out "$out/gpu_tiered_memory.jsonl"
+    # Activations kept, swapped to pinned host memory on the side stream, recomputed, and chosen per
+    # block for a quarter of what the blocks save: device peak and tokens/s (issue 73, item 6).
+    MEMZOO_DEVICE=cuda record python3 benchmarks/activation_swap.py --steps 4 --plans 0.25
 }
 
 tensor_parallel() {

@@ -150,17 +150,20 @@ class Strategy:
 
     swap_activations: int | str | None = None
     """Under offload="chunks": tensors that autograd saves for backward, of at least this many
-    bytes (an int, or a string with a unit: "1MiB"), are written to files in `offload_dir` as
-    forward saves them and read back ahead of backward (`trainers.memory.activations.swap`); what a block
-    saves at all follows `recompute`. None: activations stay in memory. Under `activation_memory`
-    or `block_activations`: the size from which the swapping blocks' tensors go (None: all)."""
+    bytes (an int, or a string with a unit: "1MiB"), are swapped as forward saves them and brought
+    back ahead of backward: under a device tier (a GPU, or `device_memory_budget`) from the device
+    to host memory (pinned, copied on a side stream: `trainers.memory.activations.host`), else to
+    files in `offload_dir` (`trainers.memory.activations.swap`); what a block saves at all follows
+    `recompute`. None: activations stay where they are. Under `activation_memory` or
+    `block_activations`: the size from which the swapping blocks' tensors go (None: all)."""
 
     activation_memory: int | str | None = None
     """Under offload="chunks": bytes of saved activations the model's blocks may keep in memory
     during a step (an int, or a string with a unit). A probe forward before the first step measures
     what each block saves and how long its forward takes; blocks keep their activations while they
-    fit, and each other block swaps them to files or recomputes them from its input, whichever the
-    probe found faster (`trainers.memory.activations.plan`). Needs recompute="none" (the choice is per block)."""
+    fit, and each other block swaps them (as `swap_activations` says where) or recomputes them from
+    its input, whichever the probe found faster (`trainers.memory.activations.plan`). Needs
+    recompute="none" (the choice is per block)."""
 
     block_activations: tuple[str, ...] | None = None
     """Under offload="chunks": each block's choice set by hand, "NAME=CHOICE" for every block of the

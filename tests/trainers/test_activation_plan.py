@@ -4,16 +4,13 @@ block does."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from helpers import chunk_budget, lm_examples, tiny_gpt
+from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
-from trainers.memory.activations.plan import (BlockCost, apply_block_activations, choose_block_activations,
-                                              parse_block_activations)
-from trainers.memory.recompute import RecomputePolicy
+from trainers.memory.activations.host import HostSwap
+from trainers.memory.activations.plan import BlockCost, choose_block_activations, parse_block_activations
 from zoo.parity import relative_error
 
 
@@ -27,22 +24,6 @@ def test_blocks_keep_what_costs_most_to_lose_and_the_rest_take_the_cheaper_way()
         "a": "recompute", "b": "swap", "c": "recompute", "d": "recompute"}
     assert choose_block_activations(costs, room=10**6, seconds_per_byte=0.01) == dict.fromkeys("abcd", "keep")
     assert choose_block_activations(costs, room=0, seconds_per_byte=0.0) == dict.fromkeys("abcd", "swap")
-
-
-def test_activations_that_cannot_be_swapped_are_kept_or_recomputed():
-    """On a GPU the step's activations live on the device, which the swap does not serve: the choice
-    is between keeping and recomputing, and a hand-set swap is refused by name."""
-    costs = [BlockCost("a", 100, 0.5), BlockCost("b", 100, 3.0), BlockCost("c", 0, 0.2)]
-    assert choose_block_activations(costs, room=100, seconds_per_byte=math.inf) == {
-        "a": "recompute", "b": "keep", "c": "keep"}
-    assert choose_block_activations(costs, room=0, seconds_per_byte=math.inf) == {
-        "a": "recompute", "b": "recompute", "c": "keep"}
-    blocks = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2), "b": torch.nn.Linear(2, 2)})
-    policy = RecomputePolicy({"a": "all", "b": "all"})
-    apply_block_activations(blocks, {"a": "recompute", "b": "keep"}, policy, None)
-    assert policy.keep == {"a": "inputs", "b": "all"}
-    with pytest.raises(ValueError, match=r"swaps the activations of \['b'\], but they are computed on the device"):
-        apply_block_activations(blocks, {"a": "keep", "b": "swap"}, policy, None)
 
 
 def test_bad_block_choices_are_refused():
@@ -67,9 +48,10 @@ def config(**overrides) -> TrainConfig:
 
 @pytest.mark.timeout(300)
 def test_blocks_that_keep_swap_or_recompute_train_as_in_memory(tmp_path):
-    """GPT (4 blocks, dropout): blocks set by hand to keep, swap, recompute, swap, and blocks
-    chosen under a budget for a quarter of what they save, each match training in memory to 1e-6;
-    under the budget the step's tensors peak lower than with every block keeping."""
+    """GPT (4 blocks, dropout): blocks set by hand to keep, swap, recompute, swap (to files; and,
+    under a device tier, to host memory), and blocks chosen under a budget for a quarter of what they
+    save, each match training in memory to 1e-6; under the budget, and with the device's blocks
+    swapping to host memory, the step's tensors peak lower than with every block keeping."""
     build = lambda: tiny_gpt(n_embd=128, n_layer=4, vocab_size=512, block_size=32, dropout=0.1)  # noqa: E731
     data = lm_examples(64, length=32, vocab=512)
     plain = Trainer(build(), config(output_dir=str(tmp_path / "plain")))
@@ -85,11 +67,16 @@ def test_blocks_that_keep_swap_or_recompute_train_as_in_memory(tmp_path):
             assert relative_error(params[key], value) < 1e-6, (name, key)
         return trainer
 
-    by_hand = chunked("by-hand", block_activations=("blocks.0=keep", "blocks.1=swap", "blocks.2=recompute",
-                                                    "blocks.3=swap"))
+    by_hand_choices = ("blocks.0=keep", "blocks.1=swap", "blocks.2=recompute", "blocks.3=swap")
+    by_hand = chunked("by-hand", block_activations=by_hand_choices)
     assert by_hand.block_activations.choices == {"blocks.0": "keep", "blocks.1": "swap", "blocks.2": "recompute",
                                          "blocks.3": "swap"}
     assert all(r["swapped_activation_bytes"] > 0 for r in by_hand.history)
+    to_host = chunked("to-host", block_activations=tuple(f"blocks.{i}=swap" for i in range(4)),
+                      device_memory_budget=device_budget(2**26))
+    assert isinstance(to_host.chunks.swap, HostSwap)
+    assert all(r["swapped_activation_bytes"] > 0 for r in to_host.history)
+    assert not list((tmp_path / "to-host").glob("*/activations/*"))  # host memory, not files
     kept = chunked("kept", activation_memory=2**40)
     assert set(kept.block_activations.choices.values()) == {"keep"}
     assert all(r["swapped_activation_bytes"] == 0 for r in kept.history)
@@ -99,6 +86,7 @@ def test_blocks_that_keep_swap_or_recompute_train_as_in_memory(tmp_path):
     plan = budgeted.block_activations.choices
     assert sorted(plan) == [f"blocks.{i}" for i in range(4)] and list(plan.values()).count("keep") == 1
     assert _peak(budgeted) < _peak(kept)
+    assert _peak(to_host) < _peak(kept) / 2
 
 
 def _peak(trainer: Trainer) -> int:

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trainers.memory.activations.swap import ActivationSwap, SwappedTensor, fills_its_region
+from trainers.memory.activations.saved import fills_its_region
+from trainers.memory.activations.swap import ActivationSwap, SwappedTensor
 
 
 @pytest.fixture

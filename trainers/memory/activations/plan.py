@@ -1,14 +1,15 @@
 """What each block does with the activations it saves for backward, under chunked model states:
-keep them in memory, swap them to files (`trainers.memory.activations.swap`), or recompute them from its
-input (`trainers.memory.recompute`).
+keep them in memory, swap them (to files from host memory: `trainers.memory.activations.swap`; to
+host memory from the device: `trainers.memory.activations.host`), or recompute them from its input
+(`trainers.memory.recompute`).
 
 Set by hand (`Strategy.block_activations`) or chosen under a budget (`Strategy.activation_memory`):
 a probe forward before the first step measures, per block, the bytes of the tensors it saves and
-the seconds its forward takes, and a probe file measures the disk's seconds per byte written and
-read back. Blocks keep their activations while they fit the budget, those that would cost most per
-byte to lose first; every other block swaps them when writing and reading them back takes less
-time than rerunning its forward, else recomputes. The rule charges a swap its whole disk time,
-although the transfers run on a background thread beside the computation, so it leans towards
+the seconds its forward takes, and the swap measures its seconds per byte swapped and brought back.
+Blocks keep their activations while they fit the budget, those that would cost most per byte to
+lose first; every other block swaps them when swapping and bringing them back takes less time than
+rerunning its forward, else recomputes. The rule charges a swap its whole transfer time, although
+the transfers run beside the computation (a background thread, a side stream), so it leans towards
 recompute.
 """
 
@@ -16,27 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainers.memory.activations.swap import ActivationSwap
-from trainers.memory.chunks.store import read_file, write_file
+from trainers.memory.activations.saved import SavedTensorSwap
 from trainers.memory.recompute import RecomputePolicy, recompute_units, uniform_keep
 from zoo.plan import model_plan
 
 Choice = Literal["keep", "swap", "recompute"]
 CHOICES = ("keep", "swap", "recompute")
-PROBE_FILE_BYTES = 16 << 20
-"""Bytes of the file that measures the disk."""
 log = logging.getLogger("trainers")
 
 
@@ -51,14 +46,14 @@ class BlockCost:
     """Seconds its forward takes: what recompute adds in backward."""
 
     def swap_seconds(self, seconds_per_byte: float) -> float:
-        """Seconds to write its saved tensors and read them back (inf where nothing can be swapped)."""
-        return math.inf if math.isinf(seconds_per_byte) else self.saved_bytes * seconds_per_byte
+        """Seconds to swap its saved tensors away and bring them back."""
+        return self.saved_bytes * seconds_per_byte
 
 
 def choose_block_activations(costs: list[BlockCost], room: int, seconds_per_byte: float) -> dict[str, Choice]:
     """Each block's choice: "keep" while the kept blocks' saved bytes fit `room`, the blocks whose
-    loss would cost most time per byte first; then "swap" where writing and reading back is
-    faster than the forward, else "recompute"."""
+    loss would cost most time per byte first; then "swap" where swapping away and back (at
+    `seconds_per_byte`) is faster than the forward, else "recompute"."""
     def lost_seconds(cost: BlockCost) -> float:
         return min(cost.forward_seconds, cost.swap_seconds(seconds_per_byte))
 
@@ -105,17 +100,11 @@ def chunked_recompute_policy(model: nn.Module, recompute: str, per_block: bool) 
 
 
 def apply_block_activations(model: nn.Module, plan: Mapping[str, Choice], policy: RecomputePolicy,
-                            swap: ActivationSwap | None) -> None:
+                            swap: SavedTensorSwap) -> None:
     """Make each block of `plan` do its choice from its next forward on: `policy` recomputes the
     "recompute" blocks from their inputs and keeps everything the others save; `swap` swaps only
-    while a "swap" block's forward runs (None: activations that cannot be swapped, which no block
-    may choose to)."""
-    swapping = sorted(name for name, choice in plan.items() if choice == "swap")
-    if swap is None and swapping:
-        raise ValueError(f"Strategy.block_activations swaps the activations of {swapping}, but they are computed on "
-                         f"the device, and only host memory's are swapped; choose keep or recompute there")
-    if swap is not None:
-        swap.enabled = False
+    while a "swap" block's forward runs."""
+    swap.enabled = False
     for name, choice in plan.items():
         policy.keep[name] = "inputs" if choice == "recompute" else "all"
         if choice == "swap":
@@ -171,10 +160,10 @@ def measure_blocks(model: nn.Module, blocks: list[str], forward: Callable[[], ob
 class BlockActivations:
     """The per-block activation plan of `model`'s `blocks` under chunked model states: `policy`
     recomputes and `swap` swaps for the blocks that choose so; the choices are set by hand (`apply`)
-    or measured and chosen before the first step (`choose`), the same on every rank; without a `swap`
-    (activations on a GPU) each block keeps or recomputes. `announce`: log what is chosen (rank 0)."""
+    or measured and chosen before the first step (`choose`), the same on every rank. `announce`:
+    log what is chosen (rank 0)."""
 
-    def __init__(self, model: nn.Module, blocks: list[str], policy: RecomputePolicy, swap: ActivationSwap | None,
+    def __init__(self, model: nn.Module, blocks: list[str], policy: RecomputePolicy, swap: SavedTensorSwap,
                  announce: bool) -> None:
         self.model, self.blocks, self.policy, self.swap, self.announce = model, blocks, policy, swap, announce
         self.choices: dict[str, Choice] | None = None
@@ -191,15 +180,15 @@ class BlockActivations:
 
     def choose(self, forward: Callable[[], object], is_parameter: Callable[[torch.Tensor], bool], room: int,
                group: dist.ProcessGroup) -> None:
-        """Measure the blocks on `forward` (one micro batch's loss) and the disk of the swap's files,
-        choose under `room` bytes and apply rank 0's choice on every rank of `group` (collective)."""
+        """Measure the blocks on `forward` (one micro batch's loss) and the swap's transfers, choose
+        under `room` bytes and apply rank 0's choice on every rank of `group` (collective)."""
         costs = measure_blocks(self.model, self.blocks, forward, is_parameter)
-        seconds_per_byte = math.inf if self.swap is None else disk_seconds_per_byte(self.swap.directory)
+        seconds_per_byte = self.swap.seconds_per_byte()
         shared = [costs, choose_block_activations(costs, room, seconds_per_byte), seconds_per_byte]
         dist.broadcast_object_list(shared, group=group, group_src=0)
         self.costs, choices, seconds_per_byte = shared
         if self.announce:
-            log.info("blocks measured (saved MiB, forward ms): %s; disk %.2f s/GiB written and read back",
+            log.info("blocks measured (saved MiB, forward ms): %s; swap %.2f s/GiB away and back",
                      ", ".join(f"{c.name} {c.saved_bytes / 2**20:.1f} {c.forward_seconds * 1e3:.1f}"
                                for c in self.costs), seconds_per_byte * 2**30)
         self.apply(choices)
@@ -216,16 +205,3 @@ def _random_state_kept() -> Iterator[None]:
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
 
-
-def disk_seconds_per_byte(directory: str | Path) -> float:
-    """Seconds per byte to write a file in `directory` (flushed to the disk) and read it back
-    (past the page cache), as the swap does, measured on `PROBE_FILE_BYTES`."""
-    directory = Path(directory)
-    path = directory / "disk_probe.bin"
-    data = torch.ones(PROBE_FILE_BYTES, dtype=torch.uint8).numpy()
-    started = time.perf_counter()
-    checksum = write_file(directory, path, memoryview(data), "the disk probe")
-    read_file(path, memoryview(data), checksum)
-    elapsed = time.perf_counter() - started
-    os.unlink(path)
-    return elapsed / PROBE_FILE_BYTES

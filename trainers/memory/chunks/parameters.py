@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainers.memory.activations.swap import ActivationSwap, SwappedTensor
+from trainers.memory.activations.saved import SavedTensorSwap, Swapped
 from trainers.memory.chunks.access import SavedChunkView
 from trainers.memory.chunks.layout import ChunkLayout
 from trainers.memory.chunks.residency import ChunkResidency
@@ -97,7 +97,7 @@ class ChunkedParameters:
         return frozenset(("param", self.members[index[id(p)]].chunk) for p in params if id(p) in index)
 
     # ---------------------------------------------------------------- saved tensors
-    def pack(self, tensor: torch.Tensor, swap: ActivationSwap | None) -> torch.Tensor | SavedChunkView | SwappedTensor:
+    def pack(self, tensor: torch.Tensor, swap: SavedTensorSwap | None) -> torch.Tensor | SavedChunkView | Swapped:
         """What autograd keeps of `tensor`: where it lies in its parameter chunk, else the tensor
         (or, with `swap`, what the swap keeps of it)."""
         residency = self.residency
@@ -115,8 +115,8 @@ class ChunkedParameters:
         finally:
             residency.busy = was_busy
 
-    def unpack(self, saved: torch.Tensor | SavedChunkView | SwappedTensor, swap: ActivationSwap | None) -> torch.Tensor:
-        if isinstance(saved, SwappedTensor):
+    def unpack(self, saved: torch.Tensor | SavedChunkView | Swapped, swap: SavedTensorSwap | None) -> torch.Tensor:
+        if isinstance(saved, Swapped):
             return swap.unpack(saved)
         if not isinstance(saved, SavedChunkView):
             return saved

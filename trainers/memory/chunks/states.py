@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainers.config import TrainConfig
+from trainers.memory.activations.host import HostSwap
 from trainers.memory.activations.swap import ActivationSwap
 from trainers.memory.chunks.access import ParameterAccess
 from trainers.memory.chunks.checkpoint import ChunkedTensor, chunked_checkpoint_state, chunked_state_dict, restored_steps
@@ -55,11 +56,12 @@ class ChunkedStates:
     under `directory`. `largest`: the largest tensor the shared chunks are sized for (larger ones get
     chunks of their own); `group`: the data-parallel ranks whose gradients are averaged; `shard`:
     each of them owns a share of the chunks (`trainers.memory.chunks.ownership`); `swap_min_bytes`:
-    saved activations of at least this size go to files under `directory`/activations during a
-    step (`trainers.memory.activations.swap`; None: they stay in memory). `device`: where the model
-    computes, with a device tier of `device_budget` bytes (None: in host memory, no device tier); the
-    model's other tensors (buffers, frozen parameters) move there. A model built on the meta device
-    is materialised chunk by chunk (`trainers.memory.chunks.parameters`)."""
+    saved activations of at least this size are swapped during a step (None: they stay where they
+    are): from the device to host memory under a device tier (`trainers.memory.activations.host`),
+    else to files under `directory`/activations (`trainers.memory.activations.swap`). `device`:
+    where the model computes, with a device tier of `device_budget` bytes (None: in host memory, no
+    device tier); the model's other tensors (buffers, frozen parameters) move there. A model built
+    on the meta device is materialised chunk by chunk (`trainers.memory.chunks.parameters`)."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, directory: str, memory_budget: int,
                  group: dist.ProcessGroup | None = None, largest: int | None = None, shard: bool = False,
@@ -74,18 +76,16 @@ class ChunkedStates:
                              f"are {', '.join(dtypes)}")
         self.compute_device = device or torch.device("cpu")
         """Where the model computes."""
-        if swap_min_bytes is not None and self.compute_device.type != "cpu":
-            raise ValueError(f"Strategy.swap_activations writes activations in host memory to disk; here the step's "
-                             f"tensors are on {self.compute_device} (swapping from the device to host memory is not "
-                             f"built); got swap_activations={swap_min_bytes:,}")
         self.layout = search_chunk_size([p.numel() for _, p in named], largest=largest)
         on_gpu = device is not None and device.type == "cuda"
         self.residency = ChunkResidency(ChunkStore(directory, pin_memory=on_gpu), list(self.layout.sizes),
                                         memory_budget, self, DeviceChunks(device) if device is not None else None,
                                         device_budget)
-        self.swap = (ActivationSwap(Path(directory) / "activations", swap_min_bytes, self.store.io)
-                     if swap_min_bytes is not None else None)
+        self.swap: HostSwap | ActivationSwap | None = None
         """Where saved activations go during a step, when they are swapped."""
+        if swap_min_bytes is not None:
+            self.swap = (HostSwap(self.compute_device, swap_min_bytes) if device is not None else
+                         ActivationSwap(Path(directory) / "activations", swap_min_bytes, self.store.io))
         metas = None
         if any(p.is_meta for _, p in named):
             named, metas = materialise(model, named, self.compute_device)
@@ -264,7 +264,7 @@ def chunked_states(model: nn.Module, config: TrainConfig, strategy: Strategy, ra
         tier = {} if budget is None else {"device": device, "device_budget": budget}
     per_block = strategy.activation_memory is not None or strategy.block_activations is not None
     swap = strategy.swap_activations
-    if per_block:  # the blocks that choose to swap do, from any size; on a GPU none can
-        swap = (swap or 0) if device.type == "cpu" else None
+    if per_block:  # the blocks that choose to swap do, from any size
+        swap = swap or 0
     return ChunkedStates(model, config, str(Path(strategy.offload_dir) / f"rank{rank:05d}"), strategy.memory_budget,
                          group, largest_block_tensor(model), shard=strategy.zero == 3, swap_min_bytes=swap, **tier)
