@@ -95,19 +95,20 @@ def moe_state_from_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> dict
             out[f"{ours}.attn.{mine}.weight"] = reader.take(f"{theirs}.self_attn.{name}.weight")
         if reader.has(f"{theirs}.mlp.experts.gate_up_proj"):
             out[f"{ours}.mlp.router.weight"] = reader.take(f"{theirs}.mlp.gate.weight")
-            out[f"{ours}.mlp.gate"], out[f"{ours}.mlp.up"] = reader.take(f"{theirs}.mlp.experts.gate_up_proj").chunk(2, 1)
-            out[f"{ours}.mlp.down"] = reader.take(f"{theirs}.mlp.experts.down_proj")
+            gate_up = reader.take(f"{theirs}.mlp.experts.gate_up_proj")
+            out[f"{ours}.mlp.experts.gate"], out[f"{ours}.mlp.experts.up"] = gate_up.chunk(2, 1)
+            out[f"{ours}.mlp.experts.down"] = reader.take(f"{theirs}.mlp.experts.down_proj")
         elif reader.has(f"{theirs}.mlp.gate.weight"):
             out[f"{ours}.mlp.router.weight"] = reader.take(f"{theirs}.mlp.gate.weight")
             for mine in ("gate", "up", "down"):
-                out[f"{ours}.mlp.{mine}"] = torch.stack([reader.take(f"{theirs}.mlp.experts.{e}.{mine}_proj.weight")
-                                                         for e in range(config.n_experts)])
+                out[f"{ours}.mlp.experts.{mine}"] = torch.stack(
+                    [reader.take(f"{theirs}.mlp.experts.{e}.{mine}_proj.weight") for e in range(config.n_experts)])
         else:
             moe = f"{theirs}.block_sparse_moe"
             out[f"{ours}.mlp.router.weight"] = reader.take(f"{moe}.gate.weight")
             for name, mine in _LEGACY_EXPERTS.items():
-                out[f"{ours}.mlp.{mine}"] = torch.stack([reader.take(f"{moe}.experts.{e}.{name}.weight")
-                                                         for e in range(config.n_experts)])
+                out[f"{ours}.mlp.experts.{mine}"] = torch.stack([reader.take(f"{moe}.experts.{e}.{name}.weight")
+                                                                 for e in range(config.n_experts)])
     reader.finish()
     return {name: tensor.contiguous() for name, tensor in out.items()}
 
@@ -150,8 +151,9 @@ def moe_to_hf(model: GPT, directory: str | os.PathLike) -> Path:
         for name, our_name in _QK_NORMS.items() if c.qk_norm else ():
             state[f"{theirs}.self_attn.{name}.weight"] = ours[f"{mine}.attn.{our_name}.weight"]
         state[f"{theirs}.mlp.gate.weight"] = ours[f"{mine}.mlp.router.weight"]
-        state[f"{theirs}.mlp.experts.gate_up_proj"] = torch.cat([ours[f"{mine}.mlp.gate"], ours[f"{mine}.mlp.up"]], 1)
-        state[f"{theirs}.mlp.experts.down_proj"] = ours[f"{mine}.mlp.down"]
+        state[f"{theirs}.mlp.experts.gate_up_proj"] = torch.cat([ours[f"{mine}.mlp.experts.gate"],
+                                                                    ours[f"{mine}.mlp.experts.up"]], 1)
+        state[f"{theirs}.mlp.experts.down_proj"] = ours[f"{mine}.mlp.experts.down"]
     config = {"model_type": family, "architectures": [FAMILIES[family]], "vocab_size": c.vocab_size,
               "hidden_size": c.n_embd, "intermediate_size": c.moe_hidden or 4 * c.n_embd,
               "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,

@@ -49,7 +49,7 @@ class GPTMoEConfig:
         log_every=50, eval_every=200, eval_batches=16, output_dir="runs/gpt_moe"))
     """Optimisation settings, the same for both models."""
     strategy: Strategy = field(default_factory=lambda: Strategy(precision="auto"))
-    """Memory strategy, the same for both models."""
+    """Memory strategy, the same for both models (the dense twin, without experts, at ep=1)."""
     validation_fraction: float = 0.05
     """Share of the corpus (its end) held out for validation."""
     output: str = ""
@@ -102,8 +102,9 @@ def train_one(model_config: GPTConfig, config: GPTMoEConfig, data) -> tuple[Trai
     torch.manual_seed(config.train.seed)
     model = GPT(model_config)
     load = ExpertLoad(model) if model_config.n_experts else None
+    strategy = config.strategy if model_config.n_experts else dataclasses.replace(config.strategy, ep=1)  # no experts
     trainer = Trainer(model, dataclasses.replace(config.train, output_dir=str(Path(config.train.output_dir) /
-                                                 ("sparse" if model_config.n_experts else "dense"))), config.strategy)
+                                                 ("sparse" if model_config.n_experts else "dense"))), strategy)
     return trainer, trainer.fit(data.train, data.validation), load
 
 

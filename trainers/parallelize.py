@@ -1,6 +1,6 @@
-"""Apply a `Strategy` to a model: the pipeline split first, then tensor parallelism, then
-recompute, then torch.compile, then data parallelism (FSDP2 on the "dp" mesh dimension, per pipeline stage), then
-materialise.
+"""Apply a `Strategy` to a model: the pipeline split first, then tensor parallelism, then expert
+parallelism, then recompute, then torch.compile, then data parallelism (FSDP2 on the "dp" mesh
+dimension, per pipeline stage; the routed experts' on "edp"), then materialise.
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainers.speed.compile import apply_compile
+from trainers.parallel.experts import apply_expert_parallel
 from trainers.parallel.scalars import average_scalar_gradients
 from trainers.parallel.mesh import DistEnv
 from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, split_for_pipeline
@@ -82,6 +83,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         partial_gradients = apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
     else:
         partial_gradients = PartialGradients([], None)
+    experts = apply_expert_parallel(model, plan, env.expert_mesh["ep"]) if strategy.ep > 1 else []
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and not callable(getattr(model, "init_weights", None)):
         raise ValueError(
@@ -118,6 +120,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
     stages = [] if layout is None else build_stages(model, layout)
     whole = set().union(*(average_scalar_gradients(root, env.mesh["dp"].get_group()) for root in stages or [model]))
+    for name in experts:  # ZeRO over the ranks that hold the same experts
+        wrap(model.get_submodule(name), ignored_params=whole, mesh=env.expert_mesh["edp"])
     for name in block_names:
         if trains(model.get_submodule(name)):
             wrap(model.get_submodule(name), ignored_params=whole)

@@ -89,6 +89,14 @@ class Strategy:
     """Tensor-parallel degree: ranks that split each layer the model's plan names (attention heads,
     feed-forward columns, vocabulary rows; see `zoo.plan.ModelPlan`). Must divide the world size."""
 
+    ep: int = 1
+    """Expert-parallel degree: the data-parallel ranks form groups of `ep` consecutive ones, and each
+    rank of a group holds 1/ep of every routed-experts module the model's plan names
+    (`zoo.plan.ModelPlan.experts`), the tokens routed to the others' experts moving there and back
+    by all-to-all (`trainers.parallel.experts`). The experts' parameters are sharded by ZeRO over
+    the data-parallel ranks that hold the same experts (data-parallel ranks / ep), the others' over
+    all data-parallel ranks. Must divide the data-parallel ranks and every experts module's count."""
+
     sequence_parallel: bool = False
     """Under tensor parallelism, also split the activations between the split layers (norms,
     dropout, residual adds) along the sequence, so each of the `tp` ranks keeps 1/tp of them:
@@ -195,7 +203,7 @@ class Strategy:
                     f"Strategy.{name} must be one of {', '.join(map(repr, allowed))}; "
                     f"got {value!r}"
                 )
-        for name in ("tp", "pp", "stages_per_rank"):
+        for name in ("tp", "pp", "ep", "stages_per_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Strategy.{name} must be an integer >= 1; got {value!r}")
@@ -225,6 +233,10 @@ class Strategy:
             raise ValueError(f"Strategy.offload_dir is for offload='chunks'; got offload={self.offload!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
+        if self.ep > 1 and (self.offload == "chunks" or self.pp > 1 or self.tp > 1 or self.memory_budget is not None):
+            raise ValueError(f"Strategy.ep={self.ep} runs over data-parallel ranks in memory, without tensor or pipeline "
+                             f"parallelism or a memory budget yet; got offload={self.offload!r}, tp={self.tp}, "
+                             f"pp={self.pp}, memory_budget={self.memory_budget!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
                              "and needs Strategy.tp > 1; got tp=1")

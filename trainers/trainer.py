@@ -78,7 +78,7 @@ class Trainer:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a trainers.Strategy; got {type(strategy).__name__}")
         self.config, self.strategy = config, strategy
-        self.env = setup_distributed(strategy.tp, strategy.pp)
+        self.env = setup_distributed(strategy.tp, strategy.pp, strategy.ep)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, self.env.dp_size)
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")

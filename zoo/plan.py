@@ -98,6 +98,11 @@ class ModelPlan:
     """`nn.Embedding`s split by vocabulary rows (a word embedding, and through the tied weight the
     output head): each rank looks up its rows, and the lookups are summed."""
 
+    experts: tuple[str, ...] = ()
+    """Modules of routed experts (`zoo.nn.moe.RoutedExperts`: matrices stacked along dim 0 by expert,
+    `compute` given them by name): under expert parallelism each rank holds a contiguous share of
+    the experts, and the tokens routed to the others travel to them and back by all-to-all."""
+
     axial: tuple[str, ...] = ()
     """Modules run with axial parallelism (FastFold's dynamic axial parallelism): their tensor
     arguments are split along dim 1 over the tensor-parallel ranks on entry and their tensor

@@ -27,6 +27,8 @@ What each is, and why no public API serves:
 - `cpu_bf16_native`: whether this CPU has bf16 instructions (torch.cpu's checks are private).
 - `partitioner_memory_budget`: the activation budget of torch.compile's forward/backward
   partitioner, a torch._functorch.config setting (torch.compile takes no such option).
+- `unflatten_mesh`: a mesh dimension split in two under one root (DeviceMesh._unflatten), the
+  expert-parallel mesh beside the data-parallel one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType as MemRefType
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 from torch.distributed.tensor import DTensor
@@ -63,8 +66,15 @@ __all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "Dyn
            "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
            "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "cpu_bf16_native", "current_dispatch_modes",
            "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
-           "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unsafe_preserve_version_counter",
-           "unset_fake_temporarily"]
+           "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unflatten_mesh",
+           "unsafe_preserve_version_counter", "unset_fake_temporarily"]
+
+def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    """`mesh` with dimension `dim` split into dimensions `names` of `sizes` (row-major), sharing
+    `mesh`'s root, so that FSDP2 takes parameters sharded over the new dimensions with meshes
+    sliced from either (torchtitan's expert-parallel mesh); DeviceMesh has no public form of it."""
+    return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names)
+
 
 def group_of_name(name: str) -> torch.distributed.ProcessGroup:
     """The process group registered under `name` (the group argument of torch's functional collectives)."""

@@ -26,7 +26,7 @@ from torch import nn
 from nlp.gpt.config import GPTConfig
 from nlp.sampling import Sampling, next_token
 from zoo.nn import Embeddings, KVCache, Norm, TransformerBlock, TransformerBlockConfig, block_plan, linear_cross_entropy
-from zoo.nn.moe import MoEConfig, MoEFeedForward
+from zoo.nn.moe import MoEConfig, RoutedExperts
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.logits import skip_logits as decide_skip_logits
 from zoo.nn.rotary import rotary_tables
@@ -77,10 +77,11 @@ class GPT(nn.Module):
         (`block_plan`); the word embedding, and through the tied weight the output head, split by
         vocabulary rows. Under sequence parallelism the embeddings' output is split along the
         sequence and the final norm's output gathered whole for the head. A GPT with experts or
-        QK-norm splits nothing yet and runs unpipelined (the blocks' auxiliary losses do not travel
-        between stages): its blocks are its shard and recompute units."""
+        QK-norm splits nothing under tensor parallelism yet and runs unpipelined (the blocks'
+        auxiliary losses do not travel between stages): its blocks are its shard and recompute
+        units, and its routed experts shard under expert parallelism."""
         if self.config.n_experts or self.config.qk_norm:
-            return ModelPlan(blocks=("blocks.*",))
+            return ModelPlan(blocks=("blocks.*",), experts=("blocks.*.mlp.experts",) if self.config.n_experts else ())
         blocks = block_plan("blocks.*", block_config(self.config))
         head = "embeddings.word" if self.config.tie_embeddings else "lm_head"
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
@@ -107,7 +108,7 @@ class GPT(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         init_transformer_(self, residual_std=residual_std, residual=("attn.out", "mlp.fc2", "shared.down"))
         for module in self.modules():
-            if isinstance(module, MoEFeedForward):
+            if isinstance(module, RoutedExperts):
                 module.gate.normal_(0.0, 0.02)
                 module.up.normal_(0.0, 0.02)
                 module.down.normal_(0.0, residual_std)

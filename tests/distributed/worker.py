@@ -23,6 +23,11 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
     worker.py tp_save DIR                          4 steps at dp=2 x tp=2 ZeRO-3, checkpoint every 2: losses + params
     worker.py tp_resume DIR TP ZERO OUT            resume DIR's step-2 checkpoint, run steps 3-4: losses + params
     worker.py tp_activations OUT                   saved bytes of GPT's first block under tp = world (and + SP)
+    worker.py experts OUT EP/ZERO ...              the mixture-of-experts GPT 3 steps under expert parallelism
+                                                   (tests/distributed/expert_scenarios.py)
+    worker.py expert_checks OUT                    the errors of expert parallelism on 2 ranks
+    worker.py expert_save DIR EP ZERO              4 steps under expert parallelism, checkpoint every 2
+    worker.py expert_resume DIR EP ZERO OUT        resume DIR's step-2 checkpoint, run steps 3-4
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    errors of a sequence that sequence parallelism cannot
                                                    split and of 15 residues axial parallelism cannot;
@@ -55,6 +60,7 @@ from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
 from trainers.speed.compile import compiled_forwards  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from trainers.memory.recompute import clean_fqn  # noqa: E402
+from expert_scenarios import expert_checks, expert_resume, expert_save, experts  # noqa: E402
 from parity_models import GainedRegression, Routed  # noqa: E402
 from zoo.plan import ModelPlan  # noqa: E402
 
@@ -436,7 +442,8 @@ def vocab_parallel_loss() -> dict[str, float]:
 COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
             "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
-            "tp_activations": tp_activations, "chunks": chunks}
+            "tp_activations": tp_activations, "chunks": chunks, "experts": experts,
+            "expert_checks": expert_checks, "expert_save": expert_save, "expert_resume": expert_resume}
 
 
 if __name__ == "__main__":

@@ -269,6 +269,8 @@ def test_bad_inputs_end_in_one_clear_line(tmp_path, capsys):
         (("train", "gpt_shakespeare", "--nproc", "3", "--tp", "2"),
          "--nproc 3 must be a multiple of the tensor-parallel degree --tp 2"),
         (("train", "gpt_shakespeare", "--nproc", "3", "--pp", "2"), "--nproc 3 must be a multiple of --pp 2 x --tp 1 = 2"),
+        (("train", "gpt_moe", "--nproc", "3", "--ep", "2"),
+         "--ep 2 must divide the data-parallel ranks, --nproc 3 / (--pp 1 x --tp 1) = 3"),
         (("train", "gpt_shakespeare", "--nproc", "2", "--pp", "2", "--pp-schedule", "interleaved_1f1b"),
          "Strategy.pp_schedule='interleaved_1f1b' runs several stages per rank and needs Strategy.stages_per_rank > 1"),
         (("train", "gpt_shakespeare", "--nproc", "2", "--pp", "2", "--microbatches", "5"),

@@ -26,8 +26,8 @@ def reference(layer: MoEFeedForward, x: torch.Tensor) -> tuple[torch.Tensor, tor
             weights = weights / weights.sum()
         row = tokens.new_zeros(config.width)
         for weight, e in zip(weights, chosen.tolist()):
-            hidden = F.silu(params["gate"][e] @ tokens[t]) * (params["up"][e] @ tokens[t])
-            row = row + weight * (params["down"][e] @ hidden)
+            hidden = F.silu(params["experts.gate"][e] @ tokens[t]) * (params["experts.up"][e] @ tokens[t])
+            row = row + weight * (params["experts.down"][e] @ hidden)
             counts[e] += 1
         if config.shared_experts:
             shared = F.silu(params["shared.gate.weight"] @ tokens[t]) * (params["shared.up.weight"] @ tokens[t])
@@ -82,7 +82,8 @@ def test_an_expert_no_token_chose_gets_a_zero_gradient():
         layer.router.weight[1] = 10.0
     layer(torch.rand(5, 8) + 0.1)[0].sum().backward()
     assert layer.expert_counts.tolist() == [0, 5, 0, 0]
-    assert layer.gate.grad is not None and not layer.gate.grad[0].any() and layer.gate.grad[1].any()
+    gate = layer.experts.gate
+    assert gate.grad is not None and not gate.grad[0].any() and gate.grad[1].any()
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -23,14 +23,14 @@ from zoo.commands import Command
 from zoo.recipe_options import help_text, options
 from zoo.recipes import apply_overrides, get_recipe, parse_overrides, recipes
 
-TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--pp P [--pp-schedule S] "
+TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--ep E] [--pp P [--pp-schedule S] "
                "[--microbatches M] [--stages-per-rank V]] [--offload chunks --offload-dir DIR --memory BYTES "
                "[--device-memory BYTES] [--swap-activations BYTES]] [--compile blocks|model] [--OPTION VALUE ...]   (zoo train RECIPE --help lists its options)")
 
 
 def check_ranks(config: Any, nproc: int) -> None:
     """Before any process starts: --nproc must be >= 1, a multiple of the strategy's tensor- and
-    pipeline-parallel degrees, and split every TrainConfig's global batch into whole micro batches
+    pipeline-parallel degrees whose data-parallel ranks the expert-parallel degree divides, and split every TrainConfig's global batch into whole micro batches
     per data-parallel rank (and those into the pipeline's runs, which its schedule must take);
     more ranks than cores is allowed, with a warning."""
     if nproc < 1:
@@ -42,6 +42,9 @@ def check_ranks(config: Any, nproc: int) -> None:
         raise ValueError(f"--nproc {nproc} must be a multiple of the tensor-parallel degree --tp {tp}")
     if nproc % (tp * pp):
         raise ValueError(f"--nproc {nproc} must be a multiple of --pp {pp} x --tp {tp} = {pp * tp}")
+    if (nproc // (tp * pp)) % strategy.ep:
+        raise ValueError(f"--ep {strategy.ep} must divide the data-parallel ranks, --nproc {nproc} / (--pp {pp} x "
+                         f"--tp {tp}) = {nproc // (tp * pp)}")
     cores = os.cpu_count() or 1
     if nproc > cores:
         print(f"zoo: warning: --nproc {nproc} is more than this machine's {cores} cores; the ranks will share them",
@@ -59,7 +62,7 @@ def check_ranks(config: Any, nproc: int) -> None:
             raise ValueError(f"--nproc {nproc}{degrees}: {error}") from None
 
 
-STRATEGY_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
+STRATEGY_FLAGS = {"tp": "strategy.tp", "ep": "strategy.ep", "pp": "strategy.pp", "pp_schedule": "strategy.pp_schedule",
                   "microbatches": "strategy.microbatches", "stages_per_rank": "strategy.stages_per_rank",
                   "offload": "strategy.offload", "offload_dir": "strategy.offload_dir", "memory": "strategy.memory_budget",
                   "device_memory": "strategy.device_memory_budget", "swap_activations": "strategy.swap_activations",
@@ -68,7 +71,7 @@ STRATEGY_FLAGS = {"tp": "strategy.tp", "pp": "strategy.pp", "pp_schedule": "stra
 
 
 def strategy_overrides(args: argparse.Namespace, config: Any) -> list[str]:
-    """--tp, --sequence-parallel, --pp, --pp-schedule, --microbatches, --stages-per-rank, --offload,
+    """--tp, --sequence-parallel, --ep, --pp, --pp-schedule, --microbatches, --stages-per-rank, --offload,
     --offload-dir, --memory, --device-memory, --swap-activations and --compile as the recipe options they stand for
     (strategy.*); ValueError for a recipe without a strategy."""
     words = [word for flag, option in STRATEGY_FLAGS.items() if getattr(args, flag) is not None
@@ -135,6 +138,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help="tensor-parallel degree (--strategy.tp): ranks that split each layer; divides --nproc")
     parser.add_argument("--sequence-parallel", action="store_true",
                        help="with --tp, split activations along the sequence too (--strategy.sequence_parallel)")
+    parser.add_argument("--ep", type=int, default=None,
+                       help="expert-parallel degree (--strategy.ep): data-parallel ranks that share out each layer's "
+                            "routed experts")
     parser.add_argument("--pp", type=int, default=None,
                        help="pipeline-parallel degree (--strategy.pp): ranks that each run a slice of the blocks")
     parser.add_argument("--pp-schedule", default=None, help="with --pp: gpipe, 1f1b, interleaved_1f1b, looped_bfs or "
@@ -151,7 +157,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        "the step's device tensors may hold, e.g. 8GiB (--strategy.device_memory_budget; default on a "
                        "GPU: the memory free at the start)")
     parser.add_argument("--swap-activations", default=None, help="with --offload chunks: saved activations of this "
-                       "size and more go to files, e.g. 1MiB (--strategy.swap_activations)")
+                       "size and more go to files (to host memory from a device), e.g. 1MiB "
+                       "(--strategy.swap_activations)")
     parser.add_argument("--compile", default=None, help="torch.compile (--strategy.compile): blocks (each block of "
                        "the model's plan, whole) or model (the whole forward)")
     parser.add_argument("--stages-per-rank", type=int, default=None,

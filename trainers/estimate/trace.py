@@ -263,7 +263,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     micro_batch = {key: value[: config.micro_batch_size] if isinstance(value, torch.Tensor) and value.ndim else value
                    for key, value in example_batch.items()}
     with fake_process_group(job.world_size, rank):
-        env = setup_distributed(strategy.tp, strategy.pp)
+        env = setup_distributed(strategy.tp, strategy.pp, strategy.ep)
         check_batch_sizes(config.global_batch_size, config.micro_batch_size, env.dp_size)
         accumulation = job.accumulation
         # Micro batches per pass: one, or a pipeline run of them.

@@ -1,5 +1,6 @@
 """The autograd-aware collectives at the edges of tensor-parallel regions (Megatron's f, g and their
-sequence-parallel twins), over one process group, along one activation dimension.
+sequence-parallel twins), over one process group, along one activation dimension, and the
+all-to-all of expert parallelism.
 
 Each pairs a forward collective with the backward one that makes the gradient exact:
 
@@ -12,6 +13,8 @@ Each pairs a forward collective with the backward one that makes the gradient ex
     split_to_shards      keep own shard    | all-gather      entering the sequence-sharded stretch
     gather_whole         all-gather        | keep own shard  leaving it (the consumer's gradient is
                                                              the same on every rank)
+    all_to_all           all-to-all        | all-to-all      expert parallelism's tokens, there
+                                                             and back (uneven splits)
 """
 
 from __future__ import annotations
@@ -134,3 +137,29 @@ class GatheredInput:
         self.full.untyped_storage().resize_(self.nbytes)
         with torch.no_grad(), unsafe_preserve_version_counter(self.full):
             self.full.copy_(gathered)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows of x (R, ...) sent in runs of `send` rows to each rank of the group, `receive` rows
+    arriving from each; backward sends the gradients back the same way reversed."""
+
+    @staticmethod
+    def forward(ctx, x, send, receive, group):
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        return _all_to_all(x, send, receive, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_to_all(grad, ctx.receive, ctx.send, ctx.group), None, None, None
+
+
+def _all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+    out = x.new_empty((sum(receive), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), receive, send, group=group)
+    return out
+
+
+def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group) -> torch.Tensor:
+    """x's rows (dim 0) in consecutive runs of send[r] rows to rank r of `group`, receive[r] rows
+    arriving from rank r, in rank order (uneven splits); the gradient goes back the same way."""
+    return _AllToAll.apply(x, send, receive, group)

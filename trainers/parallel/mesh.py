@@ -13,6 +13,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from zoo.torch_compat import unflatten_mesh
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -36,6 +38,12 @@ class DistEnv:
     """The job's device mesh, dimensions ("pp", "dp", "tp"): pipeline ranks, data-parallel
     replicas or ZeRO shards, tensor-parallel ranks. Rank r sits at tp = r % tp, dp = r // tp % dp,
     pp = r // (tp * dp): a tensor-parallel group is consecutive ranks (one node's)."""
+    expert_mesh: DeviceMesh | None = None
+    """Under expert parallelism (Strategy.ep > 1), the same ranks with "dp" split in two,
+    ("pp", "edp", "ep", "tp"): data-parallel rank d sits at ep = d % ep, edp = d // ep, so an
+    expert-parallel group is ep consecutive data-parallel ranks, and "edp" joins the ranks that
+    hold the same experts. A sibling of `mesh` (one root), as FSDP2 needs for parameters sharded
+    over "ep" and "edp". None without expert parallelism."""
 
     @property
     def dp_rank(self) -> int:
@@ -78,10 +86,11 @@ def use_cuda() -> bool:
     return wanted != "cpu" and torch.cuda.is_available()
 
 
-def setup_distributed(tp: int = 1, pp: int = 1) -> DistEnv:
+def setup_distributed(tp: int = 1, pp: int = 1, ep: int = 1) -> DistEnv:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR...), or form a
     one-process group when run as plain `python`, so that one code path serves both; `tp` ranks
-    form each tensor-parallel group of the mesh, `pp` ranks each pipeline."""
+    form each tensor-parallel group of the mesh, `pp` ranks each pipeline, `ep` data-parallel
+    ranks each expert-parallel group."""
     cuda = use_cuda()
     if not dist.is_initialized():
         # gloo carries the collectives of CPU-resident (offloaded) state; NCCL those on the GPU.
@@ -97,8 +106,13 @@ def setup_distributed(tp: int = 1, pp: int = 1) -> DistEnv:
     if world_size % (tp * pp):
         degrees = f"Strategy.tp={tp}" if pp == 1 else f"Strategy.pp * Strategy.tp = {pp} * {tp}"
         raise ValueError(f"{degrees} must divide the number of ranks; got {world_size} ranks")
-    mesh = init_device_mesh(device.type, (pp, world_size // (tp * pp), tp), mesh_dim_names=("pp", "dp", "tp"))
-    return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh)
+    dp = world_size // (tp * pp)
+    if dp % ep:
+        raise ValueError(f"Strategy.ep={ep} must divide the data-parallel ranks (world size / (tp * pp) = "
+                         f"{world_size} / ({tp} * {pp}) = {dp})")
+    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    experts = unflatten_mesh(mesh, "dp", (dp // ep, ep), ("edp", "ep")) if ep > 1 else None
+    return DistEnv(rank=dist.get_rank(), world_size=world_size, device=device, mesh=mesh, expert_mesh=experts)
 
 
 def from_main_rank(value: Any) -> Any:

@@ -3,8 +3,9 @@
 "blocks" compiles the forward of each block of the model's plan (torchtitan's choice: one graph a
 block, reused by every block of the same shape), fullgraph: a block that does not compile whole
 fails at its first forward with torch's reason and the line that caused it. Under tensor
-parallelism the regions' edges stay eager (`trainers.parallel.styles.eager`), so a block compiles
-in the pieces between them. "model" compiles the whole model's forward, graph breaks allowed
+parallelism the regions' edges stay eager (`trainers.parallel.styles.eager`), and under expert
+parallelism the experts' dispatch (`trainers.parallel.experts`), so a block compiles in the pieces
+between them. "model" compiles the whole model's forward, graph breaks allowed
 (`TORCH_LOGS=graph_breaks` lists them).
 
 It runs after tensor parallelism and recompute and before data parallelism
@@ -94,7 +95,8 @@ def apply_compile(model: nn.Module, strategy: Strategy, block_names: Iterable[st
     for name in names:
         block = model.get_submodule(name)
         selective = (lambda name=name: recompute.keep.get(name) not in (None, "all", "inputs")) if recompute else _no_selection
-        block.forward = CompiledForward(block.forward, strategy.compile_backend, strategy.tp == 1, selective)
+        block.forward = CompiledForward(block.forward, strategy.compile_backend, strategy.tp == 1 and strategy.ep == 1,
+                                        selective)
 
 
 def compiled_forwards(model: nn.Module) -> list[CompiledForward]:

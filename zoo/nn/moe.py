@@ -5,8 +5,9 @@ every token (DeepSeek-MoE).
 
 Dispatch is dropless: the (token, expert) assignments are sorted by expert and each expert
 multiplies its contiguous run of tokens, however many (no capacity factor, no token dropped). The
-experts' weights are stacked, (E, F, W) for gate and up and (E, W, F) for down, so an expert no
-token chose still gets a (zero) gradient, the same on every rank. The routed experts keep for
+experts' weights are stacked in one module (`RoutedExperts`), (E, F, W) for gate and up and
+(E, W, F) for down, so an expert no token chose still gets a (zero) gradient, the same on every
+rank, and expert parallelism shards them along E (`zoo.plan.ModelPlan.experts`). The routed experts keep for
 backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
 keeps its pre-activation (`_experts_forward`; one custom operator under torch.compile). Each product over the experts is one grouped product
 (torch's, where it takes the shapes: rows 16-byte aligned), else one product an expert, said once
@@ -234,21 +235,38 @@ class GatedFeedForward(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class MoEFeedForward(nn.Module):
-    """See the module docstring. forward(x (..., W)) -> (y (..., W), auxiliary loss (scalar,
-    float32)); `expert_counts` holds the last call's assignments per expert (E,)."""
+def routed_experts(tokens: torch.Tensor, weights: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor,
+                   gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
+    weights (A,) and token_of (A,) of the A assignments sorted by expert, counts (E,) int64 of them
+    per expert; gate, up (E, F, W), down (E, W, F) -> (N, W) (`_experts_forward`: one custom operator
+    under torch.compile, an autograd function in eager)."""
+    if torch.compiler.is_compiling():
+        return _routed_experts(tokens, weights, gate, up, down, token_of, counts)[0]
+    return _RoutedExperts.apply(tokens, weights, gate, up, down, token_of, counts)
 
-    def __init__(self, config: MoEConfig) -> None:
+
+class RoutedExperts(nn.Module):
+    """E gated feed-forwards of width W and hidden width F, their matrices stacked along dim 0 by
+    expert: gate, up (E, F, W), down (E, W, F). forward(tokens (N, W), weights (A,), token_of (A,),
+    counts (E,)) -> (N, W): each token's assignments (sorted by expert, `counts` per expert) through
+    their experts, weighted and summed (`routed_experts`).
+
+    The contract expert parallelism builds on (`zoo.plan.ModelPlan.experts`): `compute` does the
+    same with the stacked matrices given, so that a rank holding experts [e0, e0 + E') computes
+    with its slices (E', ...) on the tokens sent to them, counts (E',)."""
+
+    def __init__(self, experts: int, width: int, hidden: int) -> None:
         super().__init__()
-        self.config = config
-        experts, width, hidden = config.experts, config.width, config.hidden
-        self.router = nn.Linear(width, experts, bias=False)
         self.gate = nn.Parameter(torch.empty(experts, hidden, width))
         self.up = nn.Parameter(torch.empty(experts, hidden, width))
         self.down = nn.Parameter(torch.empty(experts, width, hidden))
-        self.shared = GatedFeedForward(width, config.shared_experts * hidden) if config.shared_experts else None
-        self.expert_counts: torch.Tensor | None = None
         self.reset_parameters()
+
+    @property
+    def experts(self) -> int:
+        """Experts E (all of them, whatever a rank holds)."""
+        return self.gate.shape[0]
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -256,6 +274,30 @@ class MoEFeedForward(nn.Module):
         for weight in (self.gate, self.up, self.down):
             bound = 1 / math.sqrt(weight.shape[-1])
             weight.uniform_(-bound, bound)
+
+    def forward(self, tokens: torch.Tensor, weights: torch.Tensor, token_of: torch.Tensor,
+                counts: torch.Tensor) -> torch.Tensor:
+        return self.compute(tokens, weights, token_of, counts, gate=self.gate, up=self.up, down=self.down)
+
+    @staticmethod
+    def compute(tokens: torch.Tensor, weights: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor, *,
+                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """`forward` with the stacked matrices given by parameter name (plain tensors)."""
+        return routed_experts(tokens, weights, token_of, counts, gate, up, down)
+
+
+class MoEFeedForward(nn.Module):
+    """See the module docstring. forward(x (..., W)) -> (y (..., W), auxiliary loss (scalar,
+    float32)); `expert_counts` holds the last call's assignments per expert (E,)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.router = nn.Linear(config.width, config.experts, bias=False)
+        self.experts = RoutedExperts(config.experts, config.width, config.hidden)
+        self.shared = (GatedFeedForward(config.width, config.shared_experts * config.hidden)
+                       if config.shared_experts else None)
+        self.expert_counts: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         config = self.config
@@ -271,9 +313,7 @@ class MoEFeedForward(nn.Module):
         order = assignments.argsort(stable=True)
         counts = torch.zeros(config.experts, dtype=torch.int64, device=x.device).index_add_(
             0, assignments, torch.ones_like(assignments))
-        experts = (lambda *args: _routed_experts(*args)[0]) if torch.compiler.is_compiling() else _RoutedExperts.apply
-        y = experts(tokens, weights.reshape(-1)[order].to(x.dtype), self.gate, self.up, self.down,
-                    order // config.top_k, counts)
+        y = self.experts(tokens, weights.reshape(-1)[order].to(x.dtype), order // config.top_k, counts)
         if self.shared is not None:
             y = y + self.shared(tokens)
         self.expert_counts = counts.detach()
