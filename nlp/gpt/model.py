@@ -77,29 +77,39 @@ class GPT(nn.Module):
         (`block_plan`); the word embedding, and through the tied weight the output head, split by
         vocabulary rows. Under sequence parallelism the embeddings' output is split along the
         sequence and the final norm's output gathered whole for the head. A GPT with experts or
-        QK-norm splits nothing under tensor parallelism yet and runs unpipelined (the blocks'
-        auxiliary losses do not travel between stages): its blocks are its shard and recompute
-        units, and its routed experts shard under expert parallelism."""
-        if self.config.n_experts or self.config.qk_norm:
-            return ModelPlan(blocks=("blocks.*",), experts=("blocks.*.mlp.experts",) if self.config.n_experts else ())
-        blocks = block_plan("blocks.*", block_config(self.config))
+        QK-norm splits nothing under tensor parallelism yet: its blocks are its shard and recompute
+        units, its routed experts shard under expert parallelism, and it pipelines (without
+        QK-norm), the experts' auxiliary losses travelling from stage to stage."""
         head = "embeddings.word" if self.config.tie_embeddings else "lm_head"
+        pipeline = PipelineSplit(pre=("embeddings",), post=("norm", head))
+        if self.config.n_experts or self.config.qk_norm:
+            return ModelPlan(blocks=("blocks.*",), experts=("blocks.*.mlp.experts",) if self.config.n_experts else (),
+                             pipeline=None if self.config.qk_norm else pipeline)
+        blocks = block_plan("blocks.*", block_config(self.config))
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
                        sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",),
-                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", head)))
+                       pipeline=pipeline)
 
     def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
-        """First pipeline stage: {"hidden": (B, T, C) embeddings of input_ids (B, T)}."""
-        return {"hidden": self._embed(input_ids)}
+        """First pipeline stage: {"hidden": (B, T, C) embeddings of input_ids (B, T)}, with experts
+        also {"aux": the auxiliary losses so far, a float32 zero}."""
+        hidden = self._embed(input_ids)
+        return {"hidden": hidden, "aux": hidden.new_zeros((), dtype=torch.float32)} if self.config.n_experts else {
+            "hidden": hidden}
 
     def pipeline_block(self, block: nn.Module, carry: Carry) -> Carry:
-        """One block on {"hidden": (B, T, C)}."""
+        """One block on {"hidden": (B, T, C)} (and "aux", to which a mixture-of-experts block adds its own)."""
         hidden = carry["hidden"]
-        return {"hidden": block(hidden, rotary=self._rotary(0, hidden.shape[1], hidden.device))}
+        out = {"hidden": block(hidden, rotary=self._rotary(0, hidden.shape[1], hidden.device))}
+        if "aux" in carry:
+            out["aux"] = carry["aux"] if block.aux_loss is None else carry["aux"] + block.aux_loss
+        return out
 
     def pipeline_exit(self, carry: Carry, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Last pipeline stage: the fused head + loss on the final norm of carry["hidden"] (B, T, C)."""
-        return self._fused_loss(self.norm(carry["hidden"]), labels)
+        """Last pipeline stage: the fused head + loss on the final norm of carry["hidden"] (B, T, C),
+        plus the experts' auxiliary losses carry["aux"]."""
+        loss = self._fused_loss(self.norm(carry["hidden"]), labels)
+        return loss + carry["aux"] if "aux" in carry else loss
 
     @torch.no_grad()
     def init_weights(self) -> None:

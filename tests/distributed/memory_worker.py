@@ -30,10 +30,13 @@ from zoo.plan import model_plan  # noqa: E402
 
 
 def case_strategy(case: str, world_size: int = 2) -> tuple[str, Strategy]:
-    """"model/zero/recompute[/schedule]" -> (model, Strategy)."""
+    """"model/zero/recompute[/schedule or epE]" -> (model, Strategy): pipelined over the ranks under
+    the schedule, or the experts shared out over E ranks."""
     model, zero, recompute, *schedule = case.split("/")
     if not schedule:
         return model, Strategy(zero=int(zero), recompute=recompute)
+    if schedule[0].startswith("ep"):
+        return model, Strategy(zero=int(zero), recompute=recompute, ep=int(schedule[0][2:]))
     built = MODELS[model][0]()
     blocks = len(model_plan(built).block_names(built))
     split = tuple(blocks // world_size + (i < blocks % world_size) for i in range(world_size))

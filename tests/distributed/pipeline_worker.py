@@ -9,7 +9,7 @@ tensors gathered on rank 0) to a file the test compares.
     pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
     pipeline_worker.py resume DIR LAYOUT OUT resume DIR's step-2 checkpoint, run steps 3-4: losses + params
 One launch runs several commands separated by "+", one after another.
-LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled] (see `strategy`).
+LAYOUT = schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled][:epE] (see `strategy`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from tiny_models import (digit_examples, fold_examples, mlm_examples, speech_exa
 MODELS = {
     "gpt": (lambda: tiny_gpt(n_layer=4), lm_examples, default_collate),
     "gpt_dropout": (lambda: tiny_gpt(n_layer=4, dropout=0.1), lm_examples, default_collate),
+    "moe": (lambda: tiny_gpt(n_layer=4, n_experts=4, moe_top_k=2), lm_examples, default_collate),
     "custom": (lambda: FeedForwardLM(layers=4), lm_examples, default_collate),
     "bert": (tiny_bert, mlm_examples, default_collate),
     "vit": (tiny_vit, digit_examples, default_collate),
@@ -46,7 +47,8 @@ MODELS = {
     "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
     "fold": (lambda: tiny_fold(max_recycles=0), fold_examples, collate_folding),
 }
-"""(build, examples, collate): GPT (also with dropout 0.1) and the test's own model with four blocks (pp=2 x 2 stages per
+"""(build, examples, collate): GPT (also with dropout 0.1, and with 4 experts a block, top 2) and the
+test's own model with four blocks (pp=2 x 2 stages per
 rank at most), GPT without biases (a key bias's gradient is zero up to rounding, which AdamW
 amplifies); the others with two (tests/distributed/worker.py), the folding model without
 recycling (which a pipeline does not run)."""
@@ -64,17 +66,18 @@ def config(**overrides) -> TrainConfig:
 
 
 def strategy(layout: str) -> Strategy:
-    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled] as a Strategy
-    (mM: M micro batches per pipeline run; fp16: fp16 compute with loss scaling; compiled: the
-    blocks compiled)."""
+    """schedule/pp/stages_per_rank/zero[/tp[/sequence_parallel]][:mM][:fp16][:compiled][:epE] as a
+    Strategy (mM: M micro batches per pipeline run; fp16: fp16 compute with loss scaling; compiled:
+    the blocks compiled; epE: expert parallelism over E data-parallel ranks)."""
     layout, *options = layout.split(":")
     fields = layout.split("/")
     schedule, pp, stages_per_rank, zero, tp, sp = fields + ["1", "0"][len(fields) - 4:]
     runs = [int(o[1:]) for o in options if o.startswith("m")]
+    ep = [int(o[2:]) for o in options if o.startswith("ep")]
     return Strategy(pp=int(pp), pp_schedule=schedule, stages_per_rank=int(stages_per_rank), zero=int(zero),
                     tp=int(tp), sequence_parallel=sp == "1", microbatches=runs[0] if runs else None,
                     precision="fp16" if "fp16" in options else "fp32",
-                    compile="blocks" if "compiled" in options else "none")
+                    compile="blocks" if "compiled" in options else "none", ep=ep[0] if ep else 1)
 
 
 def example(data, collate=default_collate) -> dict[str, torch.Tensor]:

@@ -84,8 +84,8 @@ def test_bad_expert_parallel_settings_are_refused(worker_runs):
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=rf"Strategy.ep must be an integer >= 1; got {bad!r}"):
             Strategy(ep=bad)
-    with pytest.raises(ValueError, match=r"Strategy.ep=2 runs over data-parallel ranks in memory, without tensor or "
-                                         r"pipeline parallelism or a memory budget yet; got offload='none', tp=2, pp=1"):
+    with pytest.raises(ValueError, match=r"Strategy.ep=2 runs over data-parallel ranks in memory, without tensor "
+                                         r"parallelism or a memory budget yet; got offload='none', tp=2"):
         Strategy(ep=2, tp=2)
 
 

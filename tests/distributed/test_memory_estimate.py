@@ -20,10 +20,10 @@ from trainers import MemoryEstimate, Strategy, estimate_memory  # noqa: E402
 
 CASES = ["fold/0/none/zero_bubble", "fold/0/blocks", "conformer/0/none/1f1b", "gpt/0/blocks/gpipe", "gpt/0/none/1f1b",
          "gpt/0/none", "gpt/0/blocks", "gpt/3/none", "gpt/3/blocks", "custom/0/none", "custom/3/blocks", "bert/3/none",
-         "vit/0/blocks", "conformer/3/none"]
-"""Each zoo model and the test's own (`custom`), at ZeRO 0 and 3, recompute none and blocks; and
-pipelined over the 2 ranks under three schedules. The slowest to trace first, so that two
-processes tracing them share the work evenly."""
+         "vit/0/blocks", "conformer/3/none", "moe/3/none/ep2", "moe/0/blocks/ep2"]
+"""Each zoo model and the test's own (`custom`), at ZeRO 0 and 3, recompute none and blocks;
+pipelined over the 2 ranks under three schedules; GPT with experts shared out over the 2 ranks
+(ep=2). The slowest to trace first, so that two processes tracing them share the work evenly."""
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ whole). Its forward becomes a dispatch around the module's own computation:
 
 Backward runs the two all-to-alls reversed. Per step the rows travel tokens x top_k x width x
 2 directions x 2 passes bytes over the group (beside the weights' and the counts' few bytes).
-No token is dropped: a rank computes however many rows its experts receive.
+No token is dropped: a rank computes however many rows its experts receive. The memory
+estimator's trace, whose tensors hold no values, takes every rank's load as this one's (even over
+the experts: `zoo.nn.moe.even_counts`).
 
 A rank's experts compute on the tokens of the `ep` data-parallel ranks of its group, so their
 gradient sums those ranks' losses' gradients: it is scaled by 1/ep on its way to the parameters,
@@ -38,6 +40,7 @@ from trainers.parallel.collectives import all_to_all
 from trainers.parallel.mesh import local_tensor
 from trainers.parallel.styles import eager, shard_parameter
 from zoo.plan import ModelPlan
+from zoo.torch_compat import FakeTensor
 
 
 class _ScaledGradient(torch.autograd.Function):
@@ -70,6 +73,8 @@ class ExpertParallelForward:
             to_each = counts.view(ranks, local).contiguous()
             from_each = torch.empty_like(to_each)  # [source rank, local expert]: rows arriving
             dist.all_to_all_single(from_each, to_each, group=self.group)
+            if isinstance(counts, FakeTensor) or isinstance(tokens, FakeTensor):
+                from_each.copy_(to_each)  # the estimator's trace moves no values: every rank routes as this one
             send, receive = torch.stack([to_each.sum(1), from_each.sum(1)]).tolist()
             expert_of_row = torch.arange(local, device=counts.device).repeat(ranks).repeat_interleave(
                 from_each.reshape(-1))

@@ -11,7 +11,8 @@ rank, and expert parallelism shards them along E (`zoo.plan.ModelPlan.experts`).
 backward only each assignment's gate pre-activation (F values), as the dense fused feed-forward
 keeps its pre-activation (`_experts_forward`; one custom operator under torch.compile). Each product over the experts is one grouped product
 (torch's, where it takes the shapes: rows 16-byte aligned), else one product an expert, said once
-in the log; the runs' lengths are read on the host (one synchronisation a layer on a GPU).
+in the log; the runs' lengths are read on the host (one synchronisation a layer on a GPU). A trace
+without values (the memory estimator's fake tensors) takes the load as even over the experts.
 
 Routers: "softmax" (Mixtral, Switch: softmax over the experts' logits, then the top k) and
 "sigmoid" (DeepSeek-V3: independent sigmoid scores, then the top k); `normalize_top_k` rescales
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.torch_compat import grouped_mm
+from zoo.torch_compat import FakeTensor, grouped_mm
 
 log = logging.getLogger("zoo.nn")
 Router = Literal["softmax", "sigmoid"]
@@ -112,6 +113,9 @@ def _grouped(a: torch.Tensor, b: torch.Tensor, runs: Runs) -> torch.Tensor | Non
     None where it does not take these shapes or this device (then the caller loops, and says so once)."""
     if grouped_mm is None:
         return None
+    if isinstance(a, FakeTensor):  # a trace without values: the product's output, as a real run allocates it
+        rows = (a.shape[0], b.shape[-1]) if b.ndim == 3 else (len(runs[0]), a.shape[0], b.shape[-1])
+        return a.new_empty(rows)
     try:
         return grouped_mm(a, b, offs=runs[1])
     except RuntimeError as error:
@@ -235,6 +239,13 @@ class GatedFeedForward(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+def even_counts(assignments: int, experts: int, device: torch.device) -> torch.Tensor:
+    """`assignments` spread as evenly as they go over `experts` (the first ones one more), int64
+    (experts,): the load a trace without values takes, which the load-balancing loss aims at."""
+    share, extra = divmod(assignments, experts)
+    return torch.tensor([share + (e < extra) for e in range(experts)], dtype=torch.int64, device=device)
+
+
 def routed_experts(tokens: torch.Tensor, weights: torch.Tensor, token_of: torch.Tensor, counts: torch.Tensor,
                    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """sum over a token's assignments of weight * down_e(silu(gate_e(x)) * up_e(x)): tokens (N, W);
@@ -311,8 +322,11 @@ class MoEFeedForward(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True)
         assignments = chosen.reshape(-1)
         order = assignments.argsort(stable=True)
-        counts = torch.zeros(config.experts, dtype=torch.int64, device=x.device).index_add_(
-            0, assignments, torch.ones_like(assignments))
+        if isinstance(assignments, FakeTensor):  # the memory estimator's trace: no values, the load taken as even
+            counts = even_counts(assignments.shape[0], config.experts, x.device)
+        else:
+            counts = torch.zeros(config.experts, dtype=torch.int64, device=x.device).index_add_(
+                0, assignments, torch.ones_like(assignments))
         y = self.experts(tokens, weights.reshape(-1)[order].to(x.dtype), order // config.top_k, counts)
         if self.shared is not None:
             y = y + self.shared(tokens)
