@@ -135,3 +135,23 @@ def test_an_error_of_the_model_is_raised_not_taken_for_a_layout_that_does_not_fi
     space = replace(SPACE, zero=(0,), recompute=("none",), micro_batch_sizes=(2,))
     with pytest.raises(RuntimeError, match=r"planning failed:(.|\n)*NeedsFourRows takes at least 4 rows; got 2"):
         plan(NeedsFourRows, {"x": torch.randn(4, 8)}, 2, 10 << 20, CPU, space=space)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_with_experts_is_planned_with_its_experts_shared_out():
+    """GPT with 4 experts a block on 2 ranks: the search tries ep=1 and ep=2; at ep=2 each rank holds
+    half the experts' states (ZeRO-3 over the one rank that holds the same experts) and pays the
+    all-to-alls, which the cost model prices on their own."""
+    config = replace(TINY, n_experts=4, moe_top_k=2)
+    space = SearchSpace(zero=(0,), offload=("none",), recompute=("none",), pp=(1,), micro_batch_sizes=(4,))
+    plans = {p.strategy.ep: p for p in plan(functools.partial(GPT, config), tiny_batch(), 2, 64 << 20, CPU, space=space,
+                                            top=20)}
+    assert set(plans) == {1, 2}
+    shared, whole = plans[2], plans[1]
+    assert shared.train_flags().startswith("--nproc 2 --ep 2 --strategy.zero 0 ")
+    assert shared.time.expert_parallel > 0 == whole.time.expert_parallel
+    model = GPT(config)
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    dense = sum(p.numel() for p in model.parameters()) - experts
+    for p in (shared, whole):  # fp32 at ZeRO 0: 16 bytes a parameter, the experts' 1/ep share
+        assert p.estimate.ranks[0].parameters == pytest.approx(4 * (dense + experts / p.strategy.ep), rel=0.01)

@@ -1,8 +1,8 @@
 """Will it fit, and how fast: the layouts of a model on `world_size` devices that fit a memory
 budget, ranked by estimated step time.
 
-`plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor and
-pipeline parallelism, pipeline schedule, micro-batch size; the global batch stays fixed), and
+`plan` enumerates the strategies of a `SearchSpace` (ZeRO stage, offload, recompute, tensor,
+pipeline and expert parallelism, pipeline schedule, micro-batch size; the global batch stays fixed), and
 orders them by a first guess of their step time (the work per example and the tensor-parallel
 collectives per micro batch from one trace at the largest tensor-parallel degree; the ZeRO paper's
 data-parallel traffic; the schedule's textbook bubble). It then traces up to `max_traces` of those
@@ -17,6 +17,7 @@ traced peak fits. The plans come back ranked by `step_time`, the cost model on t
                    a latency per call, and ring costs: 2(g-1)/g of the payload for an
                    all-reduce, (g-1)/g for an all-gather or reduce-scatter
     data-parallel  the same, hidden behind compute where the device overlaps them
+    expert-parallel the all-to-alls of the experts' tokens over their group, in the critical path
     offload        optimizer: gradients to the host and parameters back each step; params: the
                    parameters to the device for forward and backward and gradients back
     pipeline       the schedule's bubble: the busiest pipeline rank's compute times the idle
@@ -33,6 +34,7 @@ last pipeline ranks: the first holds the most micro batches in flight, the last 
 from __future__ import annotations
 
 import itertools
+import math
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -50,6 +52,7 @@ from trainers.estimate.zero import zero_model_states
 from trainers.pipeline.schedules import analytic_bubble, schedule_orders, simulate
 from trainers.estimate.counters import Work
 from trainers.strategy import LayoutRefused, Strategy
+from zoo.plan import model_plan
 
 RING_FACTORS = {"all_reduce": lambda g: 2 * (g - 1) / g, "all_gather": lambda g: (g - 1) / g,
                 "reduce_scatter": lambda g: (g - 1) / g, "all_to_all": lambda g: (g - 1) / g,
@@ -77,6 +80,10 @@ class SearchSpace:
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees; None: 1 and each power of two that divides world_size and fits
     in a node."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (without tensor parallelism); None: 1 and, for a model whose plan
+    declares routed experts, each power of two that divides its data-parallel ranks and every
+    experts module's count."""
     pp: tuple[int, ...] | None = None
     """Pipeline-parallel degrees; None: 1 and each power of two that divides world_size (a model
     without pipeline split points, or with fewer blocks than stages, is not pipelined)."""
@@ -100,10 +107,13 @@ class StepTime:
     offload: float
     pipeline: float = 0.0
     """The pipeline's bubble and point-to-point transfers."""
+    expert_parallel: float = 0.0
+    """The all-to-alls that carry the experts' tokens."""
 
     @property
     def total(self) -> float:
-        return self.compute + self.tensor_parallel + self.data_parallel + self.offload + self.pipeline
+        return (self.compute + self.tensor_parallel + self.data_parallel + self.offload + self.pipeline
+                + self.expert_parallel)
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ class Plan:
         """The `zoo train` flags that run this plan (with --nproc world_size)."""
         s = self.strategy
         flags = [f"--nproc {self.estimate.world_size}"] + ([f"--tp {s.tp}"] if s.tp > 1 else [])
+        flags += [f"--ep {s.ep}"] if s.ep > 1 else []
         if s.pp > 1:
             split = ",".join(map(str, self.estimate.pp_split or s.pp_split))
             flags += [f"--pp {s.pp}", f"--pp-schedule {s.pp_schedule}", f"--strategy.pp_split {split}"]
@@ -153,7 +164,7 @@ def plan(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any], wor
     space = space or SearchSpace()
     rows = batch_rows(example_batch)
     global_batch_size = global_batch_size or rows * world_size
-    candidates = _candidates(space, spec, world_size, rows, global_batch_size)
+    candidates = _candidates(space, spec, world_size, rows, global_batch_size, _experts(model_or_builder))
     if not candidates:
         raise ValueError(f"no strategy of the search space splits global_batch_size={global_batch_size} over "
                          f"world_size={world_size}")
@@ -178,9 +189,9 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
     traced ranks."""
     strategy = estimate.strategy
     compute = max(compute_seconds(work, strategy, spec) for work in estimate.work)
-    tensor_parallel = data_parallel = point_to_point = 0.0
+    tensor_parallel = data_parallel = point_to_point = expert_parallel = 0.0
     for traffic in estimate.traffic:
-        rank_tp = rank_dp = rank_p2p = 0.0
+        rank_tp = rank_dp = rank_p2p = rank_ep = 0.0
         for (kind, ranks), (nbytes, calls) in traffic.items():
             if len(ranks) <= 1 or kind == "c10d::recv_":  # a transfer is the sender's
                 continue
@@ -190,12 +201,14 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
             seconds = collective_seconds(kind, len(ranks), nbytes, calls, bandwidth, spec.latency)
             if kind == "send":
                 rank_p2p += seconds
+            elif kind == "all_to_all":
+                rank_ep += seconds
             elif _is_tensor_parallel(ranks, strategy.tp):
                 rank_tp += seconds
             else:
                 rank_dp += seconds
         tensor_parallel, data_parallel = max(tensor_parallel, rank_tp), max(data_parallel, rank_dp)
-        point_to_point = max(point_to_point, rank_p2p)
+        point_to_point, expert_parallel = max(point_to_point, rank_p2p), max(expert_parallel, rank_ep)
     if spec.overlap:
         data_parallel = max(0.0, data_parallel - compute)
     memory = max(estimate.ranks, key=lambda rank: rank.parameters + rank.gradients)
@@ -205,7 +218,7 @@ def step_time(estimate: MemoryEstimate, spec: DeviceSpec) -> StepTime:
     if strategy.pp > 1:
         microbatches = estimate.accumulation if strategy.microbatches is None else strategy.microbatches
         bubble = compute * idle_share(strategy, microbatches)
-    return StepTime(compute, tensor_parallel, data_parallel, offload, bubble + point_to_point)
+    return StepTime(compute, tensor_parallel, data_parallel, offload, bubble + point_to_point, expert_parallel)
 
 
 def compute_seconds(work: Work, strategy: Strategy, spec: DeviceSpec) -> float:
@@ -224,7 +237,9 @@ def idle_share(strategy: Strategy, microbatches: int) -> float:
 
 
 def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int,
-                global_batch_size: int) -> list[tuple[Strategy, TrainConfig]]:
+                global_batch_size: int, experts: int) -> list[tuple[Strategy, TrainConfig]]:
+    """The strategies and batch sizes of `space` on `world_size` ranks; `experts`: the count every
+    experts module's divides (0: a model without experts)."""
     precision = space.precision or ("fp32" if spec.name == "cpu" else "bf16")
     tps = space.tp or tuple(t for t in (1, 2, 4, 8, 16) if world_size % t == 0 and t <= spec.devices_per_node)
     pps = space.pp or tuple(1 << k for k in range(world_size.bit_length()) if world_size % (1 << k) == 0)
@@ -234,7 +249,8 @@ def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int
         if world_size % (tp * pp):
             continue
         dp = world_size // (tp * pp)
-        for micro in micros:
+        eps = space.ep or (1, *(e for e in (2, 4, 8, 16, 32, 64) if experts and dp % e == 0 and experts % e == 0))
+        for micro, ep in itertools.product(micros, eps if tp == 1 else (1,)):
             if micro > rows or global_batch_size % (micro * dp):
                 continue
             config = TrainConfig(global_batch_size=global_batch_size, micro_batch_size=micro, max_steps=2,
@@ -246,7 +262,7 @@ def _candidates(space: SearchSpace, spec: DeviceSpec, world_size: int, rows: int
                     for recompute in space.recompute:
                         for schedule in space.pp_schedules if pp > 1 else ("1f1b",):
                             candidates.append((Strategy(zero=zero, offload=offload, recompute=recompute, tp=tp, pp=pp,
-                                                        pp_schedule=schedule, precision=precision), config))
+                                                        ep=ep, pp_schedule=schedule, precision=precision), config))
     return candidates
 
 
@@ -257,11 +273,10 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
     returns the plans that fit, the traced plan of smallest peak, and the smallest model states
     of a candidate (bytes per rank on the device)."""
     try:
-        numel = _parameter_count(model_or_builder)
+        numel, expert_numel = _parameter_counts(model_or_builder)
         rows = batch_rows(example_batch)
         first = _first_trace(model_or_builder, example_batch, candidates, world_size, rows)
-        states = {id(s): zero_model_states(numel // (s.tp * s.pp), s, world_size)["device"]
-                  for s, _ in candidates}
+        states = {id(s): _model_states(s, numel, expert_numel, world_size) for s, _ in candidates}
         kept = [(s, c) for s, c in candidates if states[id(s)] < budget]
         kept.sort(key=lambda sc: _first_guess(sc[0], sc[1], numel, first, rows, world_size, spec))
         found: list[Plan] = []
@@ -284,11 +299,36 @@ def _search(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, Any],
         raise RuntimeError(f"planning failed:\n{traceback.format_exc()}") from error
 
 
-def _parameter_count(model_or_builder: ModelOrBuilder) -> int:
+def _built(model_or_builder: ModelOrBuilder) -> nn.Module:
+    """The model, or the builder's on the meta device."""
     if isinstance(model_or_builder, nn.Module):
-        return sum(p.numel() for p in model_or_builder.parameters())
+        return model_or_builder
     with torch.device("meta"):
-        return sum(p.numel() for p in model_or_builder().parameters())
+        return model_or_builder()
+
+
+def _experts_modules(model: nn.Module) -> list[nn.Module]:
+    return [model.get_submodule(name) for name in model_plan(model).names(model, "experts")]
+
+
+def _parameter_counts(model_or_builder: ModelOrBuilder) -> tuple[int, int]:
+    """(the model's parameters, those of its routed experts)."""
+    model = _built(model_or_builder)
+    return (sum(p.numel() for p in model.parameters()),
+            sum(p.numel() for module in _experts_modules(model) for p in module.parameters()))
+
+
+def _experts(model_or_builder: ModelOrBuilder) -> int:
+    """The expert count that every experts module of the model's plan divides (0: none)."""
+    return math.gcd(*(module.experts for module in _experts_modules(_built(model_or_builder))))
+
+
+def _model_states(strategy: Strategy, numel: int, expert_numel: int, world_size: int) -> float:
+    """Model-state bytes per rank on the device (the ZeRO paper's closed form): the routed experts'
+    1/ep share sharded over the world_size / ep ranks that hold it, the rest over all."""
+    degree = strategy.tp * strategy.pp
+    dense = zero_model_states((numel - expert_numel) // degree, strategy, world_size)["device"]
+    return dense + zero_model_states(expert_numel // (degree * strategy.ep), strategy, world_size // strategy.ep)["device"]
 
 
 def _is_tensor_parallel(ranks: tuple[int, ...], tp: int) -> bool:
