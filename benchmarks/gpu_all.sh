@@ -76,6 +76,9 @@ kernels() {
     section "fused_layers"
     record python3 benchmarks/fused_layers.py --device cuda
     record python3 benchmarks/fused_layers.py --device cuda --dtype bfloat16
+    # The experts' grouped product against one dense product of the same FLOPs (issue 74).
+    section "moe_dispatch"
+    record python3 benchmarks/moe_dispatch.py --device cuda
 }
 
 losses() {

@@ -96,7 +96,8 @@ TP_MODELS = {
 }
 """Models of the tensor-parallel parity runs (factory, examples, collate): GPT with biases
 (row-parallel biases are added once), multi-query GPT (keys and values replicated), GPT with
-mixture-of-experts blocks (no split of its own: for the compiled runs), the models of parity_models.py
+mixture-of-experts blocks (its experts split by hidden width, its router replicated; also the
+expert-parallel and compiled runs), the models of parity_models.py
 (the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
 gain in each region, kept whole on every rank), BERT masked-LM with padding,
 a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial

@@ -83,7 +83,11 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         partial_gradients = apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
     else:
         partial_gradients = PartialGradients([], None)
-    experts = apply_expert_parallel(model, plan, env.expert_mesh["ep"]) if strategy.ep > 1 else []
+    experts = []  # the experts modules sharded over "ep", whose ZeRO runs over "edp"
+    if strategy.ep > 1:
+        experts = apply_expert_parallel(model, plan, env.expert_mesh["ep", "tp"] if strategy.tp > 1 else env.expert_mesh["ep"])
+    elif strategy.tp > 1:
+        apply_expert_parallel(model, plan, env.mesh["tp"])
     on_meta = any(p.is_meta for p in model.parameters())
     if on_meta and not callable(getattr(model, "init_weights", None)):
         raise ValueError(

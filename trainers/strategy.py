@@ -233,10 +233,9 @@ class Strategy:
             raise ValueError(f"Strategy.offload_dir is for offload='chunks'; got offload={self.offload!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"Strategy.sequence_parallel must be True or False; got {self.sequence_parallel!r}")
-        if self.ep > 1 and (self.offload == "chunks" or self.tp > 1 or self.memory_budget is not None):
-            raise ValueError(f"Strategy.ep={self.ep} runs over data-parallel ranks in memory, without tensor "
-                             f"parallelism or a memory budget yet; got offload={self.offload!r}, tp={self.tp}, "
-                             f"memory_budget={self.memory_budget!r}")
+        if self.ep > 1 and (self.offload == "chunks" or self.memory_budget is not None):
+            raise ValueError(f"Strategy.ep={self.ep} runs over data-parallel ranks in memory, without a memory budget "
+                             f"yet; got offload={self.offload!r}, memory_budget={self.memory_budget!r}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("Strategy.sequence_parallel=True splits activations over the tensor-parallel ranks "
                              "and needs Strategy.tp > 1; got tp=1")

@@ -153,6 +153,14 @@ class ModelPlan:
                   if f.name not in ("heads", "pipeline", "chunk_memory")}
         return replace(self, **fields, heads=tuple(h for h in self.heads if present(h[0])))
 
+    def merged(self, other: ModelPlan) -> ModelPlan:
+        """This plan's patterns and `other`'s, each once, in order (a stack of blocks of two shapes);
+        `pipeline` and `chunk_memory` are this plan's where it has them, else `other`'s."""
+        fields = {f.name: tuple(dict.fromkeys((*getattr(self, f.name), *getattr(other, f.name))))
+                  for f in fields_of(self) if f.name not in ("pipeline", "chunk_memory")}
+        return replace(self, **fields, pipeline=self.pipeline or other.pipeline,
+                       chunk_memory=self.chunk_memory or other.chunk_memory)
+
     def names(self, model: nn.Module, field: str) -> list[str]:
         """Names of `model`'s modules matched by the patterns of `field` (a tuple-of-patterns field),
         after checking the module types the field requires; ValueError naming the field otherwise."""

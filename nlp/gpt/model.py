@@ -76,19 +76,19 @@ class GPT(nn.Module):
         """Each block is one shard and recompute unit and holds two tensor-parallel regions
         (`block_plan`); the word embedding, and through the tied weight the output head, split by
         vocabulary rows. Under sequence parallelism the embeddings' output is split along the
-        sequence and the final norm's output gathered whole for the head. A GPT with experts or
-        QK-norm splits nothing under tensor parallelism yet: its blocks are its shard and recompute
-        units, its routed experts shard under expert parallelism, and it pipelines (without
-        QK-norm), the experts' auxiliary losses travelling from stage to stage."""
+        sequence and the final norm's output gathered whole for the head. Blocks with experts are
+        planned as `block_plan` says (their experts shard under tensor and expert parallelism), and
+        their auxiliary losses travel from stage to stage. A GPT with QK-norm splits nothing but
+        its experts and runs unpipelined: its blocks are its shard and recompute units."""
+        shapes = {index: block_config(self.config, index) for index in range(self.config.n_layer)}
+        plans = [block_plan("blocks.*", shape) for shape in {(s.moe is None): s for s in shapes.values()}.values()]
+        blocks = plans[0] if len(plans) == 1 else plans[0].merged(plans[1])
+        if self.config.qk_norm:
+            return blocks
         head = "embeddings.word" if self.config.tie_embeddings else "lm_head"
-        pipeline = PipelineSplit(pre=("embeddings",), post=("norm", head))
-        if self.config.n_experts or self.config.qk_norm:
-            return ModelPlan(blocks=("blocks.*",), experts=("blocks.*.mlp.experts",) if self.config.n_experts else (),
-                             pipeline=None if self.config.qk_norm else pipeline)
-        blocks = block_plan("blocks.*", block_config(self.config))
         return replace(blocks, vocab_parallel=("embeddings.word",), sequence_split=("embeddings",),
                        sequence_parallel=(*blocks.sequence_parallel, "norm"), sequence_gather=("norm",),
-                       pipeline=pipeline)
+                       pipeline=PipelineSplit(pre=("embeddings",), post=("norm", head)))
 
     def pipeline_enter(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
         """First pipeline stage: {"hidden": (B, T, C) embeddings of input_ids (B, T)}, with experts

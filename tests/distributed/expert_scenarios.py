@@ -1,6 +1,7 @@
-"""Expert-parallel scenarios for worker.py (`experts OUT EP/ZERO ...`): the mixture-of-experts GPT of
-TP_MODELS trained 3 steps under Strategy(ep=EP, zero=ZERO) on this launch's ranks, and what a test
-compares with one process (tests/distributed/test_expert_parallel.py)."""
+"""Expert-parallel scenarios for worker.py (`experts OUT EP/ZERO[/TP[/SP]] ...`): the mixture-of-experts
+GPT of TP_MODELS trained 3 steps under Strategy(ep=EP, zero=ZERO, tp=TP, sequence_parallel=SP) on
+this launch's ranks, and what a test compares with one process
+(tests/distributed/test_expert_parallel.py)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,20 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def experts(out: str, *runs: str) -> None:
-    """Each run "EP/ZERO": the gradients of a probe batch (whole), then 3 steps' losses, parameters
-    (whole), each step's expert counts per layer summed over the ranks, the all-to-all payload
+    """Each run "EP/ZERO[/TP[/SP]]": the gradients of a probe batch (whole), then 3 steps' losses, parameters
+    (whole), each step's expert counts per layer summed over the data-parallel replicas, the all-to-all payload
     bytes summed over the ranks, and each rank's local elements of the experts' parameters and of
     their AdamW moments (`expert_elements_by_rank`) beside the experts' whole count."""
     results = {}
     for run in runs:
-        ep, zero = map(int, run.split("/"))
+        ep, zero, tp, sequence_parallel = map(int, (run + "/1/0").split("/")[:4])
         build, examples, _ = TP_MODELS["moe"]
         config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, warmup_steps=1, log_every=1,
                              progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, measure_memory=False)
-        trainer = Trainer(build(), config, Strategy(zero=zero, ep=ep))
+        trainer = Trainer(build(), config, Strategy(zero=zero, ep=ep, tp=tp, sequence_parallel=sequence_parallel == 1))
         trainer.model.train()  # gradients of one probe batch, the same on every rank: their mean is its gradient
         trainer.model(**default_collate(examples(4)))["loss"].backward()
+        trainer.partial_gradients.sum()  # as the trainer's step does after its backward passes
         grads = {clean_fqn(name): full(param.grad) for name, param in trainer.model.named_parameters()}
         trainer.optimizer.zero_grad()
         layers = [module for module in trainer.model.modules() if isinstance(module, MoEFeedForward)]
@@ -45,6 +47,7 @@ def experts(out: str, *runs: str) -> None:
             history = trainer.fit(examples(64))
         per_step = torch.stack(counts).view(config.max_steps, -1, len(layers), layers[0].config.experts).sum(1)
         dist.all_reduce(per_step)
+        per_step //= tp  # the tensor-parallel ranks of a replica route the same tokens
         sent = torch.tensor(log.bytes.get("all_to_all", 0))
         dist.all_reduce(sent)
         expert_params = [p for module in trainer.model.modules() if isinstance(module, RoutedExperts)
@@ -60,7 +63,7 @@ def experts(out: str, *runs: str) -> None:
                         "expert_elements": sum(p.numel() for p in expert_params),
                         "expert_elements_by_rank": torch.stack(by_rank).tolist(),
                         "tokens_per_step": config.global_batch_size * examples(1)[0]["input_ids"].numel(),
-                        "width": layers[0].config.width, "top_k": layers[0].config.top_k,
+                        "tp": tp, "width": layers[0].config.width, "top_k": layers[0].config.top_k,
                         "experts": layers[0].config.experts, "layers": len(layers),
                         "forwards_per_rank": len(counts) // len(layers)}
     if dist.get_rank() == 0:
@@ -69,12 +72,14 @@ def experts(out: str, *runs: str) -> None:
 
 def expert_checks(out: str) -> None:
     """The errors of expert parallelism on 2 ranks: ep=3 (not dividing the data-parallel ranks), a
-    GPT of 3 experts under ep=2, and a model that declares no experts under ep=2."""
+    GPT of 3 experts under ep=2, a model that declares no experts under ep=2, and experts of hidden
+    width 63 under tp=2."""
     config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=1, progress=False,
                          output_dir="/tmp/memzoo-test-runs", measure_memory=False)
     cases = {"ep3": lambda: Trainer(tiny_gpt(n_experts=4), config, Strategy(ep=3)),
              "experts3": lambda: Trainer(tiny_gpt(n_experts=3), config, Strategy(ep=2)),
-             "dense": lambda: Trainer(tiny_gpt(), config, Strategy(ep=2))}
+             "dense": lambda: Trainer(tiny_gpt(), config, Strategy(ep=2)),
+             "hidden63": lambda: Trainer(tiny_gpt(n_experts=4, moe_hidden=63), config, Strategy(tp=2))}
     errors = {}
     for name, build in cases.items():
         try:

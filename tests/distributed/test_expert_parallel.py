@@ -5,7 +5,7 @@ width 32), fp32, the same data and seed, AdamW at lr 1e-3 for 3 steps.
 Gradients are compared on a probe batch before training (AdamW's first steps hardly depend on a
 gradient's scale, so a wrong mean over ranks would pass the parameters' comparison), then each
 step's loss and every parameter after the last, within 1e-5 relative; the routers' choices (each
-step's tokens per expert in every layer, summed over ranks) exactly. Memory per rank: each rank's
+step's tokens per expert in every layer, summed over the data-parallel replicas) exactly. Memory per rank: each rank's
 local elements of the experts' parameters and AdamW moments against the closed form. Traffic: the
 all-to-all payload over all ranks against the analytic volume, to the byte.
 """
@@ -15,10 +15,11 @@ import torch
 
 from trainers import Strategy
 
-FOUR = ("2/3", "4/0")
+FOUR = ("2/3", "4/0", "2/0/2", "2/3/2/1")
 TWO = ("2/0", "2/3")
-"""EP/ZERO: on 4 ranks ep=2 x (2 ranks holding the same experts, ZeRO-3 over them) and ep=4 (one
-expert a rank); on 2 ranks ep=2 replicated and ZeRO-3."""
+"""EP/ZERO[/TP[/SP]]: on 4 ranks ep=2 x (2 ranks holding the same experts, ZeRO-3 over them), ep=4
+(one expert a rank), and ep=2 x tp=2 (each expert's hidden width split over the tensor-parallel
+pair), also ZeRO-3 with sequence parallelism; on 2 ranks ep=2 replicated and ZeRO-3."""
 
 WORKER_RUNS = [(4, "experts", "{out}/ep-4.pt", *FOUR), (4, "expert_save", "{out}/ep-checkpoints", "2", "3"),
                (2, "experts", "{out}/ep-2.pt", *TWO), (2, "expert_checks", "{out}/ep-checks.pt"),
@@ -60,18 +61,19 @@ def test_expert_parallel_training_matches_one_process(runs, world_run):
                          ids=lambda world_run: f"{world_run[0]}ranks-ep{world_run[1].replace('/', '-zero')}")
 def test_each_rank_holds_its_share_of_the_experts_and_the_tokens_travel_the_analytic_volume(runs, world_run):
     world, run = world_run
-    ep, zero = map(int, run.split("/"))
-    result, holders = runs[world_run], world // ep  # ranks holding the same experts ("edp")
+    ep, zero, tp = map(int, (run + "/1").split("/")[:3])
+    result, holders = runs[world_run], world // (tp * ep)  # ranks holding the same experts ("edp")
     total = result["expert_elements"]
-    params = total // ep // (holders if zero == 3 else 1)
-    moments = 2 * total // ep // (holders if zero >= 1 else 1)
+    params = total // (ep * tp) // (holders if zero == 3 else 1)
+    moments = 2 * total // (ep * tp) // (holders if zero >= 1 else 1)
     assert result["expert_elements_by_rank"] == [[params, moments]] * world
     steps, layers, forwards = len(result["losses"]), result["layers"], result["forwards_per_rank"]
     assignments = result["tokens_per_step"] * result["top_k"]
     rows = steps * layers * assignments * result["width"] * 4 * 2 * 2  # fp32, there and back, forward and backward
     weights = steps * layers * assignments * 4 * 2  # the router weights there, their gradients back
     counts = world * forwards * layers * result["experts"] * 8  # each forward's int64 counts per expert
-    assert result["all_to_all_bytes"] == rows + weights + counts
+    # Under tensor parallelism each of the tp expert-parallel groups of a replica moves its whole rows.
+    assert result["all_to_all_bytes"] == tp * (rows + weights) + counts
     assert runs[1, "1/0"]["all_to_all_bytes"] == 0
 
 
@@ -80,13 +82,14 @@ def test_bad_expert_parallel_settings_are_refused(worker_runs):
     assert errors == {
         "ep3": "Strategy.ep=3 must divide the data-parallel ranks (world size / (tp * pp) = 2 / (1 * 1) = 2)",
         "experts3": "Strategy.ep=2 must divide the experts of every ModelPlan.experts module; 'blocks.0.mlp.experts' has 3",
-        "dense": "Strategy.ep=2 shards routed experts, but GPT declares none (ModelPlan.experts)"}
+        "dense": "Strategy.ep=2 shards routed experts, but GPT declares none (ModelPlan.experts)",
+        "hidden63": "Strategy.tp=2 must divide the 63 hidden width of the experts of 'blocks.0.mlp.experts'"}
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=rf"Strategy.ep must be an integer >= 1; got {bad!r}"):
             Strategy(ep=bad)
-    with pytest.raises(ValueError, match=r"Strategy.ep=2 runs over data-parallel ranks in memory, without tensor "
-                                         r"parallelism or a memory budget yet; got offload='none', tp=2"):
-        Strategy(ep=2, tp=2)
+    with pytest.raises(ValueError, match=r"Strategy.ep=2 runs over data-parallel ranks in memory, without a memory "
+                                         r"budget yet; got offload='none', memory_budget=1073741824"):
+        Strategy(ep=2, memory_budget="1GiB")
 
 
 @pytest.mark.parametrize("resumed", ["ep2", "dp2", "one"])

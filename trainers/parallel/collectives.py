@@ -15,6 +15,9 @@ Each pairs a forward collective with the backward one that makes the gradient ex
                                                              the same on every rank)
     all_to_all           all-to-all        | all-to-all      expert parallelism's tokens, there
                                                              and back (uneven splits)
+
+and `scaled_gradient`, x itself whose gradient is scaled (a value every rank computes whole, whose
+gradients the group sums).
 """
 
 from __future__ import annotations
@@ -163,3 +166,19 @@ def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group) -> t
     """x's rows (dim 0) in consecutive runs of send[r] rows to rank r of `group`, receive[r] rows
     arriving from rank r, in rank order (uneven splits); the gradient goes back the same way."""
     return _AllToAll.apply(x, send, receive, group)
+
+
+class _ScaledGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def scaled_gradient(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """x forward; its gradient times `factor` backward."""
+    return _ScaledGradient.apply(x, factor)

@@ -146,7 +146,12 @@ class Region(ParallelStyle):
     whole, out with this rank's partial sum: under sequence parallelism the input is gathered from
     the sequence shards (its storage given back after the forward and gathered again when the
     backward starts) and the output reduce-scattered along the sequence; otherwise the output is
-    all-reduced and the input's gradient. Its draws come from `stream`."""
+    all-reduced and the input's gradient. Its draws come from `stream`.
+
+    A region that returns a tuple (a mixture of experts: its output and its auxiliary loss) has
+    the first summed so, and the others, which every rank computes whole from the whole input,
+    passed on with their gradients scaled by 1/tp: they reach the region's input and its replicated
+    parameters on every rank, whose gradients the group sums."""
 
     def __init__(self, sequence_parallel: bool, stream: RankStream) -> None:
         self.sequence_parallel, self.stream = sequence_parallel, stream
@@ -169,13 +174,16 @@ class Region(ParallelStyle):
         def leave(_module, args, kwargs, output):
             self.stream.leave()
             gathered = inputs.pop()
+            output, *whole = output if isinstance(output, tuple) else (output,)
+            whole = [tpc.scaled_gradient(value, 1 / device_mesh.size()) for value in whole]
             if not self.sequence_parallel:
-                return tpc.sum_over_group(output, group)
+                summed = tpc.sum_over_group(output, group)
+                return (summed, *whole) if whole else summed
             refill = None if gathered is None or not torch.is_grad_enabled() else gathered.refill
             output = tpc.scatter_sum(output, SEQUENCE_DIM, group, refill)
             if gathered is not None:
                 gathered.release()
-            return output
+            return (output, *whole) if whole else output
 
         module.register_forward_pre_hook(eager(enter), with_kwargs=True)
         module.register_forward_hook(eager(leave), with_kwargs=True, always_call=True)

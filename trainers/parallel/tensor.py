@@ -67,7 +67,8 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
         raise LayoutRefused(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
                          "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan)")
     names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "replicated", "regions", "vocab_parallel",
-                                                         "axial", "sequence_parallel", "sequence_split", "sequence_gather")}
+                                                         "axial", "sequence_parallel", "sequence_split", "sequence_gather",
+                                                         "experts")}
     if whole and sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
         raise LayoutRefused(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
@@ -99,10 +100,17 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     inside: set[str] = set()
     for region in names["regions"]:
         members = _region_members(region, names)
-        if len(members["rowwise"]) != 1:
+        if len(members["rowwise"]) != 1 and not (members["experts"] and len(members["rowwise"]) <= 1):
             raise ValueError(f"ModelPlan.regions names {region!r}, which holds {len(members['rowwise'])} row-parallel "
-                             f"linears {members['rowwise']}; a region holds exactly one, whose output is its own")
-        inside.update(members["replicated"])
+                             f"linears {members['rowwise']}; a region holds exactly one, whose output is its own (or "
+                             f"routed experts, ModelPlan.experts, beside at most one)")
+        inside.update(members["replicated"], members["experts"])
+    for name in names["experts"]:
+        if name not in inside:
+            raise ValueError(f"ModelPlan.experts names {name!r}, outside every region; under tensor parallelism each "
+                             "rank computes a share of the experts' output, which the region around them sums")
+        hidden = modules[name].gate.shape[1]
+        divides(name, hidden, "hidden width of the experts")
     outside = [name for name in names["replicated"] if name not in inside]
     if outside:
         raise ValueError(f"ModelPlan.replicated names {outside} outside every region; a replicated linear only "
@@ -126,7 +134,7 @@ def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[
     cover all of their parameters. (A pipeline stage's share, not `whole`, was checked whole.)"""
     if not whole:
         return {}
-    split = set(names["colwise"]) | set(names["rowwise"]) | set(names["vocab_parallel"])
+    split = set(names["colwise"]) | set(names["rowwise"]) | set(names["vocab_parallel"]) | set(names["experts"])
     axial = names["axial"]
     blocks = plan.block_names(model) if sequence_parallel else []
     within = lambda name, parents: any(name == p or name.startswith(p + ".") for p in parents)  # noqa: E731
@@ -146,8 +154,9 @@ def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[
 
 
 def _region_members(region: str, names: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The column-, row-parallel linears inside `region`, and its replicated modules (itself included)."""
-    members = {kind: [n for n in names[kind] if n.startswith(region + ".")] for kind in ("colwise", "rowwise")}
+    """The column-, row-parallel linears and routed experts inside `region`, and its replicated
+    modules (itself included)."""
+    members = {kind: [n for n in names[kind] if n.startswith(region + ".")] for kind in ("colwise", "rowwise", "experts")}
     members["replicated"] = [n for n in names["replicated"] if n == region or n.startswith(region + ".")]
     return members
 

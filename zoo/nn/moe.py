@@ -263,9 +263,13 @@ class RoutedExperts(nn.Module):
     counts (E,)) -> (N, W): each token's assignments (sorted by expert, `counts` per expert) through
     their experts, weighted and summed (`routed_experts`).
 
-    The contract expert parallelism builds on (`zoo.plan.ModelPlan.experts`): `compute` does the
-    same with the stacked matrices given, so that a rank holding experts [e0, e0 + E') computes
-    with its slices (E', ...) on the tokens sent to them, counts (E',)."""
+    The contract expert and tensor parallelism build on (`zoo.plan.ModelPlan.experts`): `compute`
+    does the same with the stacked matrices given, so that a rank holding experts [e0, e0 + E')
+    computes with its slices (E', ...) on the tokens sent to them, counts (E',); and with slices of
+    the hidden width (`HIDDEN_DIMS`), its share of the output, which the ranks' shares sum to."""
+
+    HIDDEN_DIMS = {"gate": 1, "up": 1, "down": 2}
+    """The dimension of each stacked matrix that runs along the hidden width F."""
 
     def __init__(self, experts: int, width: int, hidden: int) -> None:
         super().__init__()
