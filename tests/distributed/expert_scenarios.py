@@ -1,7 +1,7 @@
-"""Expert-parallel scenarios for worker.py (`experts OUT EP/ZERO[/TP[/SP]] ...`): the mixture-of-experts
-GPT of TP_MODELS trained 3 steps under Strategy(ep=EP, zero=ZERO, tp=TP, sequence_parallel=SP) on
-this launch's ranks, and what a test compares with one process
-(tests/distributed/test_expert_parallel.py)."""
+"""Expert-parallel scenarios for worker.py (`experts OUT EP/ZERO[/TP[/SP[/RECOMPUTE]]] ...`): the
+mixture-of-experts GPT of TP_MODELS trained 3 steps under Strategy(ep=EP, zero=ZERO, tp=TP,
+sequence_parallel=SP, recompute=RECOMPUTE) on this launch's ranks, and what a test compares with
+one process (tests/distributed/test_expert_parallel.py)."""
 
 from __future__ import annotations
 
@@ -23,17 +23,20 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def experts(out: str, *runs: str) -> None:
-    """Each run "EP/ZERO[/TP[/SP]]": the gradients of a probe batch (whole), then 3 steps' losses, parameters
+    """Each run "EP/ZERO[/TP[/SP[/RECOMPUTE]]]": the gradients of a probe batch (whole), then 3 steps' losses, parameters
     (whole), each step's expert counts per layer summed over the data-parallel replicas, the all-to-all payload
     bytes summed over the ranks, and each rank's local elements of the experts' parameters and of
     their AdamW moments (`expert_elements_by_rank`) beside the experts' whole count."""
     results = {}
     for run in runs:
-        ep, zero, tp, sequence_parallel = map(int, (run + "/1/0").split("/")[:4])
+        fields = run.split("/")
+        fields += ["1", "0", "none"][len(fields) - 2:]  # the defaults of TP, SP, RECOMPUTE
+        (ep, zero, tp, sequence_parallel), recompute = map(int, fields[:4]), fields[4]
         build, examples, _ = TP_MODELS["moe"]
         config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, warmup_steps=1, log_every=1,
                              progress=False, output_dir="/tmp/memzoo-test-runs", grad_clip=0.5, measure_memory=False)
-        trainer = Trainer(build(), config, Strategy(zero=zero, ep=ep, tp=tp, sequence_parallel=sequence_parallel == 1))
+        trainer = Trainer(build(), config, Strategy(zero=zero, ep=ep, tp=tp, sequence_parallel=sequence_parallel == 1,
+                                                    recompute=recompute))
         trainer.model.train()  # gradients of one probe batch, the same on every rank: their mean is its gradient
         trainer.model(**default_collate(examples(4)))["loss"].backward()
         trainer.partial_gradients.sum()  # as the trainer's step does after its backward passes
