@@ -100,8 +100,10 @@ class ModelPlan:
 
     experts: tuple[str, ...] = ()
     """Modules of routed experts (`zoo.nn.moe.RoutedExperts`: matrices stacked along dim 0 by expert,
-    `compute` given them by name): under expert parallelism each rank holds a contiguous share of
-    the experts, and the tokens routed to the others travel to them and back by all-to-all."""
+    their hidden-width dimensions in `HIDDEN_DIMS`, `compute` given them by name): under expert
+    parallelism each rank holds a contiguous share of the experts, and the tokens routed to the
+    others travel to them and back by all-to-all; under tensor parallelism they split by hidden
+    width inside their region."""
 
     axial: tuple[str, ...] = ()
     """Modules run with axial parallelism (FastFold's dynamic axial parallelism): their tensor

@@ -143,7 +143,7 @@ def test_a_model_with_experts_is_planned_with_its_experts_shared_out():
     half the experts' states (ZeRO-3 over the one rank that holds the same experts) and pays the
     all-to-alls, which the cost model prices on their own."""
     config = replace(TINY, n_experts=4, moe_top_k=2)
-    space = SearchSpace(zero=(0,), offload=("none",), recompute=("none",), pp=(1,), micro_batch_sizes=(4,))
+    space = SearchSpace(zero=(0,), offload=("none",), recompute=("none",), tp=(1,), pp=(1,), micro_batch_sizes=(4,))
     plans = {p.strategy.ep: p for p in plan(functools.partial(GPT, config), tiny_batch(), 2, 64 << 20, CPU, space=space,
                                             top=20)}
     assert set(plans) == {1, 2}

@@ -47,7 +47,6 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from trainers.parallel.collectives import all_to_all, scaled_gradient
 from trainers.parallel.mesh import local_tensor
 from trainers.parallel.styles import eager
-from trainers.strategy import LayoutRefused
 from zoo.plan import ModelPlan
 from zoo.torch_compat import FakeTensor
 
@@ -91,16 +90,12 @@ class ExpertParallelForward:
 
 
 class ExpertParallel(ParallelStyle):
-    """A routed-experts module sharded over a mesh of dimensions "ep" (by expert) and/or "tp" (by
-    hidden width); see the module docstring. ValueError when "ep"'s size does not divide its experts
-    or "tp"'s its hidden width."""
+    """A routed-experts module sharded over a mesh of dimensions "ep" (by expert; its size must
+    divide the experts, which `apply_expert_parallel` checks) and/or "tp" (by hidden width); see
+    the module docstring."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         dims = device_mesh.mesh_dim_names
-        for dim, size, count in (("ep", "experts", module.experts), ("tp", "hidden width", module.gate.shape[1])):
-            if dim in dims and count % device_mesh[dim].size():
-                raise ValueError(f"Strategy.{dim}={device_mesh[dim].size()} must divide the {size} of "
-                                 f"{type(module).__name__}; it has {count}")
         for name, param in list(module.named_parameters(recurse=False)):
             placements = [Shard(0) if dim == "ep" else Shard(module.HIDDEN_DIMS[name]) for dim in dims]
             sharded = distribute_tensor(param.detach(), device_mesh, placements, src_data_rank=None)
@@ -113,8 +108,8 @@ class ExpertParallel(ParallelStyle):
 def apply_expert_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh) -> list[str]:
     """Shard the experts modules `plan` names over `mesh` (dimensions "ep" and/or "tp") in place;
     returns their names. ValueError when the plan names none under expert parallelism, or a module
-    that is not routed experts, or one whose experts (hidden width) "ep" ("tp") does not divide
-    (LayoutRefused for "tp")."""
+    that is not routed experts, or one whose experts "ep" does not divide (a hidden width that "tp"
+    does not divide is refused with the tensor-parallel plan: `trainers.parallel.tensor.check_plan`)."""
     names = plan.names(model, "experts")
     dims = mesh.mesh_dim_names
     if not names and "ep" in dims:
@@ -122,14 +117,11 @@ def apply_expert_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh) -
                          "none (ModelPlan.experts)")
     for name in names:
         module = model.get_submodule(name)
-        if not (hasattr(module, "compute") and hasattr(module, "experts")):
+        if not all(hasattr(module, attribute) for attribute in ("compute", "experts", "HIDDEN_DIMS")):
             raise ValueError(f"ModelPlan.experts names {name!r}, a {type(module).__name__}; it must name routed-experts "
                              "modules (zoo.nn.moe.RoutedExperts: `experts`, `HIDDEN_DIMS` and `compute`)")
         if "ep" in dims and module.experts % mesh["ep"].size():
             raise ValueError(f"Strategy.ep={mesh['ep'].size()} must divide the experts of every ModelPlan.experts "
                              f"module; {name!r} has {module.experts}")
-        if "tp" in dims and module.gate.shape[1] % mesh["tp"].size():
-            raise LayoutRefused(f"Strategy.tp={mesh['tp'].size()} must divide the hidden width of every "
-                                f"ModelPlan.experts module; {name!r} has {module.gate.shape[1]}")
     parallelize_module(model, mesh, dict.fromkeys(names, ExpertParallel()))
     return names

@@ -9,6 +9,9 @@ linears, a fused feed-forward's kernel (`zoo.nn.mlp` routes its DTensor weights 
 parameters become DTensors sharded over "tp" (so FSDP2 shards them further over "dp", and
 distributed checkpoints hold them whole); the model's own code sees plain local activations.
 
+Routed experts inside a region (`ModelPlan.experts`, a mixture of experts) split by hidden width
+(`trainers.parallel.experts`, which also shards them by expert under expert parallelism).
+
 A parameter kept whole on every rank but used on this rank's part of the work (`ModelPlan.replicated`,
 `sequence_parallel` modules under sequence parallelism, axial modules) stays a plain tensor; its
 gradient, each rank's part, is summed over the group once a step (`PartialGradients`).
@@ -109,8 +112,7 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
         if name not in inside:
             raise ValueError(f"ModelPlan.experts names {name!r}, outside every region; under tensor parallelism each "
                              "rank computes a share of the experts' output, which the region around them sums")
-        hidden = modules[name].gate.shape[1]
-        divides(name, hidden, "hidden width of the experts")
+        divides(name, modules[name].hidden, "hidden width of the experts")
     outside = [name for name in names["replicated"] if name not in inside]
     if outside:
         raise ValueError(f"ModelPlan.replicated names {outside} outside every region; a replicated linear only "

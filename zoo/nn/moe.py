@@ -283,6 +283,11 @@ class RoutedExperts(nn.Module):
         """Experts E (all of them, whatever a rank holds)."""
         return self.gate.shape[0]
 
+    @property
+    def hidden(self) -> int:
+        """Hidden width F of each expert (all of it, whatever a rank holds)."""
+        return self.gate.shape[self.HIDDEN_DIMS["gate"]]
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """Each expert's matrices as `nn.Linear` initialises its weight: U(-1/sqrt(fan_in), +)."""
