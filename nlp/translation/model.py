@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nlp.translation.config import TranslatorConfig
+from nlp.translation.decode import BeamSettings, beam_search
 from zoo.nn import DecoderBlock, Norm, TransformerBlock, TransformerBlockConfig, dropout, linear_cross_entropy
 from zoo.nn.cross_entropy import IGNORE_INDEX
 from zoo.nn.init import init_transformer_
@@ -135,3 +136,10 @@ class Translator(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX,
                                label_smoothing=config.label_smoothing)
         return {"loss": loss, "logits": logits}
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 settings: BeamSettings = BeamSettings(), use_cache: bool = True) -> list[list[int]]:
+        """The best translation of each source row of input_ids (B, S) by beam search
+        (`nlp.translation.decode`): target ids without the start token, ending with EOS unless cut
+        at the maximum length."""
+        return beam_search(self, input_ids, attention_mask, settings, use_cache)

@@ -56,6 +56,11 @@ class KVCache:
             raise IndexError(f"layer {index} out of range for a KVCache of {self.keys.shape[0]} layers")
         return LayerKVCache(self, index)
 
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i of the batch becomes the old row rows[i] (B,) (beam search keeps its surviving
+        hypotheses)."""
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
+
     def advance(self, count: int) -> None:
         """Mark `count` more positions as cached (after every layer appended them)."""
         if not 0 <= self.length + count <= self.max_length:
