@@ -39,10 +39,14 @@ class TranslatorConfig:
     """Multiply token embeddings by sqrt(width) before adding positions."""
     final_logits_bias: bool = False
     """A bias on the output logits (Marian's `final_logits_bias`)."""
-    pad_token_id: int = 0
-    """Padding id: never attended, never predicted."""
+    pad_token_id: int | None = 0
+    """Padding id (its embedding row zero, untrained); None: the vocabulary has none (padded source
+    positions are masked by attention_mask whatever their id; labels of -100 shift in as EOS)."""
     decoder_start_token_id: int = 0
     """The id the decoder starts from (Marian: the pad id)."""
+    zero_start_embedding: bool = False
+    """The decoder's first position embeds zeros instead of its start token's embedding (Marian's
+    convention; CTranslate2's `start_from_zero_embedding`)."""
     eos_token_id: int = 2
     """End of sentence: decoding stops after it."""
     dropout: float = 0.1
@@ -65,6 +69,6 @@ class TranslatorConfig:
         if self.positions not in ("sinusoidal", "learned"):
             raise ValueError(f"TranslatorConfig.positions must be 'sinusoidal' or 'learned'; got {self.positions!r}")
         for name in ("pad_token_id", "decoder_start_token_id", "eos_token_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) < self.vocab_size:
                 raise ValueError(f"TranslatorConfig.{name} must be a token id below vocab_size={self.vocab_size}; "
                                  f"got {getattr(self, name)}")

@@ -2,13 +2,13 @@
 keys and values of past positions (`zoo.nn.KVCache`, reordered as hypotheses survive) and the
 encoder output's keys and values for each cross-attention, computed once per source.
 
-Scores are sums of token log-probabilities; a hypothesis that emits `eos_token_id` is finished, its
-score divided by its length (generated tokens, EOS included) to the power `length_penalty`. Each
-source keeps the `beams` best finished hypotheses; it is done when it has them all and no live
-hypothesis, at its current length, scores better than the worst of them, or at its maximum length,
-`max_length_ratio` times its number of source tokens (at least `min_length` tokens and below the
-model's positions). Without `use_cache` each step runs the decoder over the whole prefix: the same
-tokens, more work.
+The search is CTranslate2's (OpenNMT's): scores are sums of token log-probabilities; each step ranks
+2 x beams continuations of a source's live hypotheses; each of the first `beams` that emits
+`eos_token_id` is finished (its score over its length, EOS included, to the power `length_penalty`)
+and its place taken by the next continuation that does not; a source is done once `beams`
+hypotheses finished, or at its maximum length (`max_length_ratio` times its source tokens, at
+least `min_length`, below the model's positions), where its live hypotheses finish as they are.
+Without `use_cache` each step runs the decoder over the whole prefix: the same tokens, more work.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class BeamSettings:
     beams: int = 4
     """Hypotheses kept per source (1: greedy)."""
     length_penalty: float = 1.0
-    """A finished hypothesis scores sum log p / length ** length_penalty (0: no normalisation)."""
+    """A finished hypothesis scores sum log p / length ** length_penalty (its tokens, EOS included;
+    0: no normalisation)."""
     max_length_ratio: float = 2.0
     """Most target tokens per source token (real tokens, the attention mask's)."""
     min_length: int = 8
@@ -66,7 +67,7 @@ class _Steps:
         """prefix (R, T) of decoder inputs -> log-probabilities of the next token (R, V), fp32."""
         model, cache = self.model, self.cache
         new = prefix[:, -1:] if cache is not None else prefix
-        x = model.embed(new, start=prefix.shape[1] - new.shape[1])
+        x = model.embed(new, start=prefix.shape[1] - new.shape[1], decoder=True)
         for index, block in enumerate(model.decoder):
             x = block(x, memory_padding_mask=self.mask, cache=None if cache is None else cache.layer(index),
                       memory_kv=self.memory_kv[index])
@@ -102,23 +103,26 @@ def beam_search(model: Translator, input_ids: torch.Tensor, attention_mask: torc
         top_scores, top = candidates.topk(2 * beams, dim=1)
         rows, new_scores, tokens = [], [], []
         for b in range(batch):
+            ranked = [(score, b * beams + index // log_probs.shape[-1], index % log_probs.shape[-1])
+                      for score, index in zip(top_scores[b].tolist(), top[b].tolist())]
             live: list[tuple[float, int, int]] = []  # (score, row it continues, token)
-            for score, index in zip(top_scores[b].tolist(), top[b].tolist()):
-                if done[b] or score == -math.inf or len(live) == beams:
+            spare = iter(item for item in ranked[beams:] if item[2] != config.eos_token_id)
+            for score, row, token in ranked[:beams] if not done[b] else ():
+                if score == -math.inf:
                     break
-                beam, token = divmod(index, log_probs.shape[-1])
-                row = b * beams + beam
                 if token == config.eos_token_id or length == limits[b]:
-                    ended = prefix[row, 1:].tolist() + [token]
-                    finished[b].append((score / length ** settings.length_penalty, ended))
+                    ended = prefix[row, 1:].tolist() + ([] if token == config.eos_token_id else [token])
+                    finished[b].append((score / length ** settings.length_penalty,
+                                        ended + [token] * (token == config.eos_token_id)))
+                    replacement = next(spare, None)
+                    if replacement is not None and replacement[0] != -math.inf and length < limits[b]:
+                        live.append(replacement)
                 else:
                     live.append((score, row, token))
-            finished[b] = sorted(finished[b], key=lambda item: -item[0])[:beams]
-            best_live = live[0][0] / length ** settings.length_penalty if live else -math.inf
-            if length == limits[b] or (len(finished[b]) == beams and best_live <= finished[b][-1][0]):
+            if length == limits[b] or len(finished[b]) >= beams:
                 done[b] = True
-            live += [(-math.inf, b * beams, config.pad_token_id)] * (beams - len(live))  # idle rows
-            for score, row, token in live:
+            live += [(-math.inf, b * beams, model.filler_token_id)] * (beams - len(live))  # idle rows
+            for score, row, token in live[:beams]:
                 new_scores.append(score)
                 rows.append(row)
                 tokens.append(token)

@@ -40,7 +40,8 @@ def sinusoidal_positions(positions: int, width: int) -> torch.Tensor:
 
 
 def shift_right(labels: torch.Tensor, start: int, pad: int) -> torch.Tensor:
-    """The decoder's inputs for `labels` (B, T): `start`, then labels[:, :-1], -100 read as `pad`."""
+    """The decoder's inputs for `labels` (B, T): `start`, then labels[:, :-1], -100 read as `pad`
+    (any id: the positions after a target's end predict nothing)."""
     shifted = labels.new_full(labels.shape, start)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill(shifted == IGNORE_INDEX, pad)
@@ -74,23 +75,34 @@ class Translator(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
+    @property
+    def filler_token_id(self) -> int:
+        """The id of positions that carry nothing (a target's after its end): padding, or EOS
+        in a vocabulary without padding."""
+        config = self.config
+        return config.eos_token_id if config.pad_token_id is None else config.pad_token_id
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Linears and embeddings N(0, 0.02) (the padding row zero), biases zero, norms (1, 0)."""
         init_transformer_(self)
-        self.embedding.weight[self.config.pad_token_id].zero_()
+        if self.config.pad_token_id is not None:
+            self.embedding.weight[self.config.pad_token_id].zero_()
 
     def parallel_plan(self) -> ModelPlan:
         """Each encoder and decoder block is one shard and recompute unit."""
         return ModelPlan(blocks=("encoder.*", "decoder.*"))
 
-    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, start: int = 0, decoder: bool = False) -> torch.Tensor:
         """ids (B, S) at positions start..start + S - 1 -> (B, S, W): scaled token embeddings plus
-        positions, dropout."""
+        positions, dropout; for the `decoder` with `zero_start_embedding`, position 0's token
+        embedding is zeros."""
         config, length = self.config, ids.shape[1]
         if start + length > config.max_positions:
             raise ValueError(f"sequence of {start + length} positions exceeds max_positions={config.max_positions}")
         x = self.embedding(ids) * (math.sqrt(config.width) if config.scale_embedding else 1.0)
+        if decoder and config.zero_start_embedding and start == 0:
+            x = torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1)
         positions = (self.positions.weight if isinstance(self.positions, nn.Embedding) else self.positions)
         x = x + positions[start:start + length].to(x.dtype)
         return dropout(x, config.dropout, self.training)
@@ -108,7 +120,7 @@ class Translator(nn.Module):
         """Target ids (B, T) over the memory (B, S, W) of a source with attention_mask (B, S) ->
         the decoder's output (B, T, W), before the head."""
         mask = None if attention_mask is None else attention_mask.bool()
-        x = self.embed(decoder_input_ids)
+        x = self.embed(decoder_input_ids, decoder=True)
         for block in self.decoder:
             x = block(x, memory, mask)
         return x if self.decoder_norm is None else self.decoder_norm(x)
@@ -124,7 +136,7 @@ class Translator(nn.Module):
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("Translator needs decoder_input_ids or labels (from which they are shifted); got neither")
-            decoder_input_ids = shift_right(labels, config.decoder_start_token_id, config.pad_token_id)
+            decoder_input_ids = shift_right(labels, config.decoder_start_token_id, self.filler_token_id)
         skip = decide_skip_logits(skip_logits, self.training, labels is not None)
         hidden = self.decode(decoder_input_ids, self.encode(input_ids, attention_mask), attention_mask)
         if skip:
