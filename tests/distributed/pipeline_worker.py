@@ -3,7 +3,7 @@ tensors gathered on rank 0) to a file the test compares.
 
     pipeline_worker.py parity OUT RUN ...   RUN = model/LAYOUT: train 3
                                             steps (dp = world / (pp * tp)); losses, gradient norms, eval
-                                            loss, params
+                                            loss, params, tokens per expert of each MoE layer
     pipeline_worker.py meta OUT              GPT built on the meta device at pp=2: what each rank holds,
                                             the tied copies after initialisation, one step's loss
     pipeline_worker.py save DIR LAYOUT       GPT, 4 steps, checkpoint every 2: losses + params (DIR/run.pt)
@@ -30,7 +30,9 @@ from helpers import lm_examples, run_commands, tiny_gpt  # noqa: E402
 from protein.data import collate_folding  # noqa: E402
 from tiny_transducer import tiny, tiny_whisper  # noqa: E402
 from trainers import Strategy, TrainConfig, Trainer  # noqa: E402
+from trainers.memory.recompute import clean_fqn  # noqa: E402
 from trainers.speed.compile import compiled_forwards  # noqa: E402
+from zoo.nn.moe import MoEFeedForward  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from parity_models import FeedForwardLM  # noqa: E402
 from tiny_models import (digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
@@ -94,12 +96,34 @@ def parity(out: str, *runs: str) -> None:
         held_out = [data[i] for i in range(4)]
         torch.manual_seed(7)
         trainer = Trainer(build(), config(), strategy(layout), example_batch=example(data, collate))
+        counts = expert_counts(trainer.model)
         history = trainer.fit(data, held_out, collate_fn=collate)
+        every: list[dict] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(every, {name: total.tolist() for name, total in counts.items()})
         results[run] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
                         "grad_norms": [r["grad_norm"] for r in history], "eval_loss": history[-1]["eval_loss"],
-                        "compiled_calls": sum(f.compiled_calls for f in compiled_forwards(trainer.model))}
+                        "compiled_calls": sum(f.compiled_calls for f in compiled_forwards(trainer.model)),
+                        "expert_counts": {name: [sum(column) for column in zip(*(found[name] for found in every
+                                                                                  if name in found))]
+                                          for name in sorted({name for found in every for name in found})}}
     if dist.get_rank() == 0:
         torch.save(results, out)
+
+
+def expert_counts(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each mixture-of-experts layer of `model` (by its name, wrappers' prefixes removed): the tokens
+    sent to each expert, summed over the forwards that follow (training and evaluation)."""
+    totals: dict[str, torch.Tensor] = {}
+
+    def count(name: str):
+        def hook(module, args, output) -> None:
+            totals[name] = totals.get(name, 0) + module.expert_counts
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, MoEFeedForward):
+            module.register_forward_hook(count(clean_fqn(name)))
+    return totals
 
 
 def meta(out: str) -> None:

@@ -76,6 +76,7 @@ def test_pipeline_matches_one_process(runs, layout):
         for ours, theirs in zip(result[key], reference[key]):
             assert abs(ours - theirs) <= 1e-5 * abs(theirs), key
     assert abs(result["eval_loss"] - reference["eval_loss"]) <= 1e-5 * reference["eval_loss"]
+    assert result["expert_counts"] == reference["expert_counts"]  # the routers chose the same experts
     assert result["params"].keys() == reference["params"].keys()
     # fp16: one process sums the tied embedding's two gradients in fp16, the pipeline in fp32 across
     # its first and last stage.

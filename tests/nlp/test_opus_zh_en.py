@@ -1,7 +1,7 @@
 """The OPUS-MT Chinese -> English translator, imported from its CTranslate2 package
-(`nlp.translation.ctranslate2_import`), translates 48 real Chinese inputs (the example's 40 distinct
-sentences and its first lines) to CTranslate2's own tokens, greedy and with 4 beams
-(`benchmarks/opus_zh_en.py` runs 200, with the time each takes)."""
+(`nlp.translation.ctranslate2_import`), translates real Chinese inputs (the example's distinct
+sentences, then its lines) to CTranslate2's own tokens: 48 greedy, 24 with 4 beams
+(`benchmarks/opus_zh_en.py` runs 200 both ways, with the time each takes)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ def imported():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("beams", [1, 4])
-def test_the_imported_translator_gives_ctranslate2s_tokens(imported, beams):
+@pytest.mark.parametrize(("beams", "count"), [(1, 48), (4, 24)])
+def test_the_imported_translator_gives_ctranslate2s_tokens(imported, beams, count):
     model, vocabulary, pieces, peer, sources = imported
-    assert len(sources) == 48 and model.config.width == 512 and model.config.encoder_layers == 6
+    sources = sources[:count]
+    assert model.config.width == 512 and model.config.encoder_layers == 6
     tokenized = [pieces.encode(source, out_type=str) for source in sources]
     theirs = [result.hypotheses[0] for result in peer.translate_batch(tokenized, beam_size=beams,
                                                                       max_decoding_length=256)]
