@@ -48,13 +48,14 @@ class BeamSettings:
 
 
 class _Steps:
-    """The decoder run one position at a time for `rows` hypotheses over their sources' memory."""
+    """The decoder run one position at a time for hypotheses over their sources' memory (B x beams
+    rows), with the caches (module docstring)."""
 
     def __init__(self, model: Translator, memory: torch.Tensor, mask: torch.Tensor, use_cache: bool,
                  max_length: int) -> None:
-        self.model, self.mask, self.memory = model, mask, memory
+        self.model, self.mask = model, mask
         self.memory_kv = [block.cross_attn.memory_kv(memory) for block in model.decoder]
-        config, self_attn = model.config, model.decoder[0].self_attn
+        self_attn = model.decoder[0].self_attn
         self.cache = KVCache(len(model.decoder), memory.shape[0], self_attn.kv_heads, self_attn.head_dim, max_length,
                              dtype=memory.dtype, device=memory.device) if use_cache else None
 
@@ -111,9 +112,7 @@ def beam_search(model: Translator, input_ids: torch.Tensor, attention_mask: torc
                 if score == -math.inf:
                     break
                 if token == config.eos_token_id or length == limits[b]:
-                    ended = prefix[row, 1:].tolist() + ([] if token == config.eos_token_id else [token])
-                    finished[b].append((score / length ** settings.length_penalty,
-                                        ended + [token] * (token == config.eos_token_id)))
+                    finished[b].append((score / length ** settings.length_penalty, prefix[row, 1:].tolist() + [token]))
                     replacement = next(spare, None)
                     if replacement is not None and replacement[0] != -math.inf and length < limits[b]:
                         live.append(replacement)
