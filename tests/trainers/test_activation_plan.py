@@ -5,7 +5,6 @@ block does."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
