@@ -11,6 +11,7 @@ back the nearest swapped before it that backward has not used yet, as long as fe
 from __future__ import annotations
 
 import weakref
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -56,10 +57,10 @@ def travelling_region(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ..
     return region, tuple(region.view(tensor.shape).stride())
 
 
-class SavedTensorSwap:
+class SavedTensorSwap(ABC):
     """Saved tensors on devices of `device_type`, of at least `min_bytes`, swapped away and back.
-    Subclasses move the bytes (`pack`, `unpack`, `_start_read`, `_can_read`) and measure what a byte
-    costs (`seconds_per_byte`); `begin_step` starts a step's order of packs."""
+    Subclasses move the bytes (`pack`, `unpack`, and the abstract `_start_read`, `_can_read`) and
+    measure what a byte costs (`seconds_per_byte`); `begin_step` starts a step's order of packs."""
 
     def __init__(self, min_bytes: int, device_type: str) -> None:
         self.min_bytes, self.device_type = min_bytes, device_type
@@ -81,9 +82,9 @@ class SavedTensorSwap:
     def end_step(self) -> None:
         """The step is over (a subclass finishes what is under way)."""
 
+    @abstractmethod
     def seconds_per_byte(self) -> float:
         """Seconds per byte to swap a tensor away and bring it back, measured here."""
-        raise NotImplementedError
 
     def swaps(self, tensor: torch.Tensor) -> bool:
         """Whether `pack` swaps `tensor` away now."""
@@ -121,10 +122,10 @@ class SavedTensorSwap:
             self._reading += 1
             self.bytes_read += swapped.nbytes
 
+    @abstractmethod
     def _can_read(self, swapped: Swapped) -> bool:
         """Whether `swapped` is away and no read of it is under way."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _start_read(self, swapped: Swapped) -> None:
         """Start bringing `swapped` back, for `unpack` to take."""
-        raise NotImplementedError
