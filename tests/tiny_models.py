@@ -9,6 +9,7 @@ from torch import nn
 from asr.data import collate_speech
 from helpers import lm_examples, tiny_gpt
 from nlp.bert import Bert, BertConfig
+from nlp.translation import Translator, TranslatorConfig
 from parity_models import FeedForwardLM, GainedLM
 from protein.data import CropConfig, FoldingExamples, collate_folding, load_chains
 from protein.evoformer import EvoformerConfig
@@ -60,6 +61,35 @@ def fold_examples(count: int):
     return FoldingExamples(chains, CropConfig(crop_size=16, msa_rows=4, withhold_profile=0.0))
 
 
+def tiny_translator(marian: bool = False) -> nn.Module:
+    """A 2 + 2-layer translator of width 32 over 50 tokens: pre-norm (the default), or shaped like
+    Marian (post-norm, swish, a final logits bias, no padding id, the decoder starting from zeros)."""
+    torch.manual_seed(0)
+    shape = dict(prenorm=False, activation="silu", final_logits_bias=True, pad_token_id=None, decoder_start_token_id=1,
+                 zero_start_embedding=True) if marian else {}
+    model = Translator(TranslatorConfig(vocab_size=50, width=32, heads=4, encoder_layers=2, decoder_layers=2,
+                                        ffn_width=64, max_positions=16, dropout=0.0, label_smoothing=0.1, **shape))
+    if marian:
+        with torch.no_grad():
+            model.logits_bias.copy_(0.1 * torch.randn(50))
+    return model
+
+
+def translation_examples(count: int) -> list[dict[str, torch.Tensor]]:
+    """Sources of 12 tokens, the last ones of some padded (attention_mask 0), and their targets of
+    10: the source's first tokens reversed then EOS (2), -100 after."""
+    generator = torch.Generator().manual_seed(6)
+    examples = []
+    for index in range(count):
+        ids = torch.randint(3, 50, (12,), generator=generator)
+        length = 12 - index % 4
+        labels = torch.full((10,), -100)
+        kept = min(length, 9)
+        labels[:kept], labels[kept] = ids[:kept].flip(0), 2
+        examples.append({"input_ids": ids, "attention_mask": (torch.arange(12) < length).long(), "labels": labels})
+    return examples
+
+
 def tiny_bert() -> nn.Module:
     torch.manual_seed(0)
     return Bert(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -88,6 +118,8 @@ TP_MODELS = {
     "custom": (FeedForwardLM, lm_examples, None),
     "gained": (GainedLM, lm_examples, None),
     "bert": (tiny_bert, mlm_examples, None),
+    "translator": (tiny_translator, translation_examples, None),
+    "marian": (lambda: tiny_translator(marian=True), translation_examples, None),
     "vit": (tiny_vit, digit_examples, None),
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
     "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
@@ -100,6 +132,8 @@ mixture-of-experts blocks (its experts split by hidden width, its router replica
 expert-parallel and compiled runs), the models of parity_models.py
 (the last three with 49 vocabulary rows, which split unevenly: 25 + 24; the gained one with a learned
 gain in each region, kept whole on every rank), BERT masked-LM with padding,
-a ViT classifier, the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
+a ViT classifier, the translators (pre-norm, and Marian-shaped with a whole final logits bias beside
+its embedding, which then stays whole: each cross-attention's memory enters its region whole),
+the Conformer transducer, the transducer on a Whisper encoder, the folding model (Evoformer with dynamic axial
 parallelism: 4 MSA rows and 16 residues split over the ranks), with dropout 0.25 too (its masks,
 shared along rows or columns, are the same on any number of ranks)."""

@@ -9,6 +9,11 @@ The layout (binary version 6, CTranslate2's `ModelSpec._serialize`), little-endi
 A string is a u16 length (the terminating NUL included), the UTF-8 bytes and the NUL. Dtype ids:
 0 float32, 1 int8, 2 int16, 3 int32, 4 float16, 5 bfloat16. Int8 variables are quantised weights
 whose scales sit beside them (`<name>_scale`); they are returned as stored.
+
+`load_ctranslate2` builds a zoo model from a CTranslate2 model folder through the importer of its
+spec, found as a `memzoo.ctranslate2` entry point (name = spec name, value = a function folder ->
+nn.Module), so the zoo imports no domain package. An Argos Translate package (the folder `model/`
+beside `sentencepiece.model` and `metadata.json`) is read through its `model/` folder.
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+ENTRY_POINT_GROUP = "memzoo.ctranslate2"
+MODEL_FILE = "model.bin"
 SUPPORTED_VERSIONS = (6,)
 """Binary versions read."""
 DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
@@ -70,20 +79,61 @@ class _Reader:
         return bytes(self.take(self.number("H"))).rstrip(b"\0").decode("utf-8")
 
 
+def ctranslate2_folder(folder: str | os.PathLike) -> Path | None:
+    """The CTranslate2 model folder (the one holding model.bin) that `folder` is or, as an Argos
+    Translate package, holds as `model/`; None for any other folder."""
+    folder = Path(folder)
+    for candidate in (folder, folder / "model"):
+        if (candidate / MODEL_FILE).is_file():
+            return candidate
+    return None
+
+
+def _model_file(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.is_file():
+        raise ValueError(f"path must be a CTranslate2 model.bin or a folder holding one; {str(path)!r} does not exist")
+    return path
+
+
+def _header(reader: _Reader) -> tuple[str, int]:
+    version = reader.number("I")
+    if version not in SUPPORTED_VERSIONS:
+        raise ValueError(f"{str(reader.path)!r}: CTranslate2 binary version must be one of {SUPPORTED_VERSIONS}; "
+                         f"got {version} (is it a CTranslate2 model.bin?)")
+    return reader.string(), reader.number("I")
+
+
+def read_spec_name(path: str | os.PathLike) -> str:
+    """The spec name of the CTranslate2 `model.bin` at `path` (or in the folder `path`), reading
+    its header alone."""
+    path = _model_file(path)
+    with path.open("rb") as file:
+        head = file.read(4 + 2 + 65535)
+    return _header(_Reader(head, path))[0]
+
+
+def load_ctranslate2(folder: str | os.PathLike) -> nn.Module:
+    """Build the zoo model of a CTranslate2 model folder (or an Argos Translate package), through
+    the importer of its spec."""
+    found = ctranslate2_folder(folder)
+    if found is None:
+        raise ValueError(f"{str(folder)!r} holds no CTranslate2 {MODEL_FILE} (nor model/{MODEL_FILE})")
+    spec = read_spec_name(found)
+    importers = {entry.name: entry for entry in entry_points(group=ENTRY_POINT_GROUP)}
+    if spec not in importers:
+        raise ValueError(f"no importer for the CTranslate2 spec {spec!r} in {str(found)!r}; known: {sorted(importers)}")
+    return importers[spec].load()(found)
+
+
 def read_ctranslate2(path: str | os.PathLike) -> CTranslate2Model:
     """Every variable of the CTranslate2 `model.bin` at `path` (or in the folder `path`) as a CPU
     tensor in its stored dtype."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "model.bin"
-    if not path.is_file():
-        raise ValueError(f"path must be a CTranslate2 model.bin or a folder holding one; {str(path)!r} does not exist")
+    path = _model_file(path)
     reader = _Reader(path.read_bytes(), path)
-    version = reader.number("I")
-    if version not in SUPPORTED_VERSIONS:
-        raise ValueError(f"{str(path)!r}: CTranslate2 binary version must be one of {SUPPORTED_VERSIONS}; got {version} "
-                         "(is it a CTranslate2 model.bin?)")
-    spec, revision = reader.string(), reader.number("I")
+    spec, revision = _header(reader)
     variables = {}
     for _ in range(reader.number("I")):
         name = reader.string()

@@ -61,6 +61,9 @@ class PipelineSplit:
     """Modules (or buffers) `pipeline_exit` uses (final norm, head), held by the last stage. A
     module named in both `pre` and `post` (a word embedding that is also the output head) is held
     by both stages as two copies kept equal: their gradients are summed before each step."""
+    attached: tuple[tuple[str, str], ...] = ()
+    """(module, block) pairs: the module is held by the stage that holds the block, and
+    `pipeline_block` runs it with that block (an encoder's final norm, after its last block)."""
 
 
 @dataclass(frozen=True)

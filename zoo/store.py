@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.ctranslate2_io import ctranslate2_folder, load_ctranslate2
 from zoo.hf import is_hf_folder, load_hf
 from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, read_safetensors, write_model_folder
 from zoo.registry import arch_of, get_architecture
@@ -62,17 +63,21 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", refit: tuple[str, ...] = ()) -> nn.Module:
     """Build the model a folder (or zoo name) describes and load its safetensors weights. A
-    Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`). refit:
+    Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`); so is an entry
+    whose config.json names a package `source` (`zoo.sources`) holding a Hugging Face or CTranslate2
+    folder (`zoo.ctranslate2_io`). refit:
     prefixes of weight names the caller fits anew (a folding model's confidence readout): their
     saved values are not read, and a folder made before they existed loads."""
     folder = locate(name_or_path)
     config = read_config(folder)
-    if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from one
-
+    if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from a package's
         source = package_folder(config["source"]) if "source" in config else folder
-        if not is_hf_folder(source):
-            raise ValueError(f"{str(folder)!r} has a config.json with neither 'arch' (a zoo model) nor 'model_type' (Hugging Face)")
-        return load_hf(source).to(device).eval()
+        if is_hf_folder(source):
+            return load_hf(source).to(device).eval()
+        if "source" in config and ctranslate2_folder(source) is not None:
+            return load_ctranslate2(source).to(device).eval()
+        raise ValueError(f"{str(folder)!r} has a config.json with neither 'arch' (a zoo model) nor 'model_type' (Hugging Face)"
+                         + (f", and its source {str(source)!r} holds neither kind of folder" if "source" in config else ""))
     architecture = get_architecture(config["arch"])
     model = architecture.model_class(architecture.config_class(**config["config"]))
     state = {name: value for name, value in read_safetensors(folder / WEIGHTS_FILE, device=str(device)).items()

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from nlp.translation.config import TranslatorConfig
-from nlp.translation.model import Translator, sinusoidal_positions
+from nlp.translation.embedding import sinusoidal_positions
+from nlp.translation.model import Translator
 from zoo.ctranslate2_io import CTranslate2Model, read_ctranslate2
 
 ACTIVATIONS = {0: "relu", 1: "gelu_tanh", 2: "silu", 3: "gelu"}
@@ -75,8 +76,9 @@ def read_vocabulary(directory: str | os.PathLike) -> CTranslate2Vocabulary:
                                  bool(config.get("add_source_eos", False)))
 
 
-def translator_from_ctranslate2(directory: str | os.PathLike) -> tuple[Translator, CTranslate2Vocabulary]:
-    """Our Translator with the weights of the CTranslate2 model in `directory`, and its vocabulary."""
+def translator_from_ctranslate2(directory: str | os.PathLike) -> Translator:
+    """Our Translator with the weights of the CTranslate2 model in `directory` (its vocabulary:
+    `read_vocabulary`). The importer of the `memzoo.ctranslate2` entry point TransformerSpec."""
     directory = Path(directory)
     model = read_ctranslate2(directory / "model.bin")
     if model.spec != "TransformerSpec":
@@ -112,7 +114,7 @@ def translator_from_ctranslate2(directory: str | os.PathLike) -> tuple[Translato
         decoder_start_token_id=vocabulary.tokens.index(start) if start in vocabulary.tokens else eos,
         zero_start_embedding=bool(_flag(model, "decoder/start_from_zero_embedding")), eos_token_id=eos, dropout=0.0,
         attention_dropout=0.0, label_smoothing=0.1, eps=config_json.get("layer_norm_epsilon") or LAYER_NORM_EPS)
-    state = {"embedding.weight": embedding}
+    state = {"embeddings.word.weight": embedding}
     if config.final_logits_bias:
         state["logits_bias"] = model["decoder/projection/bias"].float()
     norm = lambda scope: {"weight": model[f"{scope}/gamma"].float(), "bias": model[f"{scope}/beta"].float()}  # noqa: E731
@@ -153,4 +155,4 @@ def translator_from_ctranslate2(directory: str | os.PathLike) -> tuple[Translato
         put("decoder_norm", norm("decoder/layer_norm"))
     translator = Translator(config)
     translator.load_state_dict(state)
-    return translator.eval(), vocabulary
+    return translator.eval()

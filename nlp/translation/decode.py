@@ -68,7 +68,7 @@ class _Steps:
         """prefix (R, T) of decoder inputs -> log-probabilities of the next token (R, V), fp32."""
         model, cache = self.model, self.cache
         new = prefix[:, -1:] if cache is not None else prefix
-        x = model.embed(new, start=prefix.shape[1] - new.shape[1], decoder=True)
+        x = model.embeddings(new, start=prefix.shape[1] - new.shape[1], zero_start=model.config.zero_start_embedding)
         for index, block in enumerate(model.decoder):
             x = block(x, memory_padding_mask=self.mask, cache=None if cache is None else cache.layer(index),
                       memory_kv=self.memory_kv[index])
@@ -76,7 +76,7 @@ class _Steps:
             cache.advance(1)
         if model.decoder_norm is not None:
             x = model.decoder_norm(x)
-        logits = F.linear(x[:, -1], model.embedding.weight, model.logits_bias)
+        logits = F.linear(x[:, -1], model.head_weight, model.logits_bias)
         return logits.float().log_softmax(-1)
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from nlp.translation.config import TranslatorConfig
-from nlp.translation.model import Translator, sinusoidal_positions
+from nlp.translation.embedding import sinusoidal_positions
+from nlp.translation.model import Translator
 from zoo.hf import StateReader, read_hf_config, read_hf_state
 from zoo.model_folder import write_model_folder
 
@@ -68,9 +69,9 @@ def _take_tied(reader: StateReader, shared: torch.Tensor, name: str) -> None:
 def translator_state_from_hf(state: dict[str, torch.Tensor], config: TranslatorConfig) -> dict[str, torch.Tensor]:
     """Our Translator state dict from a MarianMTModel safetensors state."""
     reader = StateReader(state, prefixes=("model.",))
-    out = {"embedding.weight": reader.take("shared.weight")}
+    out = {"embeddings.word.weight": reader.take("shared.weight")}
     for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
-        _take_tied(reader, out["embedding.weight"], name)
+        _take_tied(reader, out["embeddings.word.weight"], name)
     table = sinusoidal_positions(config.max_positions, config.width)
     for stack in ("encoder", "decoder"):
         name = f"{stack}.embed_positions.weight"
@@ -113,7 +114,7 @@ def translator_to_hf(model: Translator, directory: str | os.PathLike) -> Path:
                          f"Translator has prenorm={c.prenorm}, positions={c.positions!r}, "
                          f"final_logits_bias={c.final_logits_bias}, bias={c.bias}")
     ours = model.state_dict()
-    state = {"model.shared.weight": ours["embedding.weight"], "final_logits_bias": ours["logits_bias"][None]}
+    state = {"model.shared.weight": ours["embeddings.word.weight"], "final_logits_bias": ours["logits_bias"][None]}
     for stack, layers, names in (("encoder", c.encoder_layers, _ENCODER), ("decoder", c.decoder_layers, _DECODER)):
         attentions = {"self_attn": "attn" if stack == "encoder" else "self_attn"}
         if stack == "decoder":

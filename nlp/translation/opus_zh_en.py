@@ -51,9 +51,3 @@ def example_sources() -> list[str]:
     found += [a + b for line in sentences for a, b in zip(line, line[1:])]
     return list(dict.fromkeys(found))
 
-
-def detokenize(pieces: list[str]) -> str:
-    """Sentencepiece pieces as text: joined, each word-start mark (U+2581) a space. (The package's
-    vocabulary holds pieces its sentencepiece model lacks, which that model's own decoder keeps as
-    they are.)"""
-    return "".join(pieces).replace("\u2581", " ").strip()

@@ -92,7 +92,7 @@ def test_kokoro_has_a_letter_for_every_phoneme_espeak_writes_and_whisper_reads_i
     trio = kokoro.style_table("jf_gongitsune~jf_nezumi~jm_kumo")
     assert abs(trio - (styles["jf_gongitsune"] + styles["jf_nezumi"] + styles["jm_kumo"]) / 3).max() < 1e-6
     reader = WhisperReader()
-    for variant in ("jf_alpha", "jm_kumo", "jf_alpha~jm_kumo", "jf_gongitsune~jf_nezumi~jm_kumo"):
+    for variant in ("jf_alpha", "jf_gongitsune~jf_nezumi~jm_kumo"):  # one voice, and the widest blend
         paths = [tmp_path / f"{variant}_{i}.wav" for i in range(len(KOKORO_SENTENCES))]
         for sentence, path in zip(KOKORO_SENTENCES, paths):
             speak(sentence, Voice("kokoro", variant, 170, 50, "kokoro"), path)

@@ -69,11 +69,11 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     found = recogniser("asr-transducer-whisper-tiny")
     rows = recorded_speech()
     audio = [read_audio(row["audio"], 16000) for row in rows]
-    plain = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring())  # the first pass alone
     finals = segment_hypotheses(found.model, audio, found.tokenizer, found.features, found.beam,
                                 language_model=found.language_model, lm_weight=found.lm_weight,
                                 ilm_weight=found.ilm_weight)
-    assert all(len(parts) == 1 and parts[0].hypotheses[0][0] == text for parts, text in zip(finals, plain))  # its best
+    assert all(len(parts) == 1 for parts in finals)
+    plain = [parts[0].hypotheses[0][0] for parts in finals]  # the first pass's best (the grid's weight 0 below)
     # the encoder output kept to score Whisper's transcript holds no autograd graph (its activations)
     assert all(parts[0].encoded.shape[1] == found.model.config.encoder.width and not parts[0].encoded.requires_grad
                for parts in finals)

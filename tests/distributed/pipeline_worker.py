@@ -36,7 +36,7 @@ from zoo.nn.moe import MoEFeedForward  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from parity_models import FeedForwardLM  # noqa: E402
 from tiny_models import (digit_examples, fold_examples, mlm_examples, speech_examples,  # noqa: E402
-                         tiny_bert, tiny_fold, tiny_vit)
+                         tiny_bert, tiny_fold, tiny_translator, tiny_vit, translation_examples)
 
 MODELS = {
     "gpt": (lambda: tiny_gpt(n_layer=4), lm_examples, default_collate),
@@ -48,12 +48,14 @@ MODELS = {
     "conformer": (lambda: tiny(loss="full"), speech_examples, collate_speech),
     "whisper": (lambda: tiny_whisper(loss="full"), speech_examples, collate_speech),
     "fold": (lambda: tiny_fold(max_recycles=0), fold_examples, collate_folding),
+    "translator": (tiny_translator, translation_examples, default_collate),
+    "marian": (lambda: tiny_translator(marian=True), translation_examples, default_collate),
 }
 """(build, examples, collate): GPT (also with dropout 0.1, and with 4 experts a block, top 2) and the
 test's own model with four blocks (pp=2 x 2 stages per
 rank at most), GPT without biases (a key bias's gradient is zero up to rounding, which AdamW
-amplifies); the others with two (tests/distributed/worker.py), the folding model without
-recycling (which a pipeline does not run)."""
+amplifies); the others with two (tests/distributed/worker.py), the translators with two encoder and two decoder
+blocks (tests/tiny_models.py), the folding model without recycling (which a pipeline does not run)."""
 
 
 def config(**overrides) -> TrainConfig:

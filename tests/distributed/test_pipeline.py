@@ -11,7 +11,9 @@ Evoformer trunk under 1F1B at pp=2 (the trunk also under zero-bubble, whose weig
 parameter groups that share graph nodes); GPT under breadth-first and zero-bubble at pp=2 x dp=2 with ZeRO-3, and at
 pp=2 x tp=2 (with sequence parallelism too); GPT with experts at pp=2, and at pp=2 x dp=2 with its
 experts shared out over the data-parallel ranks (ep=2; ZeRO-3 under zero-bubble); a model written in
-the test opts in through its own plan. Checkpoints reshard between pipelined and unpipelined layouts and resume exactly.
+the test opts in through its own plan; the translators (pre-norm, its encoder's final norm held with
+the encoder's last block; Marian-shaped) at pp=2 under 1F1B, the pre-norm one under zero-bubble too,
+both sequences' states in the carry. Checkpoints reshard between pipelined and unpipelined layouts and resume exactly.
 """
 
 import pytest
@@ -21,11 +23,12 @@ from helpers import torchrun
 from zoo.parity import relative_error
 
 ONE = ("gpt/1f1b/1/1/0", "gpt/1f1b/1/1/0:fp16", "gpt_dropout/1f1b/1/1/0", "moe/1f1b/1/1/0", "custom/1f1b/1/1/0", "bert/1f1b/1/1/0", "vit/1f1b/1/1/0", "conformer/1f1b/1/1/0",
-       "whisper/1f1b/1/1/0", "fold/1f1b/1/1/0")
+       "whisper/1f1b/1/1/0", "fold/1f1b/1/1/0", "translator/1f1b/1/1/0", "marian/1f1b/1/1/0")
 TWO = ("gpt/gpipe/2/1/0", "gpt/1f1b/2/1/0", "gpt/interleaved_1f1b/2/2/0", "gpt/looped_bfs/2/2/0",
        "gpt/zero_bubble/2/1/0", "gpt/1f1b/2/1/0:compiled", "gpt/1f1b/2/1/0:m2", "gpt/zero_bubble/2/1/0:m2", "gpt/1f1b/2/1/0:fp16",
        "gpt_dropout/1f1b/2/1/0", "moe/1f1b/2/1/0", "custom/1f1b/2/1/0", "bert/1f1b/2/1/0", "vit/1f1b/2/1/0", "conformer/1f1b/2/1/0",
-       "whisper/1f1b/2/1/0", "fold/1f1b/2/1/0", "fold/zero_bubble/2/1/0")
+       "whisper/1f1b/2/1/0", "fold/1f1b/2/1/0", "fold/zero_bubble/2/1/0", "translator/1f1b/2/1/0",
+       "translator/zero_bubble/2/1/0", "marian/1f1b/2/1/0")
 FOUR = ("gpt/looped_bfs/2/2/3", "gpt_dropout/zero_bubble/2/1/3", "gpt/zero_bubble/2/1/3", "gpt/1f1b/2/1/0/2/0", "gpt/interleaved_1f1b/2/2/0/2/1",
         "custom/zero_bubble/2/1/0/2", "moe/1f1b/2/1/0:ep2", "moe/zero_bubble/2/1/3:ep2")
 """model/schedule/pp/stages_per_rank/zero[/tp/sequence_parallel][:options] (tests/distributed/

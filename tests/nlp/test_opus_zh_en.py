@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nlp.translation.ctranslate2_import import translator_from_ctranslate2
+from nlp.translation.ctranslate2_import import read_vocabulary, translator_from_ctranslate2
 from nlp.translation.decode import BeamSettings
-from nlp.translation.opus_zh_en import detokenize, example_sources, model_directory
+from nlp.translation.opus_zh_en import example_sources, model_directory
+from nlp.translation.tokenizer import detokenize
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -19,7 +20,7 @@ sentencepiece = pytest.importorskip("sentencepiece")
 @pytest.fixture(scope="module")
 def imported():
     directory = model_directory()
-    model, vocabulary = translator_from_ctranslate2(directory / "model")
+    model, vocabulary = translator_from_ctranslate2(directory / "model"), read_vocabulary(directory / "model")
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
     peer = ctranslate2.Translator(str(directory / "model"), device="cpu", compute_type="float32", intra_threads=1)
     return model, vocabulary, pieces, peer, example_sources()[:48]

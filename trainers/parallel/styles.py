@@ -146,7 +146,9 @@ class Region(ParallelStyle):
     whole, out with this rank's partial sum: under sequence parallelism the input is gathered from
     the sequence shards (its storage given back after the forward and gathered again when the
     backward starts) and the output reduce-scattered along the sequence; otherwise the output is
-    all-reduced and the input's gradient. Its draws come from `stream`.
+    all-reduced and the input's gradient. Its further positional tensor arguments that need
+    gradients (a decoder's memory, whole on every rank) enter whole, their gradients summed over the
+    group. Its draws come from `stream`.
 
     A region that returns a tuple (a mixture of experts: its output and its auxiliary loss) has
     the first summed so, and the others, which every rank computes whole from the whole input,
@@ -162,11 +164,13 @@ class Region(ParallelStyle):
 
         def enter(_module, args, kwargs):
             gathered = None
+            whole = tuple(tpc.copy_to_group(a, group) if isinstance(a, torch.Tensor) and a.requires_grad else a
+                          for a in args[1:])
             if self.sequence_parallel:
                 gathered = tpc.GatheredInput(args[0], SEQUENCE_DIM, group)
-                args = (gathered.full, *args[1:])
+                args = (gathered.full, *whole)
             else:
-                args = (tpc.copy_to_group(args[0], group), *args[1:])
+                args = (tpc.copy_to_group(args[0], group), *whole)
             inputs.append(gathered)
             self.stream.enter()
             return args, kwargs

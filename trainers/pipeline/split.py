@@ -53,6 +53,8 @@ class PipelineLayout:
     """The estimated costs the split balanced (None for a split given by Strategy.pp_split)."""
     tied: list[str]
     """Parameter names held by both the first and the last stage."""
+    attached: dict[str, list[str]]
+    """Module names held with a block, by block name (PipelineSplit.attached)."""
 
     @property
     def num_stages(self) -> int:
@@ -65,8 +67,9 @@ class PipelineLayout:
 
     def stage_modules(self, stage: int) -> tuple[list[str], list[str]]:
         """(block names, held module names) of `stage`."""
-        held = (self.pre if stage == 0 else []) + (self.post if stage == self.num_stages - 1 else [])
-        return [self.block_names[i] for i in self.ranges[stage]], held
+        blocks = [self.block_names[i] for i in self.ranges[stage]]
+        held = (self.pre if stage == 0 else []) + [name for block in blocks for name in self.attached.get(block, [])]
+        return blocks, held + (self.post if stage == self.num_stages - 1 else [])
 
 
 def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
@@ -98,6 +101,18 @@ def resolve_pieces(model: nn.Module, patterns: tuple[str, ...], field: str) -> t
                              "(or put it in a module of its own), which a stage can hold and shard")
     modules = resolve(model, module_patterns, f"pipeline.{field}") if module_patterns else []
     return modules, [p for p in patterns if p in buffers]
+
+
+def attached_modules(model: nn.Module, split: PipelineSplit, block_names: list[str]) -> dict[str, list[str]]:
+    """PipelineSplit.attached resolved: module names by the block they go with; ValueError naming
+    the field for a name that is not a module or not a block."""
+    attached: dict[str, list[str]] = {}
+    for module, block in split.attached:
+        if block not in block_names:
+            raise ValueError(f"PipelineSplit.attached pairs {module!r} with {block!r}, which is not one of the "
+                             f"model's blocks (ModelPlan.blocks)")
+        attached.setdefault(block, []).extend(resolve(model, (module,), "pipeline.attached"))
+    return attached
 
 
 def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
@@ -138,7 +153,8 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
         ranges = balanced_split(costs, strategy.pp * strategy.stages_per_rank)
     layout = PipelineLayout(
         ranges=ranges, block_names=block_names, pre=pre, post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
-        tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)))
+        tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)),
+        attached=attached_modules(model, split, block_names))
     keep: set[str] = set()
     for stage in layout.local_stages:
         blocks, held = layout.stage_modules(stage)

@@ -114,21 +114,30 @@ class TransformerBlock(nn.Module):
         return y
 
 
+def attention_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
+    """The tensor-parallel region of the attention `pattern` (e.g. "blocks.*.attn") in blocks of
+    shape `config`: q, k, v column-, out row-parallel, split by heads; multi-query attention's one
+    key/value head replicated."""
+    kv = (f"{pattern}.k", f"{pattern}.v")
+    multi_query = config.heads > 1 and (config.kv_heads or config.heads) == 1
+    head_dim = config.width // config.heads
+    return ModelPlan(colwise=(f"{pattern}.q", *(() if multi_query else kv)), rowwise=(f"{pattern}.out",),
+                     replicated=kv if multi_query else (), regions=(pattern,),
+                     heads=tuple((f"{pattern}.{name}", head_dim) for name in "qkv"))
+
+
 def block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
     """The plan of a stack of `TransformerBlock`s of shape `config` whose names match `pattern`
-    (e.g. "blocks.*"): each block one shard and recompute unit; attention and feed-forward are the
-    tensor-parallel regions (q, k, v and fc1 column-, out and fc2 row-parallel; multi-query
-    attention's one key/value head is replicated), the norms run on sequence shards. A mixture of
-    experts is a region too: its routed experts split by hidden width (`ModelPlan.experts`, also
-    sharded by expert under expert parallelism), its shared experts' gate and up column- and down
-    row-parallel, its router replicated. Blocks with QK-norm split nothing (but their experts)."""
+    (e.g. "blocks.*"): each block one shard and recompute unit; attention (`attention_plan`) and
+    feed-forward are the tensor-parallel regions (fc1 column-, fc2 row-parallel), the norms run on
+    sequence shards. A mixture of experts is a region too: its routed experts split by hidden width
+    (`ModelPlan.experts`, also sharded by expert under expert parallelism), its shared experts' gate
+    and up column- and down row-parallel, its router replicated. Blocks with QK-norm split nothing
+    (but their experts)."""
     mlp = f"{pattern}.mlp"
     experts = (f"{mlp}.experts",) if config.moe is not None else ()
     if config.qk_norm:  # its norms span every head, which a split by heads would cut
         return ModelPlan(blocks=(pattern,), experts=experts)
-    kv = (f"{pattern}.attn.k", f"{pattern}.attn.v")
-    multi_query = config.heads > 1 and (config.kv_heads or config.heads) == 1
-    head_dim = config.width // config.heads
     if config.moe is None:
         feed_forward = ModelPlan(colwise=(f"{mlp}.fc1",), rowwise=(f"{mlp}.fc2",))
     else:
@@ -136,12 +145,6 @@ def block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
         feed_forward = ModelPlan(colwise=(f"{mlp}.shared.gate", f"{mlp}.shared.up") if shared else (),
                                  rowwise=(f"{mlp}.shared.down",) if shared else (), replicated=(f"{mlp}.router",),
                                  experts=experts)
-    return ModelPlan(
-        blocks=(pattern,),
-        colwise=(f"{pattern}.attn.q", *(() if multi_query else kv)),
-        rowwise=(f"{pattern}.attn.out",),
-        replicated=kv if multi_query else (),
-        regions=(f"{pattern}.attn", mlp),
-        heads=tuple((f"{pattern}.attn.{name}", head_dim) for name in "qkv"),
-        sequence_parallel=(f"{pattern}.norm1", f"{pattern}.norm2"),
-    ).merged(feed_forward)
+    return ModelPlan(blocks=(pattern,), regions=(f"{pattern}.attn", mlp),
+                     sequence_parallel=(f"{pattern}.norm1", f"{pattern}.norm2"),
+                     ).merged(attention_plan(f"{pattern}.attn", config)).merged(feed_forward)

@@ -12,11 +12,12 @@ import torch
 from torch import nn
 
 from zoo.nn.attention import SelfAttention
-from zoo.nn.block import TransformerBlockConfig
+from zoo.nn.block import TransformerBlockConfig, attention_plan
 from zoo.nn.cross_attention import CrossAttention
 from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.mlp import FusedMLP
 from zoo.nn.norm import Norm, dropout_add
+from zoo.plan import ModelPlan
 
 
 class DecoderBlock(nn.Module):
@@ -50,3 +51,15 @@ class DecoderBlock(nn.Module):
         hidden = self.norm1(self.self_attn(x, cache=cache), x, p=p)
         hidden = self.norm2(cross(hidden), hidden, p=p)
         return self.norm3(self.mlp(hidden), hidden, p=p)
+
+
+def decoder_block_plan(pattern: str, config: TransformerBlockConfig) -> ModelPlan:
+    """The plan of a stack of `DecoderBlock`s of shape `config` whose names match `pattern`: each
+    block one shard and recompute unit; self-attention, cross-attention (its memory enters whole,
+    `trainers` summing its gradient) and feed-forward the tensor-parallel regions, split by heads
+    and by hidden columns; the norms run on sequence shards."""
+    mlp = f"{pattern}.mlp"
+    return ModelPlan(blocks=(pattern,), colwise=(f"{mlp}.fc1",), rowwise=(f"{mlp}.fc2",), regions=(mlp,),
+                     sequence_parallel=tuple(f"{pattern}.norm{i}" for i in (1, 2, 3)),
+                     ).merged(attention_plan(f"{pattern}.self_attn", config)).merged(
+                         attention_plan(f"{pattern}.cross_attn", config))
