@@ -125,8 +125,9 @@ class WordPieceTokenizer:
         return {"kind": "wordpiece", "source": self.source}
 
 
-def tokenizer_from_spec(spec: dict[str, Any]) -> TextTokenizer:
-    """Rebuild a tokenizer from its `spec()`."""
+def tokenizer_from_spec(spec: dict[str, Any], folder: Path | None = None) -> TextTokenizer:
+    """Rebuild a tokenizer from its `spec()`; `folder`: the model folder it was saved with (a
+    translator's own sentencepiece model is a file there)."""
     kind = spec.get("kind")
     if kind == "char":
         return CharTokenizer(spec["alphabet"])
@@ -134,8 +135,12 @@ def tokenizer_from_spec(spec: dict[str, Any]) -> TextTokenizer:
         return GPT2Tokenizer()
     if kind == "wordpiece":
         return WordPieceTokenizer(spec["source"])
-    if kind == "package":
-        from nlp.translation.tokenizer import PackageTokenizer  # local import: only translators load it
+    if kind in ("package", "sentencepiece"):
+        from nlp.translation import tokenizer as translation  # local import: only translators load it
 
-        return PackageTokenizer(spec["source"])
-    raise ValueError(f"tokenizer spec kind must be 'char', 'gpt2', 'wordpiece' or 'package'; got {kind!r}")
+        if kind == "package":
+            return translation.package_tokenizer(spec["source"])
+        if folder is None:
+            raise ValueError("a 'sentencepiece' tokenizer is read from its model folder: pass folder")
+        return translation.folder_tokenizer(Path(folder), tuple(spec["languages"]))
+    raise ValueError(f"tokenizer spec kind must be 'char', 'gpt2', 'wordpiece', 'package' or 'sentencepiece'; got {kind!r}")

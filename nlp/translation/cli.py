@@ -12,7 +12,7 @@ from zoo.commands import Command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help='a zoo translator\'s name, or its language pair ("zh-en")')
+    parser.add_argument("model", help='a zoo translator\'s name or folder, or its language pair ("zh-en")')
     parser.add_argument("text", help="the text to translate, or a file whose lines are translated one by one "
                                      "(blank lines stay blank)")
     parser.add_argument("--beams", type=int, default=4, help="beam size (1: greedy)")

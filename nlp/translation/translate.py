@@ -1,20 +1,22 @@
 """Translating text with a zoo translator: `translator_named`, `load_translator`, `translate`.
 
 A zoo translator entry's config.json records its `languages` ([source, target], ISO codes) and its
-`tokenizer` spec (`nlp.tokenizers.tokenizer_from_spec`), so a model is found by name or by its
-language pair ("zh-en").
+`tokenizer` spec (`nlp.tokenizers.tokenizer_from_spec`), so a model is found by name, by its
+folder or by its language pair ("zh-en").
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
 from nlp.tokenizers import tokenizer_from_spec
 from nlp.translation.decode import BeamSettings
 from nlp.translation.model import Translator
-from zoo.store import list_models, load, read_config
+from zoo.model_folder import CONFIG_FILE
+from zoo.store import list_models, load, locate, read_config
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,9 @@ def language_pairs() -> dict[str, str]:
 
 
 def translator_named(name_or_pair: str) -> str:
-    """The zoo name of a translator given by its name or its language pair "source-target";
-    ValueError listing the known pairs otherwise."""
-    if name_or_pair in list_models():
+    """The zoo name (or model folder) of a translator given by its name, its folder or its
+    language pair "source-target"; ValueError listing the known pairs otherwise."""
+    if name_or_pair in list_models() or (Path(name_or_pair) / CONFIG_FILE).is_file():
         if "languages" not in read_config(name_or_pair):
             raise ValueError(f"zoo model {name_or_pair!r} is not a translator (its config.json records no 'languages')")
         return name_or_pair
@@ -50,7 +52,7 @@ def load_translator(name_or_pair: str, device: str | torch.device = "cpu"):
     model = load(name, device=device)
     if not isinstance(model, Translator):
         raise ValueError(f"zoo model {name!r} loads as {type(model).__name__}; expected a Translator")
-    return model, tokenizer_from_spec(read_config(name)["tokenizer"])
+    return model, tokenizer_from_spec(read_config(name)["tokenizer"], locate(name))
 
 
 @torch.no_grad()
