@@ -103,7 +103,8 @@ losses() {
 }
 
 models() {
-    # GPT-2-small, BERT-base and ViT training steps, ours against transformers, fp32 and bf16.
+    # GPT-2-small, BERT-base, ViT and transformer-base translator (MarianMTModel) training steps, ours
+    # against transformers, fp32 and bf16.
     section "hf_models"
     record python3 benchmarks/hf_models.py --device cuda --steps 10
     record python3 benchmarks/hf_models.py --device cuda --dtype bfloat16 --steps 10

@@ -1,10 +1,12 @@
 """The OPUS-MT Chinese -> English translator imported from its CTranslate2 package against CTranslate2
 itself, on the first 200 inputs of `nlp.translation.opus_zh_en.example_sources` (real Chinese
-aircraft-defect reports): how many translations are token for token CTranslate2's, greedy and with
-4 beams, and the seconds each takes (both fp32 on this CPU, one thread each; batches of 25; the
-two timed in turns, medians of --repeats).
+aircraft-defect reports) or, with `--inputs catalogues`, on 200 Chinese messages of gcc's and git's
+Debian catalogues with their English originals as references (drawn with seed 0): how many
+translations are token for token CTranslate2's, greedy and with 4 beams, the seconds each takes
+(both fp32 on this CPU, one thread each; batches of 25; the two timed in turns, medians of
+--repeats) and, with references, both sides' sacrebleu BLEU and chrF.
 
-    python benchmarks/opus_zh_en.py [--count 200] [--repeats 1]
+    python benchmarks/opus_zh_en.py [--count 200] [--repeats 1] [--inputs example|catalogues]
 """
 
 from __future__ import annotations
@@ -33,13 +35,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--inputs", choices=("example", "catalogues"), default="example")
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = model_directory()
     model, vocabulary = translator_from_ctranslate2(directory / "model"), read_vocabulary(directory / "model")
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
     peer = ctranslate2.Translator(str(directory / "model"), device="cpu", compute_type="float32", intra_threads=1)
-    sources = example_sources()[:args.count]
+    references = None
+    if args.inputs == "catalogues":
+        from recipes.translation import programs_pairs, shuffled
+
+        pairs = shuffled(programs_pairs(("gcc", "git"), "zh_CN", reverse=True), 0)[:args.count]
+        sources, references = [s for s, _ in pairs], [r for _, r in pairs]
+    else:
+        sources = example_sources()[:args.count]
     tokenized = [pieces.encode(source, out_type=str) for source in sources]
 
     def theirs(beams: int) -> list[list[str]]:
@@ -71,6 +81,13 @@ def main() -> None:
         same = sum(a == b for a, b in zip(outputs["ours"], outputs["theirs"]))
         mine, peer_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
         print(f"| {beams} | {same} / {len(sources)} | {mine:.1f} | {peer_s:.1f} | {mine / peer_s:.1f}x |", flush=True)
+        if references is not None:
+            import sacrebleu
+
+            for name, found in outputs.items():
+                texts = [detokenize(out) for out in found]
+                print(f"|   | {name}: BLEU {sacrebleu.corpus_bleu(texts, [references]).score:.2f}, "
+                      f"chrF {sacrebleu.corpus_chrf(texts, [references]).score:.2f} | | | |", flush=True)
     print("first translations:", *(f"{source} -> {detokenize(out)}" for source, out in zip(sources, outputs["ours"][:3])),
           sep="\n  ")
 
