@@ -24,7 +24,7 @@ def opus():
 def test_the_entry_is_found_by_name_and_by_language_pair():
     assert language_pairs()["zh-en"] == "translator-opus-zh-en"
     assert translator_named("translator-opus-zh-en") == translator_named("zh-en") == "translator-opus-zh-en"
-    with pytest.raises(ValueError, match=r"no translator 'de-en'.*pairs: \['zh-en'"):
+    with pytest.raises(ValueError, match=r"no translator 'de-en'.*pairs: \['en-de', 'zh-en'\]"):
         translator_named("de-en")
     with pytest.raises(ValueError, match="'gpt-shakespeare-char' is not a translator"):
         translator_named("gpt-shakespeare-char")
