@@ -3,13 +3,15 @@ translator against Hugging Face transformers (`GPT2LMHeadModel`, `BertForMaskedL
 `ViTForImageClassification`, `MarianMTModel`), same weights, same inputs, same precision.
 
     python benchmarks/hf_models.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 3] [--models ...]
+                                   [--loss-gradients forward|backward|both] [--rounds 1]
 
 Each (model, implementation) runs in a fresh process, so that peak memory is its own: on CPU the
 peak resident set (VmHWM, reset through /proc/self/clear_refs) above the resident set once the
 model and AdamW's state exist, with glibc returning freed buffers (fixed mmap threshold); on CUDA
 `torch.cuda.max_memory_allocated` above the allocation at that point. Gradients count on both sides. The step is forward
 (train mode, the HF default dropouts of 0.1), loss, backward and an AdamW step; its time is the
-median of `--steps` steps after one warm-up. Saved-activation bytes of one forward
+median of `--steps` steps after one warm-up (with `--rounds` R, the median of R such processes per
+implementation, the implementations run in turns: this machine's speed drifts within a minute). Saved-activation bytes of one forward
 (`SavedActivations`, parameters excluded) are listed as well. HF runs with SDPA attention.
 GPT-2: causal LM on (batch, 512) tokens, loss over all next tokens; BERT: MLM on (batch, 128)
 tokens with 15% of positions labelled; ViT: classification of (batch, channels, size, size) images,
@@ -18,6 +20,8 @@ tokens with 15% of positions labelled; ViT: classification of (batch, channels, 
 transformer-base translator shaped as Marian (6 + 6 post-norm layers, width 512, 32,000 shared
 tokens) on (batch, source length) sources and targets of that length, label-smoothed (0.1)
 cross-entropy on both sides (HF's on its logits, as `Seq2SeqTrainer`'s `label_smoothing_factor` does).
+`--loss-gradients` says when our fused losses form their gradients (`Strategy.loss_gradients`);
+"both" runs ours twice, "ours" forming them in forward and "ours-bwd" in backward.
 """
 
 from __future__ import annotations
@@ -56,6 +60,16 @@ GPT2_SIZES = {"gpt2-small": {}, "gpt2-medium": {"n_embd": 1024, "n_layer": 24, "
 """GPT-2 configurations by name: small (124M parameters, transformers' default) and medium (355M)."""
 
 
+def read_saved(hf, importer):
+    """`importer(folder)` of the HF model saved in a temporary folder: our importers read the names
+    a folder stores."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        return importer(folder)
+
+
 def build(model_name: str, implementation: str):
     """(model, batch builder) with HF's initialisation; ours loads the HF weights."""
     import transformers
@@ -66,30 +80,20 @@ def build(model_name: str, implementation: str):
 
     torch.manual_seed(0)
     if model_name == "marian-base":
-        import tempfile
-
         from nlp.translation.marian import translator_from_hf
 
         hf = transformers.MarianMTModel._from_config(transformers.MarianConfig(**MARIAN_BASE), attn_implementation="sdpa")
         if implementation == "hf":
             return hf
-        with tempfile.TemporaryDirectory() as folder:
-            hf.save_pretrained(folder)
-            ours = translator_from_hf(folder)
+        ours = read_saved(hf, translator_from_hf)
         ours.config.label_smoothing = LABEL_SMOOTHING
         return ours
     if model_name in VIT_CONFIGS:
-        import tempfile
-
         from vision.hf import vit_from_hf
 
         config = transformers.ViTConfig(**VIT_CONFIGS[model_name])
         hf = transformers.ViTForImageClassification._from_config(config, attn_implementation="sdpa")
-        if implementation == "hf":
-            return hf
-        with tempfile.TemporaryDirectory() as folder:  # our import reads the names a folder stores
-            hf.save_pretrained(folder)
-            return vit_from_hf(folder)
+        return hf if implementation == "hf" else read_saved(hf, vit_from_hf)
     if model_name in GPT2_SIZES:
         config = transformers.GPT2Config(n_positions=1024, **GPT2_SIZES[model_name])
         hf = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
@@ -168,7 +172,19 @@ def peak(device: torch.device) -> int:
     return torch.cuda.max_memory_allocated() if device.type == "cuda" else status_bytes("VmHWM")
 
 
+IMPLEMENTATIONS = {"forward": ("hf", "ours"), "backward": ("hf", "ours-bwd"), "both": ("hf", "ours", "ours-bwd")}
+"""The implementations each `--loss-gradients` runs; "ours-bwd" is ours with the loss's gradients formed in backward."""
+
+
 def worker(model_name: str, implementation: str, device_name: str, dtype_name: str, steps: int) -> dict:
+    from zoo.nn.cross_entropy import loss_gradients
+
+    with loss_gradients("backward" if implementation == "ours-bwd" else "forward"):
+        return measured_steps(model_name, "ours" if implementation == "ours-bwd" else implementation, device_name,
+                              dtype_name, steps)
+
+
+def measured_steps(model_name: str, implementation: str, device_name: str, dtype_name: str, steps: int) -> dict:
     from trainers.memory.saved_activations import SavedActivations
 
     device, dtype = torch.device(device_name), getattr(torch, dtype_name)
@@ -203,6 +219,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="gpt2-small,bert-base,vit-base,vit-digits,marian-base")
+    parser.add_argument("--loss-gradients", default="forward", choices=sorted(IMPLEMENTATIONS))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="processes per implementation, run in turns; the step time is the median of theirs")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "IMPL"))
     args = parser.parse_args()
     if args.worker:
@@ -213,21 +232,26 @@ def main() -> None:
     print("| model | shape | impl | step s | peak MiB above model+optimizer | saved MiB | loss |")
     print("|---|---|---|---|---|---|---|")
     for model_name in args.models.split(","):
-        rows = {}
-        for implementation in ("hf", "ours"):
-            command = [sys.executable, __file__, "--worker", model_name, implementation, "--device", args.device,
-                       "--dtype", args.dtype, "--steps", str(args.steps)]
-            # A fixed mmap threshold makes glibc return every large buffer when it is freed, so the
-            # resident set follows the live tensors.
-            env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-            result = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-            rows[implementation] = json.loads(result.stdout)
+        runs: dict[str, list[dict]] = {implementation: [] for implementation in IMPLEMENTATIONS[args.loss_gradients]}
+        for _ in range(args.rounds):
+            for implementation, found in runs.items():
+                command = [sys.executable, __file__, "--worker", model_name, implementation, "--device", args.device,
+                           "--dtype", args.dtype, "--steps", str(args.steps)]
+                # A fixed mmap threshold makes glibc return every large buffer when it is freed, so the
+                # resident set follows the live tensors.
+                env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+                result = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+                found.append(json.loads(result.stdout))
+        rows = {implementation: {**found[0], "step_s": statistics.median(row["step_s"] for row in found)}
+                for implementation, found in runs.items()}
         for implementation, row in rows.items():
             print(f"| {model_name} | {'x'.join(map(str, SHAPES[model_name]))} | {implementation} | {row['step_s']:.3f} | "
                   f"{row['peak_above_states_mib']:.0f} | {row['saved_mib']:.0f} | {row['loss']:.4f} |")
-        hf, ours = rows["hf"], rows["ours"]
-        print(f"| {model_name} | | ours / hf | {ours['step_s'] / hf['step_s']:.2f}x | "
-              f"{ours['peak_above_states_mib'] / hf['peak_above_states_mib']:.2f}x | {ours['saved_mib'] / hf['saved_mib']:.2f}x | |")
+        hf = rows.pop("hf")
+        for implementation, ours in rows.items():
+            print(f"| {model_name} | | {implementation} / hf | {ours['step_s'] / hf['step_s']:.2f}x | "
+                  f"{ours['peak_above_states_mib'] / hf['peak_above_states_mib']:.2f}x | "
+                  f"{ours['saved_mib'] / hf['saved_mib']:.2f}x | |")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import sacrebleu
 import torch
 
 import zoo
+from nlp.data import pad_sequences
 from nlp.translation import Translator, TranslatorConfig
 from nlp.translation.catalogues import CATALOGUES, catalogue_pairs
 from nlp.translation.decode import BeamSettings
@@ -139,15 +140,15 @@ def encode_pairs(pairs: list[Pair], tokenizer, max_tokens: int) -> tuple[list[di
 
 def translation_collate(pad_id: int):
     """A collate function for `encode_pairs` examples: input_ids padded with `pad_id` beside their
-    attention_mask, labels padded with -100, each (B, longest)."""
-
-    def pad(rows: list[torch.Tensor], value: int) -> torch.Tensor:
-        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=value)
+    attention_mask (`nlp.data.pad_sequences`, whose segment ids a translator does not take), labels
+    padded with -100, each (B, longest)."""
 
     def collate(examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        ids = [e["input_ids"] for e in examples]
-        return {"input_ids": pad(ids, pad_id), "attention_mask": pad([torch.ones_like(i) for i in ids], 0),
-                "labels": pad([e["labels"] for e in examples], IGNORE_INDEX)}
+        batch = pad_sequences([e["input_ids"] for e in examples], pad_id)
+        del batch["token_type_ids"]
+        batch["labels"] = torch.nn.utils.rnn.pad_sequence([e["labels"] for e in examples], batch_first=True,
+                                                          padding_value=IGNORE_INDEX)
+        return batch
 
     return collate
 
@@ -291,7 +292,7 @@ def _card(name: str, model: Translator, config: TranslationConfig, metrics: dict
     for set_name, result in after.items():
         was = (f" (before fine-tuning: BLEU {before[set_name]['bleu']:.1f}, chrF {before[set_name]['chrf']:.1f})"
                if set_name in before else "")
-        lines.append(f"- `{set_name}` ({len(result['sentences'])} sentences): BLEU {result['bleu']:.1f}, "
+        lines.append(f"  - `{set_name}` ({len(result['sentences'])} sentences): BLEU {result['bleu']:.1f}, "
                      f"chrF {result['chrf']:.1f}{was}")
     examples = []
     for set_name, result in after.items():

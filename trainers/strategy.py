@@ -11,6 +11,7 @@ from typing import Literal, get_args
 
 from trainers.estimate.devices import parse_bytes
 from trainers.speed.precision import resolve_precision
+from zoo.nn.cross_entropy import LossGradients
 
 ZeroStage = Literal[0, 1, 2, 3]
 Offload = Literal["none", "optimizer", "params", "chunks"]
@@ -73,6 +74,12 @@ class Strategy:
     backward; "selective": each block keeps the outputs of matrix multiplies and attention and
     recomputes the cheap element-wise ops. Selective pays off for unfused layers; `zoo.nn` blocks
     already keep no more than it would, so for them use "blocks" (or recompute_attention)."""
+
+    loss_gradients: LossGradients = "forward"
+    """When the fused losses (`zoo.nn.linear_cross_entropy`) form their gradients. "forward": three
+    output-head products a step, the (vocabulary x width) float32 head gradient held from forward
+    to backward; "backward": four (the logits formed again), nothing vocabulary-sized held between
+    the passes. A vocabulary-parallel head forms them in forward either way (logged)."""
 
     compile: Compile = "none"
     """torch.compile (`trainers.speed.compile`). "blocks": each block of the model's plan compiled whole
@@ -284,6 +291,7 @@ _CHOICES = {
     "offload": get_args(Offload),
     "precision": get_args(Precision),
     "recompute": get_args(Recompute),
+    "loss_gradients": get_args(LossGradients),
     "compile": get_args(Compile),
     "pp_schedule": get_args(PipelineSchedule),
 }

@@ -41,6 +41,7 @@ from trainers.state.optimizer import TrainOptimizer, check_parameter_prefixes
 from trainers.state.schedule import warmup_cosine_lr
 from trainers.step import SkippedSteps, accumulate_gradients, gradient_sync, model_loss, to_device
 from trainers.strategy import Strategy
+from zoo.nn.cross_entropy import loss_gradients
 from zoo.nn.logits import loss_only
 from zoo.plan import model_plan
 
@@ -324,7 +325,8 @@ class Trainer:
         hold = self.budget is not None and self.budget.measuring
         if measure or hold:
             probe = StepMemoryProbe(self.model, self.optimizer.inner, self.optimizer.kept_tensors(), env.device)
-        with self.throughput.counting(self._steps_run == MEMORY_PROBE_STEP or last):
+        with self.throughput.counting(self._steps_run == MEMORY_PROBE_STEP or last), \
+                loss_gradients(self.strategy.loss_gradients):
             if self.chunks is not None:
                 record = self._chunked_step(make_batches, accumulation)
             else:

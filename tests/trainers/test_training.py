@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers import TINY, lm_examples, tiny_gpt
 from nlp.gpt import GPT
 from trainers import Strategy, TrainConfig, Trainer, estimate_layouts
+from zoo.nn.cross_entropy import current_loss_gradients
 from zoo.plan import ModelPlan
 from zoo.parity import relative_error
 
@@ -188,6 +189,30 @@ def test_the_trainer_asks_for_the_loss_only_so_evaluation_forms_no_logits(tmp_pa
     model.eval()
     ids = lm_examples(2)[0]["input_ids"][None]
     assert sorted(model(ids, labels=ids)) == ["logits", "loss"]  # a direct call in eval: Hugging Face's output
+
+
+class LossGradientsRecordingGPT(GPT):
+    """A GPT that remembers when the fused loss was to form its gradients at each forward."""
+
+    def forward(self, *args, **kwargs):
+        self.seen = getattr(self, "seen", []) + [current_loss_gradients()]
+        return super().forward(*args, **kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_loss_gradients_in_backward_train_the_same_model(tmp_path):
+    """Strategy.loss_gradients reaches the model's fused loss; formed in backward, the gradients
+    train the model the forward-formed ones do."""
+    states = {}
+    for when in ("forward", "backward"):
+        model = LossGradientsRecordingGPT(dataclasses.replace(TINY))
+        model.load_state_dict(tiny_gpt().state_dict())
+        trainer = Trainer(model, config(tmp_path / when), Strategy(loss_gradients=when))
+        trainer.fit(lm_examples(64))
+        assert model.seen == [when] * 12  # 3 steps of 4 micro batches
+        states[when] = trained_state(trainer)
+    for name, value in states["forward"].items():
+        assert relative_error(states["backward"][name], value) < 1e-5, name
 
 
 class ResidueCounter(torch.nn.Module):

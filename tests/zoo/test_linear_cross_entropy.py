@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from trainers.memory.tensor_peak import TensorPeak
+from trainers.memory.saved_activations import SavedActivations
 from zoo.nn import linear_cross_entropy
+from zoo.nn.cross_entropy import current_loss_gradients, loss_gradients
 from zoo.parity import relative_error
 
 
@@ -33,9 +35,11 @@ def reference(h, w, b, y, **kwargs):
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("chunk_size", [1, 8, 1000])
-def test_loss_and_gradients_match_float64(reduction, label_smoothing, chunk_size):
+@pytest.mark.parametrize("gradients", ["forward", "backward"])
+def test_loss_and_gradients_match_float64(reduction, label_smoothing, chunk_size, gradients):
     h, w, b, y = inputs(seed=chunk_size)
-    loss = linear_cross_entropy(h, w, y, b, reduction=reduction, label_smoothing=label_smoothing, chunk_size=chunk_size)
+    loss = linear_cross_entropy(h, w, y, b, reduction=reduction, label_smoothing=label_smoothing, chunk_size=chunk_size,
+                                gradients=gradients)
     (loss * 1.7).backward()
     ref_loss, ref_h, ref_w, ref_b = reference(h, w, b, y, reduction=reduction, label_smoothing=label_smoothing)
     assert relative_error(loss, ref_loss) < 1e-6
@@ -45,17 +49,19 @@ def test_loss_and_gradients_match_float64(reduction, label_smoothing, chunk_size
     assert h.grad[::5].abs().max() == 0  # ignored tokens get no gradient
 
 
-def test_without_bias_and_with_frozen_weight():
+@pytest.mark.parametrize("gradients", ["forward", "backward"])
+def test_without_bias_and_with_frozen_weight(gradients):
     h, w, _, y = inputs(bias=False)
     w.requires_grad_(False)
-    linear_cross_entropy(h, w, y).backward()
+    linear_cross_entropy(h, w, y, gradients=gradients).backward()
     _, ref_h, _, _ = reference(h, w, None, y)
     assert w.grad is None and relative_error(h.grad, ref_h) < 1e-5
 
 
-def test_bfloat16_within_bfloat16_tolerance():
+@pytest.mark.parametrize("gradients", ["forward", "backward"])
+def test_bfloat16_within_bfloat16_tolerance(gradients):
     h, w, b, y = inputs(tokens=64, hidden=32, vocab=300, dtype=torch.bfloat16)
-    loss = linear_cross_entropy(h, w, y, b, chunk_size=16)
+    loss = linear_cross_entropy(h, w, y, b, chunk_size=16, gradients=gradients)
     loss.backward()
     ref_loss, ref_h, ref_w, ref_b = reference(h, w, b, y)
     assert loss.dtype == torch.float32 and relative_error(loss, ref_loss) < 1e-2
@@ -84,11 +90,39 @@ def test_backward_scales_the_gradients_from_forward_in_place():
     assert backward.peak < w.grad.nbytes / 4  # the weight's gradient is the buffer forward saved
 
 
-def test_a_backward_that_keeps_the_graph_can_run_again():
+def test_gradients_in_backward_keep_nothing_vocabulary_sized():
+    """Formed in backward, the gradients leave forward holding one float32 per token besides the
+    inputs; formed in forward, the (V, H) float32 weight gradient (and hidden's) waits for backward."""
+    h, w, b, y = inputs(tokens=64, hidden=64, vocab=4000)
+    held = {}
+    for when in ("forward", "backward"):
+        with SavedActivations(exclude=[w, b, h, y]) as saved:
+            linear_cross_entropy(h, w, y, b, chunk_size=16, gradients=when)
+        held[when] = saved.bytes
+    assert held["backward"] <= 64 * 4 + 4  # the log-sum-exps and the mean's scale
+    assert held["forward"] >= w.nbytes + h.nbytes
+
+
+def test_the_trainer_chooses_when_through_a_context():
+    h, w, b, y = inputs()
+    assert current_loss_gradients() == "forward"
+    with loss_gradients("backward"):
+        assert current_loss_gradients() == "backward"
+        with SavedActivations(exclude=[w, b, h, y]) as saved:
+            linear_cross_entropy(h, w, y, b)
+        assert saved.bytes == h.shape[0] * 4 + 4
+    assert current_loss_gradients() == "forward"
+    with pytest.raises(ValueError, match=r"loss gradients must be formed in one of \('forward', 'backward'\); got 'later'"):
+        with loss_gradients("later"):
+            pass
+
+
+@pytest.mark.parametrize("gradients", ["forward", "backward"])
+def test_a_backward_that_keeps_the_graph_can_run_again(gradients):
     """With retain_graph=True the saved gradients are scaled as copies: a second backward reads
     them unchanged (and in a zero-bubble schedule, the weight pass after the input pass)."""
     h, w, b, y = inputs()
-    loss = linear_cross_entropy(h, w, y, b, chunk_size=8)
+    loss = linear_cross_entropy(h, w, y, b, chunk_size=8, gradients=gradients)
     (loss * 1.7).backward(retain_graph=True)
     (loss * 0.3).backward()
     _, ref_h, ref_w, ref_b = reference(h, w, b, y)
@@ -108,3 +142,5 @@ def test_bad_input_is_named():
         linear_cross_entropy(h, w.bfloat16(), y)
     with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'; got 'none'"):
         linear_cross_entropy(h, w, y, reduction="none")
+    with pytest.raises(ValueError, match=r"gradients must be one of \('forward', 'backward'\); got 'later'"):
+        linear_cross_entropy(h, w, y, gradients="later")

@@ -123,8 +123,8 @@ def test_auto_backend_takes_the_pytorch_path_under_the_estimators_fake_tensors(m
         assert backend.resolve_backend(None, on_gpu) == "torch"  # a Triton kernel cannot read fake tensors
 
 
-@pytest.mark.parametrize("reduction,label_smoothing", [("mean", 0.0), ("sum", 0.1)])
-def test_cross_entropy_kernel_matches_float64(reduction, label_smoothing):
+@pytest.mark.parametrize("reduction,label_smoothing,gradients", [("mean", 0.0, "forward"), ("sum", 0.1, "backward")])
+def test_cross_entropy_kernel_matches_float64(reduction, label_smoothing, gradients):
     g = torch.Generator().manual_seed(4)
     hidden64 = torch.randn(37, 16, generator=g, dtype=torch.float64)
     weight64 = torch.randn(1500, 16, generator=g, dtype=torch.float64) * 0.3  # > one 1024-wide block
@@ -132,7 +132,7 @@ def test_cross_entropy_kernel_matches_float64(reduction, label_smoothing):
     labels[[3, 20]] = -100
     hidden, weight = leaves(hidden64.float(), weight64.float())
     loss = linear_cross_entropy(hidden, weight, labels.to(DEVICE), reduction=reduction,
-                                label_smoothing=label_smoothing, chunk_size=10, backend="triton")
+                                label_smoothing=label_smoothing, chunk_size=10, backend="triton", gradients=gradients)
     hidden64.requires_grad_(), weight64.requires_grad_()
     expected = F.cross_entropy(hidden64 @ weight64.T, labels, reduction=reduction, label_smoothing=label_smoothing)
     loss.backward()

@@ -255,6 +255,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     from trainers.pipeline.schedules import check_schedule
     from trainers.pipeline.step import build_pipeline, pipeline_passes
     from trainers.memory.recompute import RecomputePolicy
+    from zoo.nn.cross_entropy import loss_gradients
     from zoo.plan import model_plan
     from trainers.estimate.counters import CollectiveLog, WorkCount
     from trainers.step import accumulate_gradients, gradient_sync
@@ -314,7 +315,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
             optimizer.step(config.lr)
             optimizer.zero_grad()
             probe = StepMemoryProbe(model, optimizer.inner, optimizer.kept_tensors(), env.device)
-            with probe, WorkCount() as work, CollectiveLog() as traffic:
+            with probe, WorkCount() as work, CollectiveLog() as traffic, loss_gradients(strategy.loss_gradients):
                 if pipeline is None:
                     accumulate_gradients(model, model_class, batches((work, traffic)), gradient_sync(model, strategy),
                                          traced, 1.0)
