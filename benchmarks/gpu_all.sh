@@ -104,10 +104,11 @@ losses() {
 
 models() {
     # GPT-2-small, BERT-base, ViT and transformer-base translator (MarianMTModel) training steps, ours
-    # against transformers, fp32 and bf16.
+    # against transformers, fp32 and bf16; ours with the fused loss's gradients formed in forward and
+    # in backward.
     section "hf_models"
-    record python3 benchmarks/hf_models.py --device cuda --steps 10
-    record python3 benchmarks/hf_models.py --device cuda --dtype bfloat16 --steps 10
+    record python3 benchmarks/hf_models.py --device cuda --steps 10 --loss-gradients both
+    record python3 benchmarks/hf_models.py --device cuda --dtype bfloat16 --steps 10 --loss-gradients both
 }
 
 asr() {
