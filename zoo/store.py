@@ -65,11 +65,16 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", re
     """Build the model a folder (or zoo name) describes and load its safetensors weights. A
     Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`); so is an entry
     whose config.json names a package `source` (`zoo.sources`) holding a Hugging Face or CTranslate2
-    folder (`zoo.ctranslate2_io`). refit:
+    folder (`zoo.ctranslate2_io`); and an entry whose arch is "tflite" holds a TensorFlow Lite file
+    (`zoo.tflite_io`, the file named by its "tflite"). refit:
     prefixes of weight names the caller fits anew (a folding model's confidence readout): their
     saved values are not read, and a folder made before they existed loads."""
     folder = locate(name_or_path)
     config = read_config(folder)
+    if config.get("arch") == "tflite":  # a TensorFlow Lite file beside its card
+        from zoo.tflite_io import read_tflite
+
+        return read_tflite(folder / config["tflite"]).module.to(device)
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from a package's
         source = package_folder(config["source"]) if "source" in config else folder
         if is_hf_folder(source):

@@ -69,3 +69,14 @@ def test_a_model_fx_cannot_plan_is_refused_by_node():
     with pytest.raises(ValueError, match=r"activation_buffers plans tensors; node 'getattr_1' \(call_function .*getattr.*\) "
                                          r"makes NoneType"):
         activation_buffers(Pair(), torch.randn(2, 3))
+
+
+def test_a_module_that_runs_in_place_writes_its_input_s_buffer():
+    """An activation with inplace=True (a fused activation) makes no buffer: its input's lives on to
+    the activation's reader."""
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(8, 4, 1), nn.ReLU())
+    buffers = activation_buffers(model, torch.randn(1, 1, 8, 8))
+    assert [(b.name, b.nbytes, b.first, b.last) for b in buffers] == [
+        ("input_1", 256, 0, 1), ("_0", 2048, 1, 3), ("_2", 1024, 3, 4), ("_3", 1024, 4, 5)]
+    plan = plan_arena(buffers)
+    assert plan.arena_bytes == plan.lower_bound == 2048 + 1024

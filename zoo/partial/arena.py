@@ -3,10 +3,12 @@
 `activation_buffers` traces the model with torch.fx and gives every tensor the graph makes (the
 input included, weights excluded) its bytes and its lifetime: from the operator that makes it to the
 last one that reads it (the graph's output lives to the end). Each operator's output is its own
-buffer, a view as well (an executor that runs views in place needs less). `plan_arena` places the
+buffer, a view as well (an executor that runs views in place needs less), except a module's that
+runs in place (`inplace=True`, as an interpreter runs a fused activation): it writes its input's
+buffer, whose lifetime grows to its own readers. `plan_arena` places the
 buffers at byte offsets so that no two alive at once overlap, as TensorFlow Lite Micro's greedy
 planner does: largest first, each at the lowest offset clear of every placed buffer whose lifetime
-meets its own. The arena is the highest end; no placement can go below the most bytes alive at any
+meets its own; and again in execution order, keeping the smaller arena. The arena is the highest end; no placement can go below the most bytes alive at any
 one operator (`ArenaPlan.lower_bound`).
 """
 
@@ -50,14 +52,37 @@ class ArenaPlan:
     """The most bytes alive at any one operator."""
 
 
+class OperatorTracer(fx.Tracer):
+    """torch.fx's tracer with every convolution one operator, `zoo.nn.conv.Conv2dSame` too (torch.nn's
+    modules already are): an executor's kernel pads inside, with no buffer of its own."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        return isinstance(module, nn.Conv2d) or super().is_leaf_module(module, qualified_name)
+
+
+def trace(model: nn.Module) -> fx.GraphModule:
+    """`model`'s graph of operators (`OperatorTracer`)."""
+    return fx.GraphModule(model, OperatorTracer().trace(model))
+
+
+def runs_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether `node` calls a module that writes its one input's buffer (`inplace=True`)."""
+    return (node.op == "call_module" and getattr(modules[node.target], "inplace", False) is True
+            and len(node.all_input_nodes) == 1)
+
+
 def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Buffer]:
     """The tensors `model` (a module torch.fx traces, called on one tensor) makes on `example_input`,
-    in execution order; ValueError naming the node when one makes no tensor."""
-    graph = fx.symbolic_trace(model)
+    in execution order, each named by the node that makes it; ValueError naming the node when one
+    makes no tensor."""
+    graph = trace(model)
     ShapeProp(graph).propagate(example_input)
+    modules = dict(graph.named_modules())
     nodes = [node for node in graph.graph.nodes if node.op != "get_attr"]
     index = {node: position for position, node in enumerate(nodes)}
-    buffers = []
+    owner: dict[fx.Node, fx.Node] = {}
+    """The node whose buffer holds each node's tensor."""
+    last: dict[fx.Node, int] = {}
     for node in nodes:
         if node.op == "output":
             continue
@@ -65,17 +90,28 @@ def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Bu
         if meta is None or not hasattr(meta, "shape"):
             raise ValueError(f"activation_buffers plans tensors; node {node.name!r} ({node.op} {node.target}) makes "
                              f"{type(node.meta.get('tensor_meta')).__name__}")
-        nbytes = meta.shape.numel() * torch.empty((), dtype=meta.dtype).element_size()
-        last = max((index[user] for user in node.users), default=index[node])
-        buffers.append(Buffer(node.name, nbytes, index[node], last))
-    return buffers
+        owner[node] = owner[node.all_input_nodes[0]] if runs_in_place(node, modules) else node
+        root = owner[node]
+        last[root] = max(last.get(root, index[node]), *(index[user] for user in node.users), index[node])
+    return [Buffer(node.name, _nbytes(node), index[node], last[node]) for node in last]
 
 
-def plan_arena(buffers: list[Buffer]) -> ArenaPlan:
-    """Offsets for `buffers` by the greedy rule of the module docstring."""
+def _nbytes(node: fx.Node) -> int:
+    meta = node.meta["tensor_meta"]
+    return meta.shape.numel() * torch.empty((), dtype=meta.dtype).element_size()
+
+
+PLACEMENT_ORDERS = {"largest first": lambda b: (-b.nbytes, b.first), "execution order": lambda b: (b.first, -b.nbytes)}
+"""The orders `plan_arena` places buffers in: TensorFlow Lite Micro's (largest first), and the order
+the operators make them (which packs a chain's neighbours against each other)."""
+
+
+def _place(buffers: list[Buffer], order) -> dict[str, int]:
+    """Offsets of `buffers` placed in `order`, each at the lowest offset clear of every placed buffer
+    alive with it."""
     offsets: dict[str, int] = {}
     placed: list[Buffer] = []
-    for buffer in sorted(buffers, key=lambda b: (-b.nbytes, b.first)):
+    for buffer in sorted(buffers, key=order):
         taken = sorted((offsets[other.name], offsets[other.name] + other.nbytes) for other in placed if other.meets(buffer))
         offset = 0
         for start, end in taken:
@@ -84,7 +120,18 @@ def plan_arena(buffers: list[Buffer]) -> ArenaPlan:
             offset = max(offset, end)
         offsets[buffer.name] = offset
         placed.append(buffer)
-    arena = max((offsets[b.name] + b.nbytes for b in buffers), default=0)
+    return offsets
+
+
+def plan_arena(buffers: list[Buffer]) -> ArenaPlan:
+    """Offsets for `buffers` by the greedy rule of the module docstring, in each of the
+    `PLACEMENT_ORDERS`; the smaller arena is kept (TensorFlow Lite Micro's on a tie)."""
+    arena, offsets = None, {}
+    for order in PLACEMENT_ORDERS.values():
+        found = _place(buffers, order)
+        end = max((found[b.name] + b.nbytes for b in buffers), default=0)
+        if arena is None or end < arena:
+            arena, offsets = end, found
     steps = range(max((b.last for b in buffers), default=-1) + 1)
     lower = max((sum(b.nbytes for b in buffers if b.first <= step <= b.last) for step in steps), default=0)
     return ArenaPlan(tuple(buffers), offsets, arena, lower)

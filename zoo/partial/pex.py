@@ -23,10 +23,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from zoo.partial.arena import activation_buffers, plan_arena
+from zoo.nn.conv import Conv2dSame, conv2d_on
+from zoo.partial.arena import activation_buffers, plan_arena, trace
 
 CHANNEL_WISE = (nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Identity)
 """Modules that act on each channel alone (batch norm in eval mode)."""
@@ -39,7 +40,8 @@ def _opens(module: nn.Module) -> bool:
 
 def _closes(module: nn.Module) -> bool:
     """A pointwise convolution whose output accumulates over slices of its input channels in place."""
-    return _opens(module) and module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding == (0, 0)
+    return (_opens(module) and module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding == (0, 0)
+            and not isinstance(module, Conv2dSame))
 
 
 def _channel_wise(module: nn.Module) -> bool:
@@ -99,10 +101,9 @@ def _slice_module(module: nn.Module, channels: slice, x: torch.Tensor, opener: b
     whole x; a module acting on each channel alone runs on x, the slice."""
     bias = None if getattr(module, "bias", None) is None else module.bias[channels]
     if opener:
-        return F.conv2d(x, module.weight[channels], bias, module.stride, module.padding, module.dilation)
+        return conv2d_on(module, x, module.weight[channels], bias, 1)
     if isinstance(module, nn.Conv2d):
-        return F.conv2d(x, module.weight[channels], bias, module.stride, module.padding, module.dilation,
-                        channels.stop - channels.start)
+        return conv2d_on(module, x, module.weight[channels], bias, channels.stop - channels.start)
     if isinstance(module, nn.BatchNorm2d):
         weight = None if module.weight is None else module.weight[channels]
         return F.batch_norm(x, module.running_mean[channels], module.running_var[channels], weight, bias, False, 0.0,
@@ -137,7 +138,7 @@ def _run_split(modules: list[nn.Module], segment: Segment, x: torch.Tensor) -> t
 def _chain(model: nn.Module, example_input: torch.Tensor) -> tuple[list[nn.Module], list[int], list[torch.Size]]:
     """The modules of the chain in order, the bytes of its input and of each module's output, and
     each output's shape; ValueError when the traced graph is not one module after another."""
-    graph = fx.symbolic_trace(model)
+    graph = trace(model)
     ShapeProp(graph).propagate(example_input)
     nodes = [node for node in graph.graph.nodes if node.op not in ("placeholder", "output")]
     modules = dict(graph.named_modules())
@@ -148,7 +149,9 @@ def _chain(model: nn.Module, example_input: torch.Tensor) -> tuple[list[nn.Modul
             raise ValueError(f"schedule runs a chain of modules, each reading the one before; node {node.name!r} "
                              f"({node.op} {node.target}) is not one")
         chain.append(modules[node.target])
-    sizes = [buffer.nbytes for buffer in activation_buffers(model, example_input)]
+    sizes = [example_input.numel() * example_input.element_size()]
+    sizes += [node.meta["tensor_meta"].shape.numel() * torch.empty((), dtype=node.meta["tensor_meta"].dtype).element_size()
+              for node in nodes]
     return chain, sizes, [node.meta["tensor_meta"].shape for node in nodes]
 
 
@@ -168,7 +171,7 @@ def _segments(chain: list[nn.Module], shapes: list[torch.Size], sizes: list[int]
     best: list[tuple[int, Segment | None, int]] = [(0, None, 0)]
     """best[i]: (the lowest arena of modules 0..i-1, the segment ending at i-1 or None, where it starts)."""
     for end in range(1, count + 1):
-        alone = max(best[end - 1][0], sizes[end - 1] + sizes[end])
+        alone = max(best[end - 1][0], _module_bytes(chain, sizes, end - 1, None))
         choice = (alone, None, end - 1)
         for first in range(end - 1):
             segment = _splittable(chain, first, end - 1)
@@ -176,7 +179,7 @@ def _segments(chain: list[nn.Module], shapes: list[torch.Size], sizes: list[int]
                 continue
             segment.channels = shapes[first][1]
             segment.slices = segment.channels
-            peak = max(best[first][0], _segment_peak(sizes, segment))
+            peak = max(best[first][0], _segment_peak(chain, sizes, segment))
             if peak < choice[0]:
                 choice = (peak, segment, first)
         best.append(choice)
@@ -200,28 +203,34 @@ def _macs(chain: list[nn.Module], shapes: list[torch.Size]) -> int:
     return total
 
 
-def _module_bytes(sizes: list[int], module: int, segment: Segment | None) -> int:
+def _in_place(module: nn.Module) -> bool:
+    """A module that writes its input's buffer (`inplace=True`): its output is no buffer of its own."""
+    return getattr(module, "inplace", False) is True
+
+
+def _module_bytes(chain: list[nn.Module], sizes: list[int], module: int, segment: Segment | None) -> int:
     """Bytes alive while chain module `module` runs: its input and output outside a split segment;
     in one, the segment's whole input and output and the slices of the module's input and output
     (none for the segment's input, a view of it or read whole, nor for a closing convolution's
-    output, accumulated in place)."""
+    output, accumulated in place). A module that runs in place has no output of its own."""
+    in_place = _in_place(chain[module])
     if segment is None or segment.slices == 1:
-        return sizes[module] + sizes[module + 1]
+        return sizes[module] + (0 if in_place else sizes[module + 1])
     n = segment.slices
     sliced_in = 0 if module == segment.first else sizes[module] // n
-    sliced_out = 0 if module == segment.last and segment.closes else sizes[module + 1] // n
+    sliced_out = 0 if in_place or (module == segment.last and segment.closes) else sizes[module + 1] // n
     return sizes[segment.first] + sizes[segment.last + 1] + sliced_in + sliced_out
 
 
-def peak_bytes(sizes: list[int], segments: list[Segment]) -> int:
-    """A sequential executor's arena for a chain whose buffers are `sizes` (its input, then each
+def peak_bytes(chain: list[nn.Module], sizes: list[int], segments: list[Segment]) -> int:
+    """A sequential executor's arena for `chain`, whose buffers are `sizes` (its input, then each
     module's output), its segments split as they say: the most bytes alive while one module runs."""
     within = {module: segment for segment in segments for module in range(segment.first, segment.last + 1)}
-    return max(_module_bytes(sizes, module, within.get(module)) for module in range(len(sizes) - 1))
+    return max(_module_bytes(chain, sizes, module, within.get(module)) for module in range(len(chain)))
 
 
-def _segment_peak(sizes: list[int], segment: Segment) -> int:
-    return max(_module_bytes(sizes, module, segment) for module in range(segment.first, segment.last + 1))
+def _segment_peak(chain: list[nn.Module], sizes: list[int], segment: Segment) -> int:
+    return max(_module_bytes(chain, sizes, module, segment) for module in range(segment.first, segment.last + 1))
 
 
 def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int | None = None) -> PartialSchedule:
@@ -230,11 +239,11 @@ def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int |
     bytes the arena must fit; ValueError naming the smallest arena the splits reach when it cannot."""
     chain, sizes, shapes = _chain(model, example_input)
     segments = _segments(chain, shapes, sizes)
-    lowest = peak_bytes(sizes, segments)
+    lowest = peak_bytes(chain, sizes, segments)
     for segment in segments:
         segment.slices = next(n for n in range(1, segment.channels + 1)
-                              if segment.channels % n == 0 and _segment_peak(sizes, replace(segment, slices=n)) <= lowest)
-    baseline, peak = plan_arena(activation_buffers(model, example_input)).arena_bytes, peak_bytes(sizes, segments)
+                              if segment.channels % n == 0 and _segment_peak(chain, sizes, replace(segment, slices=n)) <= lowest)
+    baseline, peak = plan_arena(activation_buffers(model, example_input)).arena_bytes, peak_bytes(chain, sizes, segments)
     if memory_budget is not None and peak > memory_budget:
         raise ValueError(f"memory_budget={memory_budget} bytes is below the smallest arena partial execution reaches "
                          f"for {type(model).__name__}: {peak} bytes (unsplit: {baseline})")

@@ -1,0 +1,99 @@
+"""MLPerf Tiny's keyword spotter (DS-CNN) and person detector (MobileNetV1-0.25, 96 x 96) read from
+their .tflite files (`zoo.tflite_io`) against the TensorFlow Lite interpreter (`ai_edge_litert`) on
+real inputs: OpenCV's photographs and the MFCCs of recorded speech."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+import torch
+
+import zoo
+from asr.data import read_audio, recorded_speech
+from asr.keywords import CLIP_SAMPLES, SAMPLE_RATE, keyword_mfccs
+from vision.photos import PHOTOS, opencv_photos
+from zoo.downloads import data_dir, pip_wheel
+from zoo.nn.conv import Conv2dSame
+from zoo.parity import relative_error
+from zoo.partial import activation_buffers, plan_arena, schedule
+from zoo.store import locate
+from zoo.tflite_io import interpreter_outputs, read_tflite
+
+KWS, VWW = "kws-dscnn-mlperf-tiny", "vww-mobilenet-v1-0.25-mlperf-tiny"
+
+
+@pytest.fixture(scope="module")
+def photos() -> torch.Tensor:
+    return opencv_photos(96).float() / 255
+
+
+@pytest.fixture(scope="module")
+def speech() -> torch.Tensor:
+    """MFCCs (N, 1, 49, 10) of each second of the recorded sentences and card names."""
+    features = []
+    for row in recorded_speech():
+        waveform = read_audio(row["audio"], SAMPLE_RATE)
+        for start in range(0, waveform.shape[0] - CLIP_SAMPLES + 1, CLIP_SAMPLES):
+            features.append(keyword_mfccs(waveform[start : start + CLIP_SAMPLES]))
+    return torch.stack(features)
+
+
+def test_the_person_detector_is_the_interpreter_s_on_photographs(photos):
+    folder = locate(VWW)
+    model = read_tflite(folder / "model.tflite")
+    assert model.input_shape == (1, 3, 96, 96) and model.input_quantization is None
+    assert sum(isinstance(m, Conv2dSame) for m in model.module) == 5  # the stride-2 layers pad 0 before, 1 after
+    expected, found = interpreter_outputs(folder / "model.tflite", model, photos), model.outputs(photos)
+    assert relative_error(found, expected) < 1e-5
+    person = dict(zip(PHOTOS, found[:, 1].tolist()))
+    assert person["messi5.jpg"] > 0.8 and max(person[name] for name in ("apple.jpg", "orange.jpg", "board.jpg")) < 0.05
+    assert isinstance(zoo.load(VWW), torch.nn.Sequential)
+
+
+def test_the_int8_person_detector_dequantised_keeps_the_interpreter_s_choices(photos):
+    folder = locate(VWW)
+    model = read_tflite(folder / "model-int8.tflite")
+    assert model.input_quantization.scale == pytest.approx(1 / 255) and model.input_quantization.zero_point == -128
+    expected, found = interpreter_outputs(folder / "model-int8.tflite", model, photos), model.outputs(photos)
+    assert (found.argmax(1) == expected.argmax(1)).all()
+    assert (found - expected).abs().max() < 0.05  # the int8 interpreter requantises every layer's output
+
+
+def test_the_keyword_spotter_on_recorded_speech(speech):
+    """The "float32" file holds its pointwise convolutions' weights in int8 (a hybrid model): the
+    interpreter quantises their inputs on the fly, ours runs them in float32 on the same weights."""
+    folder = locate(KWS)
+    assert speech.shape[0] >= 20
+    for name, closeness in (("model.tflite", 0.1), ("model-int8.tflite", 0.2)):
+        model = read_tflite(folder / name)
+        assert model.input_shape == (1, 1, 49, 10)
+        expected, found = interpreter_outputs(folder / name, model, speech), model.outputs(speech)
+        agreement = (found.argmax(1) == expected.argmax(1)).float().mean().item()
+        assert agreement >= 0.9, (name, agreement)
+        assert (found - expected).abs().max() < closeness, name
+
+
+def test_partial_execution_of_the_imported_models(photos, speech):
+    """The sequential arena reaches the most bytes alive at one operator (activations in place, as
+    the interpreter fuses them): the person detector's first pointwise convolution's input and output;
+    Pex's schedule gives the module's outputs in its input beside the first convolution's output. The
+    keyword spotter's layers are all 64 x 25 x 5: between two pointwise convolutions a whole map is
+    always alive beside another, so no channel split lowers its arena."""
+    for name, x, baseline, peak in ((VWW, photos[:1], (8 + 16) * 48 * 48 * 4, (3 * 96 * 96 + 8 * 48 * 48) * 4),
+                                    (KWS, speech[:1], 2 * 64 * 25 * 5 * 4, 2 * 64 * 25 * 5 * 4)):
+        model = read_tflite(locate(name) / "model.tflite")
+        arena = plan_arena(activation_buffers(model.module, x))
+        plan = schedule(model.module, x)
+        assert arena.arena_bytes == arena.lower_bound == plan.baseline_bytes == baseline, name
+        assert plan.peak_bytes == peak, name
+        with torch.no_grad():
+            assert relative_error(plan(x.clone()), model.module(x.clone())) < 1e-6, name
+
+
+def test_what_it_cannot_read_is_named(tmp_path):
+    wheel = pip_wheel("pymicro-wakeword==2.5.0", data_dir())
+    with zipfile.ZipFile(wheel) as archive:
+        (tmp_path / "okay_nabu.tflite").write_bytes(archive.read("pymicro_wakeword/models/okay_nabu.tflite"))
+    with pytest.raises(ValueError, match="reads a model of one subgraph; this one has 2"):
+        read_tflite(tmp_path / "okay_nabu.tflite")
