@@ -8,7 +8,8 @@ Inputs: the 16 photographs of `vision.photos` (96 x 96) for the person detector;
 MFCCs of each whole second of Debian pocketsphinx-testdata's recordings for the keyword spotter.
 Per file: how often our top class is the interpreter's, the largest difference of an output
 probability and the outputs' relative error. Arenas in float32 bytes (ours runs float32), the
-input included; multiply-accumulates of one input.
+input included; the executor's (`zoo.partial.executor`) with what the CPU allocator handed out
+while it ran one input (torch's profiler); multiply-accumulates of one input.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ def speech_features():
 
 
 def main() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
     from vision.photos import opencv_photos
     from zoo.parity import relative_error
     from zoo.partial import schedule
+    from zoo.partial.executor import ArenaExecutor
     from zoo.store import locate
     from zoo.tflite_io import interpreter_outputs, read_tflite
 
@@ -53,10 +57,15 @@ def main() -> None:
             agreement = (theirs.argmax(1) == ours.argmax(1)).sum().item()
             print(f"| {name} | {file} | {len(x)} | {agreement} / {len(x)} | {(theirs - ours).abs().max():.2e} | "
                   f"{relative_error(ours, theirs):.2e} |")
-        plan = schedule(model.module, x[:1])
-        arenas.append(f"| {name} | {plan.baseline_bytes:,} | {plan.peak_bytes:,} | "
-                      f"{plan.baseline_bytes / plan.peak_bytes:.2f}x | {plan.macs:,} |")
-    print("\n| model | sequential arena B | partial execution B | less | MACs |\n|---|---|---|---|---|")
+        plan, executor = schedule(model.module, x[:1]), ArenaExecutor(model.module, x[:1])
+        executor.run(x[:1])
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+            executor.run(x[:1])
+        allocated = sum(max(event.self_cpu_memory_usage, 0) for event in recorded.key_averages())
+        arenas.append(f"| {name} | {plan.baseline_bytes:,} | {executor.arena.numel():,} B, {allocated} B more | "
+                      f"{plan.peak_bytes:,} | {plan.baseline_bytes / plan.peak_bytes:.2f}x | {plan.macs:,} |")
+    print("\n| model | sequential arena B | executor: its arena, allocated while running | partial execution B | less "
+          "| MACs |\n|---|---|---|---|---|---|")
     print("\n".join(arenas))
 
 

@@ -71,10 +71,21 @@ def runs_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
             and len(node.all_input_nodes) == 1)
 
 
-def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Buffer]:
-    """The tensors `model` (a module torch.fx traces, called on one tensor) makes on `example_input`,
-    in execution order, each named by the node that makes it; ValueError naming the node when one
-    makes no tensor."""
+@dataclass(frozen=True)
+class TracedBuffers:
+    """A model's operator graph with its tensors' buffers."""
+
+    graph: fx.GraphModule
+    """The graph (`trace`), each node's `tensor_meta` filled in."""
+    buffers: list[Buffer]
+    """The buffers, in the order the operators make them."""
+    holder: dict[str, str]
+    """The buffer (by name) that holds each node's tensor, by node name."""
+
+
+def traced_buffers(model: nn.Module, example_input: torch.Tensor) -> TracedBuffers:
+    """The tensors `model` (a module torch.fx traces, called on one tensor) makes on `example_input`
+    and where they live (see the module docstring); ValueError naming the node when one makes no tensor."""
     graph = trace(model)
     ShapeProp(graph).propagate(example_input)
     modules = dict(graph.named_modules())
@@ -93,7 +104,14 @@ def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Bu
         owner[node] = owner[node.all_input_nodes[0]] if runs_in_place(node, modules) else node
         root = owner[node]
         last[root] = max(last.get(root, index[node]), *(index[user] for user in node.users), index[node])
-    return [Buffer(node.name, _nbytes(node), index[node], last[node]) for node in last]
+    buffers = [Buffer(node.name, _nbytes(node), index[node], last[node]) for node in last]
+    return TracedBuffers(graph, buffers, {node.name: root.name for node, root in owner.items()})
+
+
+def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Buffer]:
+    """The buffers of `traced_buffers`: each tensor's bytes and lifetime, in execution order, named
+    by the node that makes it."""
+    return traced_buffers(model, example_input).buffers
 
 
 def _nbytes(node: fx.Node) -> int:

@@ -13,8 +13,8 @@ the whole chain held two neighbouring whole buffers; the multiplies are the same
 module torch.fx traces to one module after another), chooses where segments start and end and how
 many slices each takes (the lowest arena, with the fewest slices that reach it), and returns a
 `PartialSchedule` callable like the model. The unsplit arena is `zoo.partial.arena`'s plan; the
-split one counts what a sequential executor holds while each module runs (`peak_bytes`). An
-executor that runs from one preallocated arena of that size is still to come.
+split one counts what a sequential executor holds while each module runs (`peak_bytes`);
+`zoo.partial.executor` runs the unsplit chain from one arena of the planned size, not yet a split one.
 """
 
 from __future__ import annotations
