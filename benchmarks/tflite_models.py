@@ -9,15 +9,23 @@ MFCCs of each whole second of Debian pocketsphinx-testdata's recordings for the 
 Per file: how often our top class is the interpreter's, the largest difference of an output
 probability and the outputs' relative error. Arenas in float32 bytes (ours runs float32), the
 input included; the executor's (`zoo.partial.executor`) with what the CPU allocator handed out
-while it ran one input (torch's profiler); multiply-accumulates of one input.
+while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
+own tensors planned in one byte a value (`zoo.tflite_io.file_arena`), and pymicro-wakeword's four
+streaming models beside the arena their configurations give TensorFlow Lite Micro.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WAKE_WORDS = "pymicro-wakeword==2.5.0"
+"""The wheel whose streaming wake-word models (int8, with their TensorFlow Lite Micro arena sizes) are planned."""
 
 
 def speech_features():
@@ -42,7 +50,8 @@ def main() -> None:
     from zoo.partial import schedule
     from zoo.partial.executor import ArenaExecutor
     from zoo.store import locate
-    from zoo.tflite_io import interpreter_outputs, read_tflite
+    from zoo.downloads import data_dir, pip_wheel
+    from zoo.tflite_io import file_arena, interpreter_outputs, read_tflite
 
     inputs = {"vww-mobilenet-v1-0.25-mlperf-tiny": opencv_photos(96).float() / 255,
               "kws-dscnn-mlperf-tiny": speech_features()}
@@ -67,6 +76,19 @@ def main() -> None:
     print("\n| model | sequential arena B | executor: its arena, allocated while running | partial execution B | less "
           "| MACs |\n|---|---|---|---|---|---|")
     print("\n".join(arenas))
+    print("\n| file | activation arena B (bound) | state variables B | together | TensorFlow Lite Micro's configured arena B |"
+          "\n|---|---|---|---|---|")
+    for name in inputs:
+        found = file_arena(locate(name) / "model-int8.tflite")
+        print(f"| {name} int8 | {found.plan.arena_bytes:,} ({found.plan.lower_bound:,}) | 0 | {found.plan.arena_bytes:,} | |")
+    with zipfile.ZipFile(pip_wheel(WAKE_WORDS, data_dir())) as archive, tempfile.TemporaryDirectory() as folder:
+        for word in ("okay_nabu", "hey_jarvis", "alexa", "hey_mycroft"):
+            path = Path(folder) / f"{word}.tflite"
+            path.write_bytes(archive.read(f"pymicro_wakeword/models/{word}.tflite"))
+            configured = json.loads(archive.read(f"pymicro_wakeword/models/{word}.json"))["micro"]["tensor_arena_size"]
+            found = file_arena(path)
+            print(f"| {WAKE_WORDS} {word} | {found.plan.arena_bytes:,} ({found.plan.lower_bound:,}) | "
+                  f"{found.variable_bytes:,} | {found.plan.arena_bytes + found.variable_bytes:,} | {configured:,} |")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ real inputs: OpenCV's photographs and the MFCCs of recorded speech."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 
 import pytest
@@ -18,7 +19,7 @@ from zoo.nn.conv import Conv2dSame
 from zoo.parity import relative_error
 from zoo.partial import activation_buffers, plan_arena, schedule
 from zoo.store import locate
-from zoo.tflite_io import interpreter_outputs, read_tflite
+from zoo.tflite_io import file_arena, interpreter_outputs, read_tflite
 
 KWS, VWW = "kws-dscnn-mlperf-tiny", "vww-mobilenet-v1-0.25-mlperf-tiny"
 
@@ -89,6 +90,29 @@ def test_partial_execution_of_the_imported_models(photos, speech):
         assert plan.peak_bytes == peak, name
         with torch.no_grad():
             assert relative_error(plan(x.clone()), model.module(x.clone())) < 1e-6, name
+
+
+def test_the_file_s_own_arena_and_tensorflow_lite_micro_s_figure(tmp_path, photos, speech):
+    """`file_arena` plans the file's own tensors in its element sizes: the int8 files' arenas are the
+    float modules' traced plans at one byte a value, and okay_nabu's (a streaming wake-word model,
+    its state variables beside) is within the arena its configuration gives TensorFlow Lite Micro."""
+    for name, x in ((VWW, photos[:1]), (KWS, speech[:1])):
+        module = read_tflite(locate(name) / "model.tflite").module
+        assert file_arena(locate(name) / "model-int8.tflite").plan.arena_bytes == \
+            plan_arena(activation_buffers(module, x)).arena_bytes // 4
+    wheel = pip_wheel("pymicro-wakeword==2.5.0", data_dir())
+    with zipfile.ZipFile(wheel) as archive:
+        (tmp_path / "okay_nabu.tflite").write_bytes(archive.read("pymicro_wakeword/models/okay_nabu.tflite"))
+        configured = json.loads(archive.read("pymicro_wakeword/models/okay_nabu.json"))["micro"]["tensor_arena_size"]
+    arena = file_arena(tmp_path / "okay_nabu.tflite")
+    assert configured == 37_000
+    assert arena.variable_bytes == (2 * 40 + (2 + 8 + 12 + 14 + 16) * 64)  # the six streaming buffers, int8
+    assert arena.plan.lower_bound <= arena.plan.arena_bytes and arena.plan.arena_bytes + arena.variable_bytes <= configured
+    for a in arena.plan.buffers:
+        for b in arena.plan.buffers:
+            if a.name < b.name and a.meets(b):
+                start_a, start_b = arena.plan.offsets[a.name], arena.plan.offsets[b.name]
+                assert start_a + a.nbytes <= start_b or start_b + b.nbytes <= start_a, (a, b)
 
 
 def test_what_it_cannot_read_is_named(tmp_path):
