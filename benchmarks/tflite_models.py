@@ -1,4 +1,4 @@
-"""MLPerf Tiny's keyword spotter and person detector read from .tflite (`zoo.tflite_io`) against the
+"""MLPerf Tiny's keyword spotter and person detector read from .tflite (`zoo.tflite`) against the
 TensorFlow Lite interpreter on real inputs, and their activation arenas unsplit and under partial
 execution (`zoo.partial`).
 
@@ -10,7 +10,7 @@ Per file: how often our top class is the interpreter's, the largest difference o
 probability and the outputs' relative error. Arenas in float32 bytes (ours runs float32), the
 input included; the executor's (`zoo.partial.executor`) with what the CPU allocator handed out
 while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
-own tensors planned in one byte a value (`zoo.tflite_io.file_arena`), and pymicro-wakeword's four
+own tensors planned in one byte a value (`zoo.tflite.file_arena`), and pymicro-wakeword's four
 streaming models beside the arena their configurations give TensorFlow Lite Micro.
 """
 
@@ -51,7 +51,7 @@ def main() -> None:
     from zoo.partial.executor import ArenaExecutor
     from zoo.store import locate
     from zoo.downloads import data_dir, pip_wheel
-    from zoo.tflite_io import file_arena, interpreter_outputs, read_tflite
+    from zoo.tflite import file_arena, interpreter_outputs, read_tflite
 
     inputs = {"vww-mobilenet-v1-0.25-mlperf-tiny": opencv_photos(96).float() / 255,
               "kws-dscnn-mlperf-tiny": speech_features()}

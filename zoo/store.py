@@ -66,13 +66,13 @@ def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", re
     Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`); so is an entry
     whose config.json names a package `source` (`zoo.sources`) holding a Hugging Face or CTranslate2
     folder (`zoo.ctranslate2_io`); and an entry whose arch is "tflite" holds a TensorFlow Lite file
-    (`zoo.tflite_io`, the file named by its "tflite"). refit:
+    (`zoo.tflite`, the file named by its "tflite"). refit:
     prefixes of weight names the caller fits anew (a folding model's confidence readout): their
     saved values are not read, and a folder made before they existed loads."""
     folder = locate(name_or_path)
     config = read_config(folder)
     if config.get("arch") == "tflite":  # a TensorFlow Lite file beside its card
-        from zoo.tflite_io import read_tflite
+        from zoo.tflite import read_tflite
 
         return read_tflite(folder / config["tflite"]).module.to(device)
     if "arch" not in config or "source" in config:  # a Hugging Face folder, or an entry made from a package's

@@ -14,7 +14,7 @@ from zoo.parity import relative_error
 from zoo.partial import activation_buffers, plan_arena
 from zoo.partial.executor import ArenaExecutor
 from zoo.store import locate
-from zoo.tflite_io import read_tflite
+from zoo.tflite import read_tflite
 
 
 def allocated_while(run) -> int:

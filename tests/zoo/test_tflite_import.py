@@ -1,5 +1,5 @@
 """MLPerf Tiny's keyword spotter (DS-CNN) and person detector (MobileNetV1-0.25, 96 x 96) read from
-their .tflite files (`zoo.tflite_io`) against the TensorFlow Lite interpreter (`ai_edge_litert`) on
+their .tflite files (`zoo.tflite`) against the TensorFlow Lite interpreter (`ai_edge_litert`) on
 real inputs: OpenCV's photographs and the MFCCs of recorded speech."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from zoo.nn.conv import Conv2dSame
 from zoo.parity import relative_error
 from zoo.partial import activation_buffers, plan_arena, schedule
 from zoo.store import locate
-from zoo.tflite_io import file_arena, interpreter_outputs, read_tflite
+from zoo.tflite import file_arena, interpreter_outputs, read_tflite
 
 KWS, VWW = "kws-dscnn-mlperf-tiny", "vww-mobilenet-v1-0.25-mlperf-tiny"
 
