@@ -5,7 +5,9 @@ real inputs: OpenCV's photographs and the MFCCs of recorded speech."""
 from __future__ import annotations
 
 import json
+import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from zoo.nn.conv import Conv2dSame
 from zoo.parity import relative_error
 from zoo.partial import activation_buffers, plan_arena, schedule
 from zoo.store import locate
-from zoo.tflite import file_arena, interpreter_outputs, read_tflite
+from zoo.tflite import file_arena, interpreter_outputs, read_tflite, read_tflite_graph
 
 KWS, VWW = "kws-dscnn-mlperf-tiny", "vww-mobilenet-v1-0.25-mlperf-tiny"
 
@@ -113,6 +115,61 @@ def test_the_file_s_own_arena_and_tensorflow_lite_micro_s_figure(tmp_path, photo
             if a.name < b.name and a.meets(b):
                 start_a, start_b = arena.plan.offsets[a.name], arena.plan.offsets[b.name]
                 assert start_a + a.nbytes <= start_b or start_b + b.nbytes <= start_a, (a, b)
+
+
+def micro_features(waveform: torch.Tensor) -> torch.Tensor:
+    """pymicro-wakeword's features of 16 kHz samples: (frames, 40), one every 10 ms (its MicroFrontend)."""
+    from pymicro_features import MicroFrontend
+
+    frontend, pcm, frames, start = MicroFrontend(), (waveform.clamp(-1, 1) * 32767).to(torch.int16).numpy().tobytes(), [], 0
+    while start + 320 <= len(pcm):
+        made = frontend.process_samples(pcm[start : start + 320])
+        start += 2 * made.samples_read
+        if made.features:
+            frames.append(made.features)
+    return torch.tensor(frames, dtype=torch.float32)
+
+
+def test_a_streaming_wake_word_model_follows_the_interpreter_step_by_step(tmp_path):
+    """okay_nabu (int8, state variables between calls) read as a graph: over spoken "okay nabu"s
+    (espeak-ng, three voices) and recorded sentences, 3 feature frames a call as pymicro-wakeword
+    feeds it, its probabilities follow the interpreter's and it wakes on the same clips (two of the
+    three voices; none of the sentences)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    wheel = pip_wheel("pymicro-wakeword==2.5.0", data_dir())
+    path = tmp_path / "okay_nabu.tflite"
+    with zipfile.ZipFile(wheel) as archive:
+        path.write_bytes(archive.read("pymicro_wakeword/models/okay_nabu.tflite"))
+    clips = {}
+    for voice in ("en-us", "en-gb", "en-us+f3"):
+        subprocess.run(["espeak-ng", "-v", voice, "-w", str(tmp_path / "wake.wav"), "okay nabu"], check=True)
+        clips[voice] = torch.cat([read_audio(tmp_path / "wake.wav", SAMPLE_RATE), torch.zeros(SAMPLE_RATE // 2)])
+    for row in recorded_speech()[:3]:
+        clips[Path(row["audio"]).stem] = read_audio(row["audio"], SAMPLE_RATE)
+    model = read_tflite_graph(path)
+    assert model.input_shape == (1, 3, 40) and len(model.state_dict()) == 6
+    peaks, differences = {}, []
+    for name, waveform in clips.items():
+        model.reset()
+        interpreter = Interpreter(model_path=str(path))  # its variables as the file initialises them
+        interpreter.allocate_tensors()
+        (given,), (made,) = interpreter.get_input_details(), interpreter.get_output_details()
+        features, ours, theirs = micro_features(waveform), [], []
+        for start in range(0, features.shape[0] - 2, 3):
+            quantised = model.input_quantization.quantize(features[None, start : start + 3])
+            interpreter.set_tensor(given["index"], quantised.numpy())
+            interpreter.invoke()
+            theirs.append(float(interpreter.get_tensor(made["index"]).item()) * model.output_quantization.scale)
+            ours.append(model(model.input_quantization.dequantize(quantised)).item())
+        differences += [abs(a - b) for a, b in zip(ours, theirs)]
+        peaks[name] = (max(ours), max(theirs))
+    assert max(differences) < 0.1 and sum(differences) / len(differences) < 0.005
+    for name, (ours, theirs) in peaks.items():  # 0.85: the model's own cut-off (okay_nabu.json)
+        assert (ours > 0.85) == (theirs > 0.85), (name, ours, theirs)
+        assert abs(ours - theirs) < 0.02, (name, ours, theirs)
+    assert peaks["en-us"][0] > 0.85 and peaks["en-gb"][0] > 0.85  # the two male voices wake it
+    assert max(ours for name, (ours, _) in peaks.items() if not name.startswith("en-")) < 0.1  # read sentences do not
 
 
 def test_what_it_cannot_read_is_named(tmp_path):
