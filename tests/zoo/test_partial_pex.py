@@ -100,3 +100,14 @@ def test_a_model_that_is_not_a_chain_is_refused_by_node():
     with pytest.raises(ValueError, match=r"schedule runs a chain of modules, each reading the one before; node 'add' "
                                          r"\(call_function .*add.*\) is not one"):
         schedule(Shortcut(), torch.randn(1, 4, 8, 8))
+
+
+def test_a_module_the_pass_does_not_know_runs_whole_and_is_named(caplog):
+    model = evaluated(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16), nn.GELU(), nn.Conv2d(16, 16, 3, padding=1, groups=16),
+                      nn.ReLU(), nn.Conv2d(16, 8, 1))
+    x = torch.randn(1, 3, 24, 24)
+    with caplog.at_level("WARNING", logger="zoo.partial.pex"):
+        plan, expected, got, whole_flops, split_flops = run_both(model, x)
+    assert plan.unknown == ["2: GELU"] and "2: GELU" in caplog.text
+    assert all(not segment.first <= 2 <= segment.last for segment in plan.segments if segment.slices > 1)
+    assert relative_error(got, expected) < 1e-6 and split_flops == whole_flops

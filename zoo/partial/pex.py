@@ -19,6 +19,7 @@ split one counts what a sequential executor holds while each module runs (`peak_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -29,8 +30,12 @@ from torch.fx.passes.shape_prop import ShapeProp
 from zoo.nn.conv import Conv2dSame, conv2d_on
 from zoo.partial.arena import activation_buffers, plan_arena, trace
 
+log = logging.getLogger(__name__)
+
 CHANNEL_WISE = (nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Identity)
 """Modules that act on each channel alone (batch norm in eval mode)."""
+RUN_WHOLE = (nn.Linear, nn.Flatten, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d, nn.Softmax, nn.Dropout)
+"""Modules the pass knows and runs whole: they mix channels (or positions) and sit where buffers are small."""
 
 
 def _opens(module: nn.Module) -> bool:
@@ -81,6 +86,8 @@ class PartialSchedule:
     """Multiply-accumulates of one call (the same split or not)."""
     sizes: list[int] = field(default_factory=list)
     """Bytes of the chain's input and of each module's output."""
+    unknown: list[str] = field(default_factory=list)
+    """The chain's modules the pass does not know ("index: class"), each run whole where it stands."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         starts = {segment.first: segment for segment in self.segments}
@@ -247,4 +254,9 @@ def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int |
     if memory_budget is not None and peak > memory_budget:
         raise ValueError(f"memory_budget={memory_budget} bytes is below the smallest arena partial execution reaches "
                          f"for {type(model).__name__}: {peak} bytes (unsplit: {baseline})")
-    return PartialSchedule(chain, segments, baseline, peak, _macs(chain, shapes), sizes)
+    unknown = [f"{index}: {type(module).__name__}" for index, module in enumerate(chain)
+               if not (_opens(module) or _channel_wise(module) or isinstance(module, RUN_WHOLE))]
+    if unknown:
+        log.warning("partial execution runs modules it does not know whole, splitting none around them: %s",
+                    ", ".join(unknown))
+    return PartialSchedule(chain, segments, baseline, peak, _macs(chain, shapes), sizes, unknown)
