@@ -8,8 +8,8 @@ Inputs: the 16 photographs of `vision.photos` (96 x 96) for the person detector;
 MFCCs of each whole second of Debian pocketsphinx-testdata's recordings for the keyword spotter.
 Per file: how often our top class is the interpreter's, the largest difference of an output
 probability and the outputs' relative error. Arenas in float32 bytes (ours runs float32), the
-input included; the executor's (`zoo.partial.executor`) with what the CPU allocator handed out
-while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
+input included; each executor's arena (`zoo.partial.executor`: the unsplit chain, the schedule)
+with what the CPU allocator handed out while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
 own tensors planned in one byte a value (`zoo.tflite.file_arena`), and pymicro-wakeword's four
 streaming models beside the arena their configurations give TensorFlow Lite Micro.
 """
@@ -48,7 +48,7 @@ def main() -> None:
     from vision.photos import opencv_photos
     from zoo.parity import relative_error
     from zoo.partial import schedule
-    from zoo.partial.executor import ArenaExecutor
+    from zoo.partial.executor import ArenaExecutor, ScheduleExecutor
     from zoo.store import locate
     from zoo.downloads import data_dir, pip_wheel
     from zoo.tflite import file_arena, interpreter_outputs, read_tflite
@@ -66,15 +66,19 @@ def main() -> None:
             agreement = (theirs.argmax(1) == ours.argmax(1)).sum().item()
             print(f"| {name} | {file} | {len(x)} | {agreement} / {len(x)} | {(theirs - ours).abs().max():.2e} | "
                   f"{relative_error(ours, theirs):.2e} |")
-        plan, executor = schedule(model.module, x[:1]), ArenaExecutor(model.module, x[:1])
-        executor.run(x[:1])
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+        plan = schedule(model.module, x[:1])
+        executors = ArenaExecutor(model.module, x[:1]), ScheduleExecutor(plan, x[:1])
+        ran = []
+        for executor in executors:
             executor.run(x[:1])
-        allocated = sum(max(event.self_cpu_memory_usage, 0) for event in recorded.key_averages())
-        arenas.append(f"| {name} | {plan.baseline_bytes:,} | {executor.arena.numel():,} B, {allocated} B more | "
-                      f"{plan.peak_bytes:,} | {plan.baseline_bytes / plan.peak_bytes:.2f}x | {plan.macs:,} |")
-    print("\n| model | sequential arena B | executor: its arena, allocated while running | partial execution B | less "
-          "| MACs |\n|---|---|---|---|---|---|")
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+                executor.run(x[:1])
+            allocated = sum(max(event.self_cpu_memory_usage, 0) for event in recorded.key_averages())
+            ran.append(f"{executor.arena.numel():,} B, {allocated} B more")
+        arenas.append(f"| {name} | {plan.baseline_bytes:,} | {ran[0]} | {plan.peak_bytes:,} | {ran[1]} | "
+                      f"{plan.baseline_bytes / plan.peak_bytes:.2f}x | {plan.macs:,} |")
+    print("\n| model | sequential arena B | its executor: arena, allocated while running | partial execution B | "
+          "its executor | less | MACs |\n|---|---|---|---|---|---|---|")
     print("\n".join(arenas))
     print("\n| file | activation arena B (bound) | state variables B | together | TensorFlow Lite Micro's configured arena B |"
           "\n|---|---|---|---|---|")

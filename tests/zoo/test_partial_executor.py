@@ -1,7 +1,10 @@
-"""zoo.partial.executor: a chain run from one preallocated arena of the planner's size, allocating
-nothing else (the profiler's allocation records), with the module's outputs."""
+"""zoo.partial.executor: a chain, and a partial-execution schedule, run from one preallocated arena of
+the planned size, allocating nothing else (the profiler's allocation records), with the module's
+outputs."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -11,8 +14,9 @@ from torch.profiler import ProfilerActivity, profile
 from test_partial_pex import evaluated, inverted_residual
 from vision.photos import opencv_photos
 from zoo.parity import relative_error
-from zoo.partial import activation_buffers, plan_arena
-from zoo.partial.executor import ArenaExecutor
+from zoo.partial import activation_buffers, plan_arena, schedule
+from zoo.partial.executor import ArenaExecutor, ScheduleExecutor
+from zoo.partial.pex import Segment, peak_bytes
 from zoo.store import locate
 from zoo.tflite import read_tflite
 
@@ -47,6 +51,28 @@ def test_the_chain_runs_in_the_planned_arena_and_nothing_else(name, model, x):
         assert allocated_while(lambda: model(x.clone())) > planned  # torch's own run allocates more
 
 
+@pytest.mark.parametrize("name,model,x", list(chains()), ids=lambda value: value if isinstance(value, str) else "")
+def test_the_partial_execution_schedule_runs_in_its_peak_and_nothing_else(name, model, x):
+    plan = schedule(model, x)
+    executor = ScheduleExecutor(plan, x)
+    assert executor.arena.numel() == plan.peak_bytes
+    executor.run(x)
+    assert allocated_while(lambda: executor.run(x)) == 0
+    with torch.no_grad():
+        assert relative_error(executor(x), model(x.clone())) < 1e-5
+
+
+def test_a_segment_that_ends_in_place_writes_its_whole_output():
+    model = evaluated(nn.Conv2d(3, 32, 1), nn.BatchNorm2d(32), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(32, 2))
+    x = torch.randn(1, 3, 40, 40)
+    plan = schedule(model, x)  # which splits nothing here (it would not lower the peak); split by hand:
+    segments = [Segment(0, 2, slices=4, opens=True, channels=32)]
+    plan = dataclasses.replace(plan, segments=segments, peak_bytes=peak_bytes(plan.modules, plan.sizes, segments))
+    with torch.no_grad():
+        assert relative_error(ScheduleExecutor(plan, x)(x), model(x.clone())) < 1e-5
+
+
 def test_a_module_without_an_out_form_is_named():
-    with pytest.raises(ValueError, match="ArenaExecutor has no out= form of GELU"):
+    with pytest.raises(ValueError, match="zoo.partial has no allocation-free form of GELU"):
         ArenaExecutor(nn.Sequential(nn.Conv2d(1, 2, 1), nn.GELU()), torch.randn(1, 1, 4, 4))

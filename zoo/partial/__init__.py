@@ -1,9 +1,11 @@
 """zoo.partial: running small models in little memory (the Pex issue): the activation arena a
-sequential executor needs (`arena`), an executor that runs a chain from one arena of that size
-(`executor`), and partial execution, a slice of channels at a time (`pex`)."""
+sequential executor needs (`arena`), partial execution, a slice of channels at a time (`pex`), and
+executors that run either from one arena of the planned size (`executor`, on `kernels` that allocate
+nothing)."""
 
 from zoo.partial.arena import ArenaPlan, Buffer, activation_buffers, plan_arena
-from zoo.partial.executor import ArenaExecutor
+from zoo.partial.executor import ArenaExecutor, ScheduleExecutor
 from zoo.partial.pex import PartialSchedule, schedule
 
-__all__ = ["ArenaExecutor", "ArenaPlan", "Buffer", "PartialSchedule", "activation_buffers", "plan_arena", "schedule"]
+__all__ = ["ArenaExecutor", "ArenaPlan", "Buffer", "PartialSchedule", "ScheduleExecutor", "activation_buffers",
+           "plan_arena", "schedule"]

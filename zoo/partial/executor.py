@@ -1,137 +1,20 @@
 """Running a chain of modules from one preallocated arena, so that its activation memory is a
-measured fact: `ArenaExecutor` allocates one byte tensor of the plan's size (`zoo.partial.arena`),
-every activation is a view of it at its planned offset, and each module writes its output into its
-view. No kernel allocates: torch's convolution called with out= forms its result elsewhere and copies
-it in (measured), so convolutions are written here from in-place operations on strided views: a
-pointwise one as one matrix product into the output's view, any other as one multiply-add a tap (and
-an input channel, unless depthwise) over the input's window for that tap, clipped at the padding
-(asymmetric padding, `zoo.nn.conv.Conv2dSame`'s, included). Slow; for proving memory, not for speed.
+measured fact: one byte tensor of the planned size, every activation a view of it at its planned
+offset, each module writing its output into its view with `zoo.partial.kernels` (which allocate
+nothing). `ArenaExecutor` runs the unsplit chain in the sequential plan (`zoo.partial.arena`);
+`ScheduleExecutor` runs a partial-execution schedule (`zoo.partial.pex`) in its `peak_bytes`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from zoo.nn.conv import Conv2dSame
 from zoo.partial.arena import ArenaPlan, plan_arena, traced_buffers
-
-aten = torch.ops.aten
-
-Kernel = Callable[[torch.Tensor, torch.Tensor], None]
-"""Writes a module's output for input view `x` into output view `out` (the same view when in place)."""
-
-
-def _window(size: int, out_size: int, offset: int, stride: int) -> tuple[slice, slice]:
-    """(output positions, input positions) along one axis where a tap at `offset` from each
-    window's start (padding subtracted) reads inside the input: output i reads input stride i + offset."""
-    first = 0 if offset >= 0 else (-offset + stride - 1) // stride
-    last = min(out_size - 1, (size - 1 - offset) // stride)
-    if last < first:
-        return slice(0, 0), slice(0, 0)
-    start = stride * first + offset
-    return slice(first, last + 1), slice(start, start + stride * (last - first) + 1, stride)
-
-
-def _conv(conv: nn.Conv2d) -> Kernel:
-    weight = conv.weight.detach()
-    bias = None if conv.bias is None else conv.bias.detach()
-    top, left = (conv.pads[2], conv.pads[0]) if isinstance(conv, Conv2dSame) else conv.padding
-    pointwise = conv.kernel_size == (1, 1) and conv.stride == (1, 1) and (top, left) == (0, 0) and conv.groups == 1
-    depthwise = conv.groups == conv.in_channels == conv.out_channels
-    if not (pointwise or depthwise or conv.groups == 1):
-        raise ValueError(f"ArenaExecutor runs full, depthwise and pointwise convolutions; got groups={conv.groups}")
-    (stride_h, stride_w), (dilation_h, dilation_w) = conv.stride, conv.dilation
-
-    def run(x: torch.Tensor, out: torch.Tensor) -> None:
-        for sample, made in zip(x, out):  # (C, H, W) each
-            if pointwise:
-                aten.mm.out(weight.flatten(1), sample.flatten(1), out=made.flatten(1))
-            else:
-                made.zero_()
-                for a in range(weight.shape[2]):
-                    rows, read_rows = _window(sample.shape[1], made.shape[1], a * dilation_h - top, stride_h)
-                    for b in range(weight.shape[3]):
-                        cols, read_cols = _window(sample.shape[2], made.shape[2], b * dilation_w - left, stride_w)
-                        target = made[:, rows, cols]
-                        if depthwise:
-                            target.addcmul_(sample[:, read_rows, read_cols], weight[:, 0, a, b, None, None])
-                        else:
-                            for channel in range(sample.shape[0]):
-                                target.addcmul_(sample[channel, read_rows, read_cols], weight[:, channel, a, b, None, None])
-            if bias is not None:
-                made.add_(bias[:, None, None])
-
-    return run
-
-
-def _batch_norm(norm: nn.BatchNorm2d) -> Kernel:
-    if norm.training:
-        raise ValueError("ArenaExecutor runs a BatchNorm2d in eval mode (its running statistics); this one trains")
-    scale = (norm.running_var + norm.eps).rsqrt()
-    if norm.weight is not None:
-        scale = scale * norm.weight.detach()
-    shift = -norm.running_mean * scale + (0 if norm.bias is None else norm.bias.detach())
-    scale, shift = scale[:, None, None], shift[:, None, None]
-
-    def run(x: torch.Tensor, out: torch.Tensor) -> None:
-        aten.mul.out(x, scale, out=out)
-        out.add_(shift)
-
-    return run
-
-
-def _activation(module: nn.Module) -> Kernel:
-    low, high = (0.0, 6.0) if isinstance(module, nn.ReLU6) else (0.0, float("inf"))
-
-    def run(x: torch.Tensor, out: torch.Tensor) -> None:
-        if out.data_ptr() == x.data_ptr():  # in place: the module's output is its input's buffer
-            x.clamp_(low, high)
-        else:
-            aten.clamp.out(x, low, high, out=out)
-
-    return run
-
-
-def _linear(linear: nn.Linear) -> Kernel:
-    weight = linear.weight.detach().t()
-
-    def run(x: torch.Tensor, out: torch.Tensor) -> None:
-        if linear.bias is None:
-            aten.mm.out(x, weight, out=out)
-        else:
-            aten.addmm.out(linear.bias.detach(), x, weight, out=out)
-
-    return run
-
-
-def _kernel(module: nn.Module) -> Kernel:
-    """The out= form of `module`; ValueError naming a module it has none for."""
-    if isinstance(module, nn.Conv2d):
-        return _conv(module)
-    if isinstance(module, nn.BatchNorm2d):
-        return _batch_norm(module)
-    if isinstance(module, (nn.ReLU, nn.ReLU6)):
-        return _activation(module)
-    if isinstance(module, nn.Linear):
-        return _linear(module)
-    if isinstance(module, nn.AvgPool2d):
-        return lambda x, out: aten.avg_pool2d.out(x, list(module.kernel_size), list(module.stride),
-                                                  [module.padding] * 2 if isinstance(module.padding, int) else list(module.padding),
-                                                  module.ceil_mode, module.count_include_pad, module.divisor_override,
-                                                  out=out)
-    if isinstance(module, nn.AdaptiveAvgPool2d) and module.output_size in (1, (1, 1)):
-        return lambda x, out: aten.avg_pool2d.out(x, list(x.shape[2:]), list(x.shape[2:]), [0, 0], False, True, None,
-                                                  out=out)
-    if isinstance(module, nn.Flatten):
-        return lambda x, out: out.copy_(x.flatten(module.start_dim, module.end_dim))
-    if isinstance(module, nn.Softmax):
-        return lambda x, out: aten._softmax.out(x, module.dim, False, out=out)
-    raise ValueError(f"ArenaExecutor has no out= form of {type(module).__name__}; it runs Conv2d (Conv2dSame), "
-                     "BatchNorm2d in eval mode, ReLU, ReLU6, Linear, AvgPool2d, AdaptiveAvgPool2d(1), Flatten, Softmax")
+from zoo.partial.kernels import Kernel, accumulating_kernel, kernel
+from zoo.partial.pex import PartialSchedule, Segment, in_place
 
 
 @dataclass
@@ -167,7 +50,7 @@ class ArenaExecutor:
             if node.op == "placeholder":
                 self.input_name = node.name
             elif node.op == "call_module" and len(node.all_input_nodes) == 1:
-                self.steps.append(_Step(_kernel(modules[node.target]), node.all_input_nodes[0].name, node.name))
+                self.steps.append(_Step(kernel(modules[node.target]), node.all_input_nodes[0].name, node.name))
             else:
                 raise ValueError(f"ArenaExecutor runs a chain of modules; node {node.name!r} ({node.op} {node.target}) "
                                  "is not one")
@@ -179,6 +62,129 @@ class ArenaExecutor:
             for step in self.steps:
                 step.kernel(self.views[step.source], self.views[step.target])
         return self.views[self.output_name]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`run`'s output, copied out of the arena."""
+        return self.run(x).clone()
+
+
+@dataclass
+class _Call:
+    kernel: Kernel
+    source: torch.Tensor
+    target: torch.Tensor
+
+
+@dataclass
+class _SegmentRun:
+    calls: list[_Call]
+    """Every slice's modules in order."""
+    output: torch.Tensor
+    """The segment's whole output."""
+    accumulates: bool
+    """Whether a closing convolution adds into `output` (zeroed first)."""
+    bias: torch.Tensor | None
+    """The closing convolution's bias, added once after the slices."""
+
+
+def _copy(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x)
+
+
+class ScheduleExecutor:
+    """A partial-execution schedule run from one arena of its `peak_bytes`.
+
+    The whole tensors that exist (the input, each output outside a split segment's inside, a
+    segment's input and output; an in-place module's output is its input's) alternate between the
+    arena's two ends, so that each module's input and output sit apart; inside a split segment the
+    slices alternate between the two ends of the gap its whole input and output leave, the opening
+    convolution reads the whole input, the last module writes its channels of the whole output (or
+    the closing convolution adds its product into it). At every module that is what `peak_bytes`
+    counts, so everything fits."""
+
+    def __init__(self, schedule: PartialSchedule, example_input: torch.Tensor) -> None:
+        self.schedule = schedule
+        self.arena = torch.empty(schedule.peak_bytes, dtype=torch.uint8, device=example_input.device)
+        self.dtype = example_input.dtype
+        split = {module: segment for segment in schedule.segments if segment.slices > 1
+                 for module in range(segment.first, segment.last + 1)}
+        self.bottom: dict[int, bool] = {}
+        """Whether whole tensor k (0: the input, k: module k - 1's output) sits at the arena's start."""
+        side = True
+        for k in range(len(schedule.modules) + 1):
+            segment = split.get(k - 1)
+            if k and segment is not None and k - 1 != segment.last:
+                continue  # inside a split segment: only slices
+            if k and segment is None and in_place(schedule.modules[k - 1]):
+                self.bottom[k] = self.bottom[k - 1]
+                continue
+            self.bottom[k], side = side, not side
+        self.whole = {k: self._view(0 if bottom else schedule.peak_bytes - schedule.sizes[k], schedule.shapes[k])
+                      for k, bottom in self.bottom.items()}
+        self.steps: list[_Call | _SegmentRun] = []
+        index = 0
+        while index < len(schedule.modules):
+            segment = split.get(index)
+            if segment is None:
+                self.steps.append(_Call(kernel(schedule.modules[index]), self.whole[index], self.whole[index + 1]))
+                index += 1
+            else:
+                self.steps.append(self._segment(segment))
+                index = segment.last + 1
+
+    def _bytes(self, shape: torch.Size) -> int:
+        return shape.numel() * torch.empty((), dtype=self.dtype).element_size()
+
+    def _view(self, offset: int, shape: torch.Size) -> torch.Tensor:
+        return self.arena[offset : offset + self._bytes(shape)].view(self.dtype).view(shape)
+
+    def _segment(self, segment: Segment) -> _SegmentRun:
+        schedule, first, last = self.schedule, segment.first, segment.last
+        whole_in, whole_out = self.whole[first], self.whole[last + 1]
+        low = schedule.sizes[first] if self.bottom[first] else schedule.sizes[last + 1]
+        high = schedule.peak_bytes - (schedule.sizes[last + 1] if self.bottom[first] else schedule.sizes[first])
+        inner = schedule.modules[first : last + 1 - segment.closes]
+        width = segment.channels // segment.slices
+        calls = []
+        for start in range(0, segment.channels, width):
+            channels = slice(start, start + width)
+            part, at_low = whole_in if segment.opens else whole_in[:, channels], True
+            for position, module in enumerate(inner):
+                if in_place(module):
+                    calls.append(_Call(kernel(module, channels), part, part))
+                    if first + position == last:  # the segment ends in place: its channels of the whole output
+                        calls.append(_Call(_copy, part, whole_out[:, channels]))
+                    continue
+                if first + position == last:  # the segment's last module: its channels of the whole output
+                    target = whole_out[:, channels]
+                else:
+                    made = schedule.shapes[first + position + 1]
+                    shape = torch.Size([made[0], width, *made[2:]])
+                    target = self._view(low if at_low else high - self._bytes(shape), shape)
+                    at_low = not at_low
+                calls.append(_Call(kernel(module, channels), part, target))
+                part = target
+            if segment.closes:
+                calls.append(_Call(accumulating_kernel(schedule.modules[last], channels), part, whole_out))
+        closer = schedule.modules[last] if segment.closes else None
+        bias = None if closer is None or closer.bias is None else closer.bias.detach()[:, None, None]
+        return _SegmentRun(calls, whole_out, segment.closes, bias)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The schedule on `x`: a view of the arena, valid until the next run."""
+        self.whole[0].copy_(x)
+        with torch.no_grad():
+            for step in self.steps:
+                if isinstance(step, _Call):
+                    step.kernel(step.source, step.target)
+                    continue
+                if step.accumulates:
+                    step.output.zero_()
+                for call in step.calls:
+                    call.kernel(call.source, call.target)
+                if step.bias is not None:
+                    step.output.add_(step.bias)
+        return self.whole[len(self.schedule.modules)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`run`'s output, copied out of the arena."""

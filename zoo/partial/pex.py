@@ -13,8 +13,8 @@ the whole chain held two neighbouring whole buffers; the multiplies are the same
 module torch.fx traces to one module after another), chooses where segments start and end and how
 many slices each takes (the lowest arena, with the fewest slices that reach it), and returns a
 `PartialSchedule` callable like the model. The unsplit arena is `zoo.partial.arena`'s plan; the
-split one counts what a sequential executor holds while each module runs (`peak_bytes`);
-`zoo.partial.executor` runs the unsplit chain from one arena of the planned size, not yet a split one.
+split one counts what a sequential executor holds while each module runs (`peak_bytes`), which
+`zoo.partial.executor.ScheduleExecutor` runs the schedule in.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class PartialSchedule:
     """Bytes of the chain's input and of each module's output."""
     unknown: list[str] = field(default_factory=list)
     """The chain's modules the pass does not know ("index: class"), each run whole where it stands."""
+    shapes: list[torch.Size] = field(default_factory=list)
+    """Shapes of the chain's input and of each module's output."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         starts = {segment.first: segment for segment in self.segments}
@@ -210,7 +212,7 @@ def _macs(chain: list[nn.Module], shapes: list[torch.Size]) -> int:
     return total
 
 
-def _in_place(module: nn.Module) -> bool:
+def in_place(module: nn.Module) -> bool:
     """A module that writes its input's buffer (`inplace=True`): its output is no buffer of its own."""
     return getattr(module, "inplace", False) is True
 
@@ -220,12 +222,12 @@ def _module_bytes(chain: list[nn.Module], sizes: list[int], module: int, segment
     in one, the segment's whole input and output and the slices of the module's input and output
     (none for the segment's input, a view of it or read whole, nor for a closing convolution's
     output, accumulated in place). A module that runs in place has no output of its own."""
-    in_place = _in_place(chain[module])
+    writes_input = in_place(chain[module])
     if segment is None or segment.slices == 1:
-        return sizes[module] + (0 if in_place else sizes[module + 1])
+        return sizes[module] + (0 if writes_input else sizes[module + 1])
     n = segment.slices
     sliced_in = 0 if module == segment.first else sizes[module] // n
-    sliced_out = 0 if in_place or (module == segment.last and segment.closes) else sizes[module + 1] // n
+    sliced_out = 0 if writes_input or (module == segment.last and segment.closes) else sizes[module + 1] // n
     return sizes[segment.first] + sizes[segment.last + 1] + sliced_in + sliced_out
 
 
@@ -259,4 +261,5 @@ def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int |
     if unknown:
         log.warning("partial execution runs modules it does not know whole, splitting none around them: %s",
                     ", ".join(unknown))
-    return PartialSchedule(chain, segments, baseline, peak, _macs(chain, shapes), sizes, unknown)
+    return PartialSchedule(chain, segments, baseline, peak, _macs(chain, shapes), sizes, unknown,
+                           [example_input.shape, *shapes])
