@@ -1,6 +1,7 @@
 """Using an image classifier: accuracy over a labelled set, and labels with probabilities for
 image files (`zoo classify NAME IMAGE...`) from a model folder whose config.json holds its
-"image_processor" and "labels"."""
+"image_processor" and "labels" (and "output": "probabilities" for a model that returns them, as an
+imported TensorFlow Lite classifier does, rather than {"logits"})."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def classify_files(name: str | os.PathLike, paths: Sequence[str | os.PathLike], 
     processor, labels = ImageProcessor(**config["image_processor"]), config["labels"]
     model = load(name)
     pixel_values = torch.cat([processor.load(path) for path in paths])
-    probabilities = model(pixel_values)["logits"].float().softmax(-1)
+    output = model(pixel_values)
+    probabilities = output if config.get("output") == "probabilities" else output["logits"].float().softmax(-1)
     top = probabilities.topk(min(top_k, len(labels)), dim=-1)
     return [Prediction(str(path), tuple(labels[i] for i in indices.tolist()), tuple(values.tolist()))
             for path, values, indices in zip(paths, top.values, top.indices)]

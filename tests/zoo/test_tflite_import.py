@@ -54,6 +54,21 @@ def test_the_person_detector_is_the_interpreter_s_on_photographs(photos):
     assert isinstance(zoo.load(VWW), torch.nn.Sequential)
 
 
+def test_zoo_classify_reads_photographs_with_the_person_detector(tmp_path):
+    from PIL import Image
+
+    from vision.classify import classify_files
+
+    photos = opencv_photos(96)
+    paths = []
+    for name in ("messi5.jpg", "orange.jpg"):
+        paths.append(tmp_path / f"{name}.png")
+        Image.fromarray(photos[PHOTOS.index(name)].permute(1, 2, 0).numpy()).save(paths[-1])
+    person, orange = classify_files(VWW, paths, top_k=2)
+    assert person.labels == ("person", "no person") and person.probabilities[0] > 0.8
+    assert orange.labels[0] == "no person" and sum(orange.probabilities) == pytest.approx(1.0)
+
+
 def test_the_int8_person_detector_dequantised_keeps_the_interpreter_s_choices(photos):
     folder = locate(VWW)
     model = read_tflite(folder / "model-int8.tflite")
