@@ -18,12 +18,12 @@ from zoo.partial.pex import PartialSchedule, Segment, in_place
 
 
 @dataclass
-class _Step:
+class _Call:
+    """One module's kernel with the views it reads and writes."""
+
     kernel: Kernel
-    source: str
-    """The node whose tensor the module reads."""
-    target: str
-    """The node whose tensor it makes."""
+    source: torch.Tensor
+    target: torch.Tensor
 
 
 class ArenaExecutor:
@@ -36,43 +36,36 @@ class ArenaExecutor:
         self.plan: ArenaPlan = plan_arena(traced.buffers)
         self.arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8, device=example_input.device)
         modules = dict(traced.graph.named_modules())
-        self.views: dict[str, torch.Tensor] = {}
-        self.steps: list[_Step] = []
-        self.input_name = self.output_name = ""
+        views: dict[str, torch.Tensor] = {}
+        self.calls: list[_Call] = []
         for node in traced.graph.graph.nodes:
             if node.op == "output":
-                self.output_name = node.all_input_nodes[0].name
+                self.output = views[node.all_input_nodes[0].name]
                 continue
             meta = node.meta["tensor_meta"]
             holder = next(b for b in self.plan.buffers if b.name == traced.holder[node.name])
             offset = self.plan.offsets[holder.name]
-            self.views[node.name] = self.arena[offset : offset + holder.nbytes].view(meta.dtype).view(meta.shape)
+            views[node.name] = self.arena[offset : offset + holder.nbytes].view(meta.dtype).view(meta.shape)
             if node.op == "placeholder":
-                self.input_name = node.name
+                self.input = views[node.name]
             elif node.op == "call_module" and len(node.all_input_nodes) == 1:
-                self.steps.append(_Step(kernel(modules[node.target]), node.all_input_nodes[0].name, node.name))
+                self.calls.append(_Call(kernel(modules[node.target]), views[node.all_input_nodes[0].name],
+                                        views[node.name]))
             else:
                 raise ValueError(f"ArenaExecutor runs a chain of modules; node {node.name!r} ({node.op} {node.target}) "
                                  "is not one")
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """The model on `x`: a view of the arena, valid until the next run."""
-        self.views[self.input_name].copy_(x)
+        self.input.copy_(x)
         with torch.no_grad():
-            for step in self.steps:
-                step.kernel(self.views[step.source], self.views[step.target])
-        return self.views[self.output_name]
+            for call in self.calls:
+                call.kernel(call.source, call.target)
+        return self.output
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`run`'s output, copied out of the arena."""
         return self.run(x).clone()
-
-
-@dataclass
-class _Call:
-    kernel: Kernel
-    source: torch.Tensor
-    target: torch.Tensor
 
 
 @dataclass
