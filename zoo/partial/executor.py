@@ -36,6 +36,7 @@ class ArenaExecutor:
         self.plan: ArenaPlan = plan_arena(traced.buffers)
         self.arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8, device=example_input.device)
         modules = dict(traced.graph.named_modules())
+        buffers = {buffer.name: buffer for buffer in self.plan.buffers}
         views: dict[str, torch.Tensor] = {}
         self.calls: list[_Call] = []
         for node in traced.graph.graph.nodes:
@@ -43,7 +44,7 @@ class ArenaExecutor:
                 self.output = views[node.all_input_nodes[0].name]
                 continue
             meta = node.meta["tensor_meta"]
-            holder = next(b for b in self.plan.buffers if b.name == traced.holder[node.name])
+            holder = buffers[traced.holder[node.name]]
             offset = self.plan.offsets[holder.name]
             views[node.name] = self.arena[offset : offset + holder.nbytes].view(meta.dtype).view(meta.shape)
             if node.op == "placeholder":

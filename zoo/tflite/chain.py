@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from zoo.nn.conv import Conv2dSame, same_padding
-from zoo.tflite.flatbuffer import FlatbufferReader, Quantization
+from zoo.tflite.flatbuffer import FlatbufferReader, Quantization, conv_geometry
 
 
 @dataclass
@@ -59,10 +59,7 @@ def _activation(reader: FlatbufferReader, options, name: str) -> list[nn.Module]
 
 def _padded(size: tuple[int, int], kernel: tuple[int, int], options, **arguments) -> nn.Conv2d:
     """A convolution of `options`' padding, strides and dilations on an input of `size` (H, W)."""
-    stride, dilation = (options.StrideH(), options.StrideW()), (options.DilationHFactor(), options.DilationWFactor())
-    if options.Padding() == tflite.Padding.VALID:
-        return nn.Conv2d(kernel_size=kernel, stride=stride, dilation=dilation, padding=0, **arguments)
-    (top, bottom), (left, right) = (same_padding(size[axis], kernel[axis], stride[axis], dilation[axis]) for axis in (0, 1))
+    stride, dilation, (left, right, top, bottom) = conv_geometry(options, size, kernel)
     if top == bottom and left == right:
         return nn.Conv2d(kernel_size=kernel, stride=stride, dilation=dilation, padding=(top, left), **arguments)
     return Conv2dSame(kernel_size=kernel, stride=stride, dilation=dilation, pads=(left, right, top, bottom), **arguments)

@@ -10,6 +10,8 @@ import numpy as np
 import tflite
 import torch
 
+from zoo.nn.conv import same_padding
+
 OPERATOR_NAMES = {value: name for name, value in vars(tflite.BuiltinOperator).items() if not name.startswith("_")}
 ELEMENT_BYTES = {tflite.TensorType.FLOAT32: 4, tflite.TensorType.INT32: 4, tflite.TensorType.INT16: 2,
                   tflite.TensorType.INT8: 1, tflite.TensorType.UINT8: 1, tflite.TensorType.BOOL: 1}
@@ -90,3 +92,14 @@ class FlatbufferReader:
         if code in (functions.RELU, functions.RELU6):
             return (0.0, float("inf")) if code == functions.RELU else (0.0, 6.0)
         raise ValueError(f"{self.path}: {name}'s fused activation {code} is not one zoo.tflite reads (ReLU, ReLU6)")
+
+
+def conv_geometry(options, size: tuple[int, int], kernel: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int],
+                                                                                   tuple[int, int, int, int]]:
+    """(stride, dilation, pads (left, right, top, bottom)) of a convolution's builtin `options` on an
+    input of `size` (H, W) with a `kernel` (H, W): "VALID" pads nothing, "SAME" as TensorFlow does."""
+    stride, dilation = (options.StrideH(), options.StrideW()), (options.DilationHFactor(), options.DilationWFactor())
+    if options.Padding() == tflite.Padding.VALID:
+        return stride, dilation, (0, 0, 0, 0)
+    (top, bottom), (left, right) = (same_padding(size[axis], kernel[axis], stride[axis], dilation[axis]) for axis in (0, 1))
+    return stride, dilation, (left, right, top, bottom)

@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.nn.conv import same_padding
-from zoo.tflite.flatbuffer import FlatbufferReader
+from zoo.tflite.flatbuffer import FlatbufferReader, conv_geometry
 
 Values = dict[int, torch.Tensor]
 """Real values of the graph's tensors by index, as the forward pass makes them."""
@@ -51,12 +50,7 @@ def _conv(reader: FlatbufferReader, operator, name: str, weight: torch.Tensor, b
     """An NHWC convolution by torch's NCHW one; weight OIHW."""
     kind = tflite.Conv2DOptions if name == "CONV_2D" else tflite.DepthwiseConv2DOptions
     options = reader.options(operator, kind)
-    stride, dilation = (options.StrideH(), options.StrideW()), (options.DilationHFactor(), options.DilationWFactor())
-    pads = (0, 0, 0, 0)
-    if options.Padding() == tflite.Padding.SAME:
-        (top, bottom), (left, right) = (same_padding(input_shape[1 + axis], weight.shape[2 + axis], stride[axis],
-                                                     dilation[axis]) for axis in (0, 1))
-        pads = (left, right, top, bottom)
+    stride, dilation, pads = conv_geometry(options, input_shape[1:3], tuple(weight.shape[2:]))
     activation = _clamped(reader, options, name)
 
     def run(x: torch.Tensor, *_) -> torch.Tensor:
