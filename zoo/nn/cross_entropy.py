@@ -4,7 +4,8 @@ gradients, without ever holding the (tokens x vocab) logits.
 Tokens are processed in chunks: each chunk's logits are formed, reduced to a float32 log-sum-exp
 and turned into their gradient (softmax - target distribution), which is contracted with `weight`
 and `hidden` into the gradients of both. When that happens is the caller's choice
-(`LossGradients`, default `loss_gradients()`):
+(`LossGradients`: the `gradients` argument, else `current_loss_gradients()`, which the
+`loss_gradients()` context sets):
 
 - "forward": inside the forward pass, three head products a step; backward only scales the
   stored gradients by the incoming scalar, and the (V, H) float32 weight gradient is held from

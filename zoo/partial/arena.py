@@ -65,10 +65,14 @@ def trace(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(model, OperatorTracer().trace(model))
 
 
+def in_place(module: nn.Module) -> bool:
+    """A module that writes its input's buffer (`inplace=True`): its output is no buffer of its own."""
+    return getattr(module, "inplace", False) is True
+
+
 def runs_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
-    """Whether `node` calls a module that writes its one input's buffer (`inplace=True`)."""
-    return (node.op == "call_module" and getattr(modules[node.target], "inplace", False) is True
-            and len(node.all_input_nodes) == 1)
+    """Whether `node` calls a module that writes its one input's buffer."""
+    return node.op == "call_module" and in_place(modules[node.target]) and len(node.all_input_nodes) == 1
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def traced_buffers(model: nn.Module, example_input: torch.Tensor) -> TracedBuffe
         owner[node] = owner[node.all_input_nodes[0]] if runs_in_place(node, modules) else node
         root = owner[node]
         last[root] = max(last.get(root, index[node]), *(index[user] for user in node.users), index[node])
-    buffers = [Buffer(node.name, _nbytes(node), index[node], last[node]) for node in last]
+    buffers = [Buffer(node.name, node_bytes(node), index[node], last[node]) for node in last]
     return TracedBuffers(graph, buffers, {node.name: root.name for node, root in owner.items()})
 
 
@@ -114,7 +118,8 @@ def activation_buffers(model: nn.Module, example_input: torch.Tensor) -> list[Bu
     return traced_buffers(model, example_input).buffers
 
 
-def _nbytes(node: fx.Node) -> int:
+def node_bytes(node: fx.Node) -> int:
+    """Bytes of the tensor a traced node makes (its `tensor_meta`)."""
     meta = node.meta["tensor_meta"]
     return meta.shape.numel() * torch.empty((), dtype=meta.dtype).element_size()
 

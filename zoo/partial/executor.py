@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zoo.partial.arena import ArenaPlan, plan_arena, traced_buffers
+from zoo.partial.arena import ArenaPlan, in_place, plan_arena, traced_buffers
 from zoo.partial.kernels import Kernel, accumulating_kernel, kernel
-from zoo.partial.pex import PartialSchedule, Segment, in_place
+from zoo.partial.pex import PartialSchedule, Segment
 
 
 @dataclass

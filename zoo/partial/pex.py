@@ -28,7 +28,7 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from zoo.nn.conv import Conv2dSame, conv2d_on
-from zoo.partial.arena import activation_buffers, plan_arena, trace
+from zoo.partial.arena import activation_buffers, in_place, node_bytes, plan_arena, trace
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +159,7 @@ def _chain(model: nn.Module, example_input: torch.Tensor) -> tuple[list[nn.Modul
                              f"({node.op} {node.target}) is not one")
         chain.append(modules[node.target])
     sizes = [example_input.numel() * example_input.element_size()]
-    sizes += [node.meta["tensor_meta"].shape.numel() * torch.empty((), dtype=node.meta["tensor_meta"].dtype).element_size()
-              for node in nodes]
+    sizes += [node_bytes(node) for node in nodes]
     return chain, sizes, [node.meta["tensor_meta"].shape for node in nodes]
 
 
@@ -210,11 +209,6 @@ def _macs(chain: list[nn.Module], shapes: list[torch.Size]) -> int:
         elif isinstance(module, nn.Linear):
             total += shape.numel() * module.in_features
     return total
-
-
-def in_place(module: nn.Module) -> bool:
-    """A module that writes its input's buffer (`inplace=True`): its output is no buffer of its own."""
-    return getattr(module, "inplace", False) is True
 
 
 def _module_bytes(chain: list[nn.Module], sizes: list[int], module: int, segment: Segment | None) -> int:
