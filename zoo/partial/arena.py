@@ -66,8 +66,9 @@ def trace(model: nn.Module) -> fx.GraphModule:
 
 
 def in_place(module: nn.Module) -> bool:
-    """A module that writes its input's buffer (`inplace=True`): its output is no buffer of its own."""
-    return getattr(module, "inplace", False) is True
+    """A module that writes its input's buffer (`inplace=True`), or a dropout in eval mode (the
+    identity): its output is no buffer of its own."""
+    return getattr(module, "inplace", False) is True or (isinstance(module, nn.Dropout) and not module.training)
 
 
 def runs_in_place(node: fx.Node, modules: dict[str, nn.Module]) -> bool:

@@ -93,6 +93,11 @@ def _activation(module: nn.Module) -> Kernel:
     return run
 
 
+def _identity(x: torch.Tensor, out: torch.Tensor) -> None:
+    if out.data_ptr() != x.data_ptr():
+        out.copy_(x)
+
+
 def _linear(linear: nn.Linear) -> Kernel:
     weight = linear.weight.detach().t()
 
@@ -115,6 +120,8 @@ def kernel(module: nn.Module, channels: slice = slice(None)) -> Kernel:
         return _batch_norm(module, channels)
     if isinstance(module, (nn.ReLU, nn.ReLU6)):
         return _activation(module)
+    if isinstance(module, nn.Dropout) and not module.training:
+        return _identity
     if isinstance(module, nn.Linear):
         return _linear(module)
     if isinstance(module, nn.AvgPool2d):
@@ -130,7 +137,7 @@ def kernel(module: nn.Module, channels: slice = slice(None)) -> Kernel:
     if isinstance(module, nn.Softmax):
         return lambda x, out: aten._softmax.out(x, module.dim, False, out=out)
     raise ValueError(f"zoo.partial has no allocation-free form of {type(module).__name__}; it runs Conv2d (Conv2dSame), "
-                     "BatchNorm2d in eval mode, ReLU, ReLU6, Linear, AvgPool2d, AdaptiveAvgPool2d(1), Flatten, Softmax")
+                     "BatchNorm2d and Dropout in eval mode, ReLU, ReLU6, Linear, AvgPool2d, AdaptiveAvgPool2d(1), Flatten, Softmax")
 
 
 def accumulating_kernel(conv: nn.Conv2d, channels: slice) -> Kernel:

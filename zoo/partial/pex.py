@@ -33,8 +33,9 @@ from zoo.partial.arena import activation_buffers, in_place, node_bytes, plan_are
 log = logging.getLogger(__name__)
 
 CHANNEL_WISE = (nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Identity)
-"""Modules that act on each channel alone (batch norm in eval mode)."""
-RUN_WHOLE = (nn.Linear, nn.Flatten, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d, nn.Softmax, nn.Dropout)
+"""Modules that act on each channel alone (batch norm in eval mode; so does a dropout in eval
+mode, the identity)."""
+RUN_WHOLE = (nn.Linear, nn.Flatten, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d, nn.Softmax)
 """Modules the pass knows and runs whole: they mix channels (or positions) and sit where buffers are small."""
 
 
@@ -52,7 +53,7 @@ def _closes(module: nn.Module) -> bool:
 def _channel_wise(module: nn.Module) -> bool:
     if isinstance(module, nn.Conv2d):
         return module.groups == module.in_channels == module.out_channels
-    if isinstance(module, nn.BatchNorm2d):
+    if isinstance(module, (nn.BatchNorm2d, nn.Dropout)):  # in eval mode: per-channel affine, the identity
         return not module.training
     return isinstance(module, CHANNEL_WISE)
 
