@@ -1,4 +1,5 @@
-"""`zoo transcribe`: transcribe WAV files with a zoo speech recogniser, whole or as a stream."""
+"""`zoo transcribe`: transcribe WAV files with a zoo speech recogniser, whole or as a stream;
+`zoo spot`: the keyword of each WAV file by a zoo keyword spotter."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from asr.data import read_audio_pieces
+from asr.spotting import spot_files
 from asr.streaming import StreamingTranscriber
 from asr.transcription import model_rescoring, recogniser, transcribe
 from zoo.commands import Command
@@ -80,3 +82,19 @@ def _pieces(path: str, samples: int, sample_rate: int):
 
 
 TRANSCRIBE = Command("transcribe", "transcribe WAV files with a speech recogniser", add_arguments, run)
+
+
+def add_spot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name")
+    parser.add_argument("files", nargs="+", metavar="FILE.wav")
+    parser.add_argument("--top", type=int, default=3, help="keywords to show per file, most probable first")
+
+
+def run_spot(args: argparse.Namespace) -> None:
+    for spotted in spot_files(args.name, args.files, top_k=args.top):
+        ranked = "  ".join(f"{label} {p:.4f}" for label, p in zip(spotted.labels, spotted.probabilities))
+        print(f"{spotted.path}: {ranked}")
+
+
+SPOT = Command("spot", "the keyword of each WAV file (one second each) by a keyword spotter", add_spot_arguments,
+               run_spot)
