@@ -9,7 +9,8 @@ For each model four implementations train on the same inputs: "hf" (transformers
 attention), "hf-compiled" (the whole HF model under `torch.compile`), "ours" (the zoo's model
 holding HF's weights) and "ours-compiled" (its blocks compiled, `Strategy(compile="blocks")`).
 The compiled twin shares its eager model's parameters, so one process holds two copies of the
-weights, not four. A step is forward, loss, backward and an AdamW step at learning rate 0 (all its
+weights, not four. A step is forward, loss, backward and a fused AdamW step (`fused=True`: the
+optimizer both trainers take, memzoo's and transformers' `adamw_torch_fused`) at learning rate 0 (all its
 work, the weights unchanged: every implementation's loss is on the same weights; the models keep
 HF's default dropout of 0.1, so the losses differ by their masks, ours and ours compiled drawing
 the same ones given the same generator state). After one warm-up step per
@@ -144,7 +145,7 @@ def measure(model_name: str, size: int, steps: int, device: torch.device, dtype:
     variants = []
     for family in ("hf", "ours"):
         model = build(model_name, family).to(device=device, dtype=dtype).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # full work, weights kept: losses comparable
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)  # full work, weights kept: losses comparable
         eager = Variant(family, model, optimizer, inputs, device)
         variants += [eager, Variant(f"{family}-compiled", twin(model, f"{family}-compiled"), optimizer, inputs, device)]
     flops = {v.name: flops_of(v) for v in variants if not v.name.endswith("compiled")}
