@@ -1,5 +1,7 @@
 """Keyword spotting's features: the MFCCs MLPerf Tiny's keyword spotter reads (its
-benchmark/training/keyword_spotting/get_dataset.py, TensorFlow's signal functions)."""
+benchmark/training/keyword_spotting/get_dataset.py, TensorFlow's signal functions), the same
+normalised per clip for the zoo's own spotter (`keyword_features`), a recording as its one-second
+clip (`centred_clip`), and their augmentation in training (`KeywordAugmentation`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from asr.features import resample
 
 SAMPLE_RATE = 16000
 """Samples a second of the clips the features are made of."""
@@ -57,8 +61,6 @@ def normalise_per_clip(mfccs: torch.Tensor) -> torch.Tensor:
 def centred_clip(waveform: torch.Tensor, rate: int, start: int | None = None) -> torch.Tensor:
     """(samples,) at `rate` Hz -> (CLIP_SAMPLES,) at 16 kHz: resampled, its middle second if longer,
     placed at sample `start` of a silent second (None: centred)."""
-    from asr.features import resample
-
     if waveform.ndim != 1:
         raise ValueError(f"waveform must be (samples,) mono; got {tuple(waveform.shape)}")
     samples = resample(waveform.float(), rate, SAMPLE_RATE)

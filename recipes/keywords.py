@@ -143,6 +143,7 @@ def evaluation_rows(model: KeywordSpotter, test: SpokenDigits) -> str:
     return "clip\tdigit\tpredicted\tprobability\n" + "\n".join(rows) + "\n"
 
 
+@torch.no_grad()
 def partial_execution(model: KeywordSpotter, clips: KeywordClips) -> dict[str, Any]:
     """The network's partial-execution schedule and its run from one arena over every clip: arena
     bytes (sequential planner, schedule, executor), multiply-accumulates, and whether every prediction

@@ -89,4 +89,5 @@ def _shipped_wavs():
     from asr.keywords import keyword_mfccs
     from asr.spoken_digits import SpokenDigits, fsdd_clip
 
-    return SpokenDigits(torch.stack([keyword_mfccs(fsdd_clip(path)) for path in WAVS]), torch.arange(10), ("theo",) * 10)
+    return SpokenDigits(torch.stack([keyword_mfccs(fsdd_clip(path)) for path in WAVS]), torch.arange(10), ("theo",) * 10,
+                        tuple(f"{digit}_theo_0" for digit in range(10)))
