@@ -56,8 +56,8 @@ demo: setup
 # Two sessions at once: the tests marked `ranks` or `sequential` one after another (their report
 # follows the other session's), and every other test, on one thread (tests/conftest.py).
 test: setup
-	ranks_log=$$(mktemp); $(PY) -m pytest -q -m "ranks or sequential" tests > $$ranks_log 2>&1 & ranks=$$!; \
-	$(PY) -m pytest -q -m "not ranks and not sequential" tests; others=$$?; \
+	ranks_log=$$(mktemp); $(PY) -m pytest -q --durations=25 -m "ranks or sequential" tests > $$ranks_log 2>&1 & ranks=$$!; \
+	$(PY) -m pytest -q --durations=25 -m "not ranks and not sequential" tests; others=$$?; \
 	wait $$ranks; alone=$$?; echo "--- the tests marked ranks or sequential:"; cat $$ranks_log; rm -f $$ranks_log; \
 	test $$others -eq 0 && test $$alone -eq 0
 

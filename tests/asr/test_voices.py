@@ -91,13 +91,14 @@ def test_kokoro_has_a_letter_for_every_phoneme_espeak_writes_and_whisper_reads_i
     assert blend.shape == (510, 1, 256) and abs(blend - (styles["jf_alpha"] + styles["jm_kumo"]) / 2).max() < 1e-6
     trio = kokoro.style_table("jf_gongitsune~jf_nezumi~jm_kumo")
     assert abs(trio - (styles["jf_gongitsune"] + styles["jf_nezumi"] + styles["jm_kumo"]) / 3).max() < 1e-6
-    reader = WhisperReader()
-    for variant in ("jf_alpha", "jf_gongitsune~jf_nezumi~jm_kumo"):  # one voice, and the widest blend
-        paths = [tmp_path / f"{variant}_{i}.wav" for i in range(len(KOKORO_SENTENCES))]
-        for sentence, path in zip(KOKORO_SENTENCES, paths):
-            speak(sentence, Voice("kokoro", variant, 170, 50, "kokoro"), path)
-        heard = reader.read([read_audio(path, 16000).numpy() for path in paths])
-        assert error_counts([normalize(s) for s in KOKORO_SENTENCES], heard).rate <= 0.25, (variant, heard)  # jf_alpha 0.167
+    # The widest blend speaks every sentence (three voices' styles through the synthesiser at once;
+    # the blend's arithmetic is checked above).
+    variant = "jf_gongitsune~jf_nezumi~jm_kumo"
+    paths = [tmp_path / f"{i}.wav" for i in range(len(KOKORO_SENTENCES))]
+    for sentence, path in zip(KOKORO_SENTENCES, paths):
+        speak(sentence, Voice("kokoro", variant, 170, 50, "kokoro"), path)
+    heard = WhisperReader().read([read_audio(path, 16000).numpy() for path in paths])
+    assert error_counts([normalize(s) for s in KOKORO_SENTENCES], heard).rate <= 0.25, heard
     for wrong in ("af_heart", "jm_kumo~jm_kumo", "jf_alpha~jm_kumo~jf_nezumi~jf_tebukuro", "jf_alpha~af_heart"):
         with pytest.raises(ValueError, match=f"Kokoro voice must be one of .* or two or three of them joined by '~'; got '{wrong}'"):
             kokoro.synthesise("hello", wrong, 1.0)
