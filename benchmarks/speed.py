@@ -4,10 +4,12 @@ process.
 
     python benchmarks/speed.py [--device cpu|cuda] [--dtype float32|bfloat16] [--steps 5]
                                [--models gpt2-small,gpt2-medium,bert-base,vit-base] [--batch N]
+                               [--compile blocks|model]
 
 For each model four implementations train on the same inputs: "hf" (transformers, SDPA
 attention), "hf-compiled" (the whole HF model under `torch.compile`), "ours" (the zoo's model
-holding HF's weights) and "ours-compiled" (its blocks compiled, `Strategy(compile="blocks")`).
+holding HF's weights) and "ours-compiled" (`Strategy(compile=--compile)`: each block compiled, the
+default, or the whole model as HF's is).
 The compiled twin shares its eager model's parameters, so one process holds two copies of the
 weights, not four. A step is forward, loss, backward and a fused AdamW step (`fused=True`: the
 optimizer both trainers take, memzoo's and transformers' `adamw_torch_fused`) at learning rate 0 (all its
@@ -16,7 +18,9 @@ HF's default dropout of 0.1, so the losses differ by their masks, ours and ours 
 the same ones given the same generator state). After one warm-up step per
 implementation (which compiles; its time is reported) the implementations run `--steps` steps in
 turns, one step each, the order rotating, and each reports its median: this machine's speed
-drifts, and the turns spread the drift over all four.
+drifts, and the turns spread the drift over all four. A speed ratio is the median over the turns
+of the two implementations' step times in the same turn (a drift slower than a turn cancels in
+it), with the middle half of those ratios (25th to 75th percentile) beside it.
 
 Tokens are the model's positions a step (GPT: batch x sequence; BERT: batch x sequence; ViT:
 batch x patches + class token). FLOPs are counted once per family on an eager step
@@ -83,13 +87,13 @@ def loss_of(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return output["loss"]
 
 
-def twin(model: nn.Module, implementation: str) -> nn.Module:
-    """The compiled twin of `model`, sharing its parameters: HF's whole model compiled, ours with
-    its blocks compiled."""
+def twin(model: nn.Module, implementation: str, compile_mode: str) -> nn.Module:
+    """The compiled twin of `model`, sharing its parameters: HF's whole model compiled, ours as
+    `Strategy(compile=compile_mode)` compiles it."""
     if implementation == "hf-compiled":
         return torch.compile(model)
     copy = build_like(model)
-    apply_compile(copy, Strategy(compile="blocks"), model_plan(copy).block_names(copy))
+    apply_compile(copy, Strategy(compile=compile_mode), model_plan(copy).block_names(copy))
     return copy
 
 
@@ -140,14 +144,15 @@ def saved_mib(variant: Variant) -> float:
     return saved.bytes / 2**20
 
 
-def measure(model_name: str, size: int, steps: int, device: torch.device, dtype: torch.dtype) -> list[dict]:
+def measure(model_name: str, size: int, steps: int, device: torch.device, dtype: torch.dtype,
+            compile_mode: str = "blocks") -> list[dict]:
     inputs = batch(model_name, size, device)
     variants = []
     for family in ("hf", "ours"):
         model = build(model_name, family).to(device=device, dtype=dtype).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)  # full work, weights kept: losses comparable
         eager = Variant(family, model, optimizer, inputs, device)
-        variants += [eager, Variant(f"{family}-compiled", twin(model, f"{family}-compiled"), optimizer, inputs, device)]
+        variants += [eager, Variant(f"{family}-compiled", twin(model, f"{family}-compiled", compile_mode), optimizer, inputs, device)]
     flops = {v.name: flops_of(v) for v in variants if not v.name.endswith("compiled")}
     warm = {v.name: v.step() for v in variants}
     for turn in range(steps):
@@ -161,8 +166,16 @@ def measure(model_name: str, size: int, steps: int, device: torch.device, dtype:
         rows.append({"impl": variant.name, "step_s": step, "first_step_s": warm[variant.name],
                      "tokens_per_s": size * SEQUENCE[model_name] / step, "mfu": work / step / peak.flops,
                      "saved_mib": saved_mib(variant), "peak_above_mib": variant.peak_above / 2**20,
-                     "loss": variant.loss, "peak_source": peak.source})
+                     "loss": variant.loss, "peak_source": peak.source, "times": variant.times})
     return rows
+
+
+def speed_ratio(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
+    """(median, 25th and 75th percentiles) over the turns of theirs / ours, the step times of one
+    turn paired (> 1: ours is faster)."""
+    ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return statistics.median(ratios), low, high
 
 
 def main() -> None:
@@ -172,15 +185,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--models", default="gpt2-small,gpt2-medium,bert-base,vit-base")
+    parser.add_argument("--compile", default="blocks", choices=["blocks", "model"],
+                        help="how ours-compiled is compiled (Strategy.compile)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     size = args.batch or (8 if device.type == "cuda" else 1)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {name}; dtype {args.dtype}; batch {size}; {args.steps} steps in turns; torch {torch.__version__}\n")
+    print(f"device: {name}; dtype {args.dtype}; batch {size}; {args.steps} steps in turns; ours compiled: "
+          f"{args.compile}; torch {torch.__version__}\n")
     print("| model | impl | step s (median) | first step s | tokens/s | MFU | saved MiB | peak above states MiB | "
           "loss |\n|---|---|---|---|---|---|---|---|---|")
     for model_name in args.models.split(","):
-        rows = measure(model_name, size, args.steps, device, dtype)
+        rows = measure(model_name, size, args.steps, device, dtype, args.compile)
         for row in rows:
             peak = f"{row['peak_above_mib']:.0f}" if device.type == "cuda" else "-"
             print(f"| {model_name} | {row['impl']} | {row['step_s']:.3f} | {row['first_step_s']:.1f} | "
@@ -188,7 +204,8 @@ def main() -> None:
                   f"{row['loss']:.4f} |")
         by = {row["impl"]: row for row in rows}
         for ours, theirs in (("ours", "hf"), ("ours-compiled", "hf-compiled"), ("ours-compiled", "hf")):
-            print(f"| {model_name} | {ours} / {theirs} | speed {by[theirs]['step_s'] / by[ours]['step_s']:.2f}x | | | | "
+            median, low, high = speed_ratio(by[ours]["times"], by[theirs]["times"])
+            print(f"| {model_name} | {ours} / {theirs} | speed {median:.2f}x (middle half {low:.2f}-{high:.2f}) | | | | "
                   f"{by[ours]['saved_mib'] / by[theirs]['saved_mib']:.2f}x | | |")
         print(f"(MFU peak: {rows[0]['peak_source']})", file=sys.stderr)
         sys.stdout.flush()

@@ -57,11 +57,12 @@ def _normalise_backward(grad_y, y, rstd, weight, bias, kind: str, needs: tuple[b
     width = [y.shape[-1]]
     acc = rstd.dtype
     x_hat = y.reshape(-1, width[0]).to(acc)
-    if bias is not None:
-        x_hat = x_hat - bias.to(acc)
     w = None if weight is None else weight.to(acc)
-    if w is not None:
-        x_hat = x_hat / w
+    if w is not None:  # (y - bias) / w in one pass over y
+        scale = w.reciprocal()
+        x_hat = x_hat * scale if bias is None else torch.addcmul(-bias.to(acc) * scale, x_hat, scale)
+    elif bias is not None:
+        x_hat = x_hat - bias.to(acc)
     grad_y = grad_y.to(acc)
     if kind == "layer":
         grad_s, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
