@@ -8,10 +8,9 @@ between four ranks and slow their collectives several times over), and every oth
 second session beside it, on one thread: the ranks keep about 1.3 cores busy on average (one rank
 waits on the other, or on a planner's single trace), and the second session fills the rest.
 
-Tests marked `sequential` join the first session to even out the two: single-process tests that
-spend most of their time in the one estimating process their memory-budget search starts (at
-7c3a562, once tests/distributed shared its launches, the ranks session took 405 s and the rest
-478 s, GPT's quarter-of-the-peak case, 31 s, among them: that case joined the ranks)."""
+Tests marked `sequential` join the first session to even out the two (each reports its 25 slowest
+tests): single-process tests that spend most of their time in one process of one thread, the
+estimating process their memory-budget search starts or a command they run."""
 
 import os
 from pathlib import Path
