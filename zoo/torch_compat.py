@@ -2,7 +2,9 @@
 (modules, functions and attributes whose names start with "_", `torch.testing._internal`). Code
 elsewhere imports them from here (tests/zoo/test_torch_compat.py checks it), so a torch release
 that moves one breaks this module, not code spread over the project. Checked on the releases in
-`CHECKED_ON`; pyproject.toml allows those alone.
+`CHECKED_ON`; pyproject.toml allows those alone. The names from FSDP, pipelining and the memory
+tracker are imported when first asked for (`_IMPORTED_WHEN_ASKED`): their modules take seconds to
+load (the memory tracker loads Inductor), which a process that only runs a model never pays.
 
 What each is, and why no public API serves:
 - FakeTensorMode and its kin: shapes without memory, for the estimator's traces (no public twin).
@@ -34,21 +36,12 @@ What each is, and why no public API serves:
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.autograd import _unsafe_preserve_version_counter as unsafe_preserve_version_counter
-from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType as MemRefType
-from torch.distributed._tools.mod_tracker import ModTracker
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._redistribute import _gen_transform_infos
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
                                            FakeTensorMode, unset_fake_temporarily)
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,18 +49,51 @@ from torch.utils._python_dispatch import _disable_current_modes as disable_curre
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as current_dispatch_modes
 from torch.utils._pytree import tree_flatten, tree_leaves
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule
+
+_IMPORTED_WHEN_ASKED = {
+    "replicate": ("torch.distributed._composable.replicate_with_fsdp", "replicate"),
+    "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
+    "MemRefType": ("torch.distributed._tools.mem_tracker", "_MemRefType"),
+    "ModTracker": ("torch.distributed._tools.mod_tracker", "ModTracker"),
+    "checkpoint_wrapper": ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "checkpoint_wrapper"),
+    "stage_backward_input": ("torch.distributed.pipelining._backward", "stage_backward_input"),
+    "stage_backward_weight": ("torch.distributed.pipelining._backward", "stage_backward_weight"),
+    "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
+}
+"""Names whose torch modules take a second or more to import (FSDP, DTensor, the memory tracker,
+which loads Inductor): imported when first asked for, so that a process that only runs a model
+(zoo.nn, the inference commands) does not load them. name -> (module, attribute)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CategoryTracker":
+        value = _category_tracker()
+    elif name in _IMPORTED_WHEN_ASKED:
+        module, attribute = _IMPORTED_WHEN_ASKED[name]
+        value = getattr(importlib.import_module(module), attribute)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
 grouped_mm = getattr(torch, "_grouped_mm", None)
 """torch._grouped_mm(a, b, offs=...) where this torch has it, else None."""
 
 CHECKED_ON = ("2.13.0",)
 """The torch releases this module's names were checked on."""
 
-__all__ = ["CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "DynamicOutputShapeException", "FakeStore",
-           "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
-           "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "cpu_bf16_native", "current_dispatch_modes",
-           "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
-           "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unflatten_mesh",
-           "unsafe_preserve_version_counter", "unset_fake_temporarily"]
+__all__ = [  # noqa: F822 (the names of _IMPORTED_WHEN_ASKED and CategoryTracker come from __getattr__)
+    "CHECKED_ON", "CategoryTracker", "DataDependentOutputException", "DynamicOutputShapeException", "FakeStore",
+    "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
+    "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "cpu_bf16_native", "current_dispatch_modes",
+    "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
+    "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unflatten_mesh",
+    "unsafe_preserve_version_counter", "unset_fake_temporarily"]
+
 
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
     """`mesh` with dimension `dim` split into dimensions `names` of `sizes` (row-major), sharing
@@ -118,6 +144,9 @@ def clear_cublas_workspaces() -> None:
 
 def clear_dtensor_sharding_caches() -> None:
     """Clear DTensor's caches of sharding decisions, whose results hold the meshes they were made on."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+
     torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's
     propagator = DTensor._op_dispatcher.sharding_propagator
     propagator.propagate_op_sharding.cache_clear()
@@ -136,38 +165,44 @@ def fsdp_post_backward(module: FSDPModule) -> None:
     state._root_post_backward_final_callback()
 
 
-class _ForwardModTracker(ModTracker):
-    """`ModTracker` calling the user's forward pre-hook only. The stock one also hangs a gradient
-    hook on every module's inputs that waits for all of their gradients: a zero-bubble backward
-    (input gradients, then weight gradients, in two autograd calls) never completes such a wait,
-    and the hooks keep every micro batch's tensors alive (or fail outright on a leaf input under
-    `autograd.grad`). Forward or backward still follows from the autograd engine (`is_bw`)."""
+def _category_tracker() -> type:
+    """`CategoryTracker`, defined on first use (its base class loads the memory tracker)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType as MemRefType
+    from torch.distributed._tools.mod_tracker import ModTracker
 
-    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
-        self._user_pre_fw_hook(mod, input)
+    class _ForwardModTracker(ModTracker):
+        """`ModTracker` calling the user's forward pre-hook only. The stock one also hangs a gradient
+        hook on every module's inputs that waits for all of their gradients: a zero-bubble backward
+        (input gradients, then weight gradients, in two autograd calls) never completes such a wait,
+        and the hooks keep every micro batch's tensors alive (or fail outright on a leaf input under
+        `autograd.grad`). Forward or backward still follows from the autograd engine (`is_bw`)."""
 
-    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
-        pass
+        def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+            self._user_pre_fw_hook(mod, input)
 
+        def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
+            pass
 
-class CategoryTracker(MemTracker):
-    """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
-    allow one forward per module between backwards, where pipeline schedules run several. Each
-    module's parameters (swapped in by FSDP when gathered) are still tracked, with the gradients of
-    those that take one: the stock tracker hangs a gradient hook on every parameter, which a frozen
-    one (requires_grad False) refuses."""
+    class CategoryTracker(MemTracker):
+        """`MemTracker` keeping only its per-category totals and peaks: no per-module records, which
+        allow one forward per module between backwards, where pipeline schedules run several. Each
+        module's parameters (swapped in by FSDP when gathered) are still tracked, with the gradients of
+        those that take one: the stock tracker hangs a gradient hook on every parameter, which a frozen
+        one (requires_grad False) refuses."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._mod_tracker = _ForwardModTracker()
+        def __init__(self) -> None:
+            super().__init__()
+            self._mod_tracker = _ForwardModTracker()
 
-    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
-        self._track_module_params_and_buffers(module, install_grad_hooks=False)
-        for param in module.parameters():
-            if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
-                self._param_to_grad_hook_handles[param] = (
-                    param.register_hook(self._track_gradient),
-                    param.register_post_accumulate_grad_hook(lambda p: self._track_gradient(p.grad)))
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            self._track_module_params_and_buffers(module, install_grad_hooks=False)
+            for param in module.parameters():
+                if param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(self._track_gradient),
+                        param.register_post_accumulate_grad_hook(lambda p: self._track_gradient(p.grad)))
 
-    def _track_gradient(self, grad: torch.Tensor) -> None:
-        self._update_and_maybe_create_winfos(grad, MemRefType.GRAD)
+        def _track_gradient(self, grad: torch.Tensor) -> None:
+            self._update_and_maybe_create_winfos(grad, MemRefType.GRAD)
+
+    return CategoryTracker

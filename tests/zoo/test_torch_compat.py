@@ -5,6 +5,8 @@ torch this suite runs on is one that module was checked on."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -62,3 +64,16 @@ def test_only_the_compatibility_module_uses_private_torch_apis():
 
 def test_this_torch_is_one_the_module_was_checked_on():
     assert torch.__version__.split("+")[0] in torch_compat.CHECKED_ON, torch.__version__
+
+
+def test_running_a_model_loads_no_training_machinery():
+    # The inference commands (zoo transcribe, translate, classify, spot) import zoo.nn and their
+    # domain; FSDP, DTensor and the memory tracker (which loads Inductor) take seconds to import.
+    script = ("import sys, zoo.nn, asr.transcription, nlp.translation.decode, vision.classify\n"
+              "print(sorted(m for m in sys.modules if m.startswith(('torch._inductor', 'torch.distributed.fsdp', "
+              "'torch.distributed.tensor', 'torch.distributed._tools'))))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert torch_compat.MemTracker.__name__ == "MemTracker"  # asked for: imported then
+    assert issubclass(torch_compat.CategoryTracker, torch_compat.MemTracker)
