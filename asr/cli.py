@@ -13,7 +13,7 @@ from asr.data import read_audio_pieces
 from asr.spotting import spot_files
 from asr.streaming import StreamingTranscriber
 from asr.transcription import model_rescoring, recogniser, transcribe
-from zoo.commands import Command
+from zoo.commands import Command, ranked_line
 from zoo.store import read_config
 
 STDIN = "-"
@@ -92,8 +92,7 @@ def add_spot_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_spot(args: argparse.Namespace) -> None:
     for spotted in spot_files(args.name, args.files, top_k=args.top):
-        ranked = "  ".join(f"{label} {p:.4f}" for label, p in zip(spotted.labels, spotted.probabilities))
-        print(f"{spotted.path}: {ranked}")
+        print(ranked_line(spotted.path, spotted.labels, spotted.probabilities))
 
 
 SPOT = Command("spot", "the keyword of each WAV file (one second each) by a keyword spotter", add_spot_arguments,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from vision.classify import classify_files
-from zoo.commands import Command
+from zoo.commands import Command, ranked_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,8 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     for prediction in classify_files(args.name, args.images, top_k=args.top):
-        ranked = "  ".join(f"{label} {p:.4f}" for label, p in zip(prediction.labels, prediction.probabilities))
-        print(f"{prediction.path}: {ranked}")
+        print(ranked_line(prediction.path, prediction.labels, prediction.probabilities))
 
 
 CLASSIFY = Command("classify", "label images with an image classifier", add_arguments, run)

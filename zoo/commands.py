@@ -8,7 +8,7 @@ so the CLI finds them without importing any of those packages itself.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,3 +49,9 @@ def command_names() -> list[str]:
 def command_named(name: str) -> Command | None:
     """The registered verb `name`, importing its package's command line alone; None when none has it."""
     return entry_point_named(ENTRY_POINT_GROUP, name)
+
+
+def ranked_line(path: str, labels: Sequence[str], probabilities: Sequence[float]) -> str:
+    """One input's line of a classifying verb (`zoo classify`, `zoo spot`): "PATH: label p  label p ...",
+    the labels as given (most probable first), each probability to four places."""
+    return f"{path}: " + "  ".join(f"{label} {p:.4f}" for label, p in zip(labels, probabilities, strict=True))
