@@ -8,8 +8,9 @@ Inputs: the 16 photographs of `vision.photos` (96 x 96) for the person detector;
 MFCCs of each whole second of Debian pocketsphinx-testdata's recordings for the keyword spotter.
 Per file: how often our top class is the interpreter's, the largest difference of an output
 probability and the outputs' relative error. Arenas in float32 bytes (ours runs float32), the
-input included; each executor's arena (`zoo.partial.executor`: the unsplit chain, the schedule)
-with what the CPU allocator handed out while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
+input included; each executor's arena (`zoo.partial.executor`: the unsplit chain, the schedule;
+`zoo.partial.stream`: the chain a row at a time, where it streams) with what the CPU allocator handed
+out while it ran one input (torch's profiler); multiply-accumulates of one input. Last, the int8 files'
 own tensors planned in one byte a value (`zoo.tflite.file_arena`), and pymicro-wakeword's four
 streaming models beside the arena their configurations give TensorFlow Lite Micro.
 """
@@ -43,11 +44,12 @@ def speech_features():
 
 
 def main() -> None:
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from vision.photos import opencv_photos
     from zoo.parity import relative_error
-    from zoo.partial import schedule
+    from zoo.partial import schedule, stream
     from zoo.partial.executor import ArenaExecutor, ScheduleExecutor
     from zoo.store import locate
     from zoo.downloads import data_dir, pip_wheel
@@ -57,7 +59,7 @@ def main() -> None:
               "kws-dscnn-mlperf-tiny": speech_features()}
     print("| model | file | inputs | top-1 agreement | largest probability difference | relative error |")
     print("|---|---|---|---|---|---|")
-    arenas = []
+    arenas, refusals = [], []
     for name, x in inputs.items():
         for file in ("model.tflite", "model-int8.tflite"):
             path = locate(name) / file
@@ -75,11 +77,26 @@ def main() -> None:
                 executor.run(x[:1])
             allocated = sum(max(event.self_cpu_memory_usage, 0) for event in recorded.key_averages())
             ran.append(f"{executor.arena.numel():,} B, {allocated} B more")
+        try:
+            rows = stream(model.module, x[:1])
+            rows.run(x[:1])
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+                rows.run(x[:1])
+            allocated = sum(max(event.self_cpu_memory_usage, 0) for event in recorded.key_averages())
+            with torch.no_grad():
+                error = relative_error(stream(model.module, x).run(x), model.module(x))
+            streamed = (f"{rows.peak_bytes:,} B, {allocated} B more, {plan.baseline_bytes / rows.peak_bytes:.2f}x less; "
+                        f"relative error {error:.1e} over the {len(x)} inputs")
+        except ValueError as refused:
+            streamed = "-"
+            refusals.append(f"{name}: {refused}")
         arenas.append(f"| {name} | {plan.baseline_bytes:,} | {ran[0]} | {plan.peak_bytes:,} | {ran[1]} | "
-                      f"{plan.baseline_bytes / plan.peak_bytes:.2f}x | {plan.macs:,} |")
+                      f"{plan.baseline_bytes / plan.peak_bytes:.2f}x | {streamed} | {plan.macs:,} |")
     print("\n| model | sequential arena B | its executor: arena, allocated while running | partial execution B | "
-          "its executor | less | MACs |\n|---|---|---|---|---|---|---|")
+          "its executor | less | a row at a time: arena, allocated while running, less | MACs |"
+          "\n|---|---|---|---|---|---|---|---|")
     print("\n".join(arenas))
+    print("".join(f"\nnot streamed, {refusal}" for refusal in refusals))
     print("\n| file | activation arena B (bound) | state variables B | together | TensorFlow Lite Micro's configured arena B |"
           "\n|---|---|---|---|---|")
     for name in inputs:

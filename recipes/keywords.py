@@ -10,8 +10,9 @@ clips, less a validation share, train with synthetic speakers (espeak-ng and fli
 digits, `asr.spoken_digits.synthetic_digits`). Features are normalised per clip
 (`asr.keywords.keyword_features`) and augmented in training (`asr.keywords.KeywordAugmentation`).
 After training, the model's network is scheduled by `zoo.partial.schedule` and run from one arena of
-the schedule's size (`zoo.partial.ScheduleExecutor`) on every test clip: its predictions must be the
-model's. Reports the held-out accuracy per speaker and per digit, the arenas, and writes the model
+the schedule's size (`zoo.partial.ScheduleExecutor`) on every test clip, and streamed a row at a time
+(`zoo.partial.stream`, the test clips side by side, each in its share of one arena): the predictions
+of both must be the model's. Reports the held-out accuracy per speaker and per digit, the arenas, and writes the model
 into the user's zoo as `kws-digits` (`zoo spot kws-digits WAV...`).
 """
 
@@ -32,7 +33,7 @@ from asr.keywords import KeywordAugmentation, normalise_per_clip
 from asr.spoken_digits import DIGIT_WORDS, FSDD_SPEAKERS, SpokenDigits, fsdd_mfccs, synthetic_digits, synthetic_voices
 from recipes.report import trainer_memory_report
 from trainers import Strategy, TrainConfig, Trainer
-from zoo.partial import ScheduleExecutor, schedule
+from zoo.partial import ScheduleExecutor, schedule, stream
 from zoo.recipes import Recipe, command_line
 from zoo.store import user_zoo_dir
 
@@ -144,17 +145,22 @@ def evaluation_rows(test: SpokenDigits, probabilities: torch.Tensor) -> str:
 
 @torch.no_grad()
 def partial_execution(model: KeywordSpotter, clips: KeywordClips) -> dict[str, Any]:
-    """The network's partial-execution schedule and its run from one arena over every clip: arena
-    bytes (sequential planner, schedule, executor), multiply-accumulates, and whether every prediction
-    equals the model's."""
+    """The network's partial-execution schedule and its run from one arena over every clip, and its
+    row stream over all clips at once: arena bytes a clip (sequential planner, schedule, executor, row
+    stream), multiply-accumulates, and whether every prediction of each equals the model's."""
     network = model.eval().network
     plan = schedule(network, clips.features[:1])
     executor = ScheduleExecutor(plan, clips.features[:1])
     ran = torch.cat([executor.run(clip[None]).clone() for clip in clips.features])
+    rows = stream(network, clips.features)
+    streamed = rows.run(clips.features)
     expected = network(clips.features)
     return {"baseline_bytes": plan.baseline_bytes, "peak_bytes": plan.peak_bytes, "arena_bytes": executor.arena.numel(),
             "macs": plan.macs, "same_predictions": bool((ran.argmax(-1) == expected.argmax(-1)).all()),
-            "largest_logit_difference": (ran - expected).abs().max().item()}
+            "largest_logit_difference": (ran - expected).abs().max().item(),
+            "row_stream_bytes": rows.peak_bytes // len(clips.features),
+            "row_stream_same_predictions": bool((streamed.argmax(-1) == expected.argmax(-1)).all()),
+            "row_stream_products": rows.counted_products // len(clips.features)}
 
 
 def run(config: KeywordsConfig) -> dict[str, Any]:
@@ -198,7 +204,8 @@ def run(config: KeywordsConfig) -> dict[str, Any]:
           f"({_figures(table['speaker'])}); by digit {_figures(table['digit'])}")
     pex = metrics["partial_execution"]
     print(f"arena: sequential {pex['baseline_bytes']:,} B, partial execution {pex['peak_bytes']:,} B, executor "
-          f"{pex['arena_bytes']:,} B; same predictions on every test clip: {pex['same_predictions']}")
+          f"{pex['arena_bytes']:,} B; same predictions on every test clip: {pex['same_predictions']}; row stream "
+          f"{pex['row_stream_bytes']:,} B a clip, same predictions: {pex['row_stream_same_predictions']}")
     print(f"\nsaved {output}")
     return metrics
 
@@ -224,7 +231,9 @@ normalised per clip (`asr.keywords.keyword_features`), labels {", ".join(DIGIT_W
   by speaker {_figures(by['speaker'])}; by digit {_figures(by['digit'])}; each clip in evaluation.tsv
 - Partial execution (`zoo.partial`): arena {pex['baseline_bytes']:,} B sequential, {pex['peak_bytes']:,} B split
   ({pex['macs']:,} multiply-accumulates a clip); the executor's arena {pex['arena_bytes']:,} B gives the model's
-  prediction on every held-out clip: {pex['same_predictions']}
+  prediction on every held-out clip: {pex['same_predictions']}; streamed a row at a time (`zoo.partial.stream`)
+  in {pex['row_stream_bytes']:,} B a clip ({pex['row_stream_products']:,} products a clip, those on padding left
+  out), the model's prediction on every held-out clip: {pex['row_stream_same_predictions']}
 
 ## Memory per rank (measured in training step 2)
 

@@ -44,6 +44,7 @@ def test_two_ranks_zero2_train_writes_a_spotter_that_runs_under_partial_executio
     assert set(metrics["test_accuracy_by"]["speaker"]) == {"george", "lucas"}
     pex = metrics["partial_execution"]
     assert pex["arena_bytes"] == pex["peak_bytes"] <= pex["baseline_bytes"] and pex["same_predictions"]
+    assert pex["row_stream_same_predictions"] and pex["row_stream_bytes"] <= pex["baseline_bytes"] / 4
     spotted = spot_files(tmp_path / "model", WAVS[:2], top_k=10)
     assert all(sorted(s.labels) == sorted(DIGIT_WORDS) and abs(sum(s.probabilities) - 1) < 1e-5 for s in spotted)
 
@@ -67,6 +68,9 @@ def test_shipped_spotter_hears_the_held_out_speaker():
     assert accuracy >= 0.9 and accuracy == pytest.approx(config["metrics"]["test_accuracy"], abs=1e-6)
     pex = partial_execution(model, clips)
     assert pex["same_predictions"] and pex["arena_bytes"] == config["metrics"]["partial_execution"]["arena_bytes"]
+    # a row at a time: the input (1,960 B), ten rows of 64 x 5 floats, the pooled 64 and the 10 logits
+    assert pex["row_stream_same_predictions"] and pex["row_stream_bytes"] == 1960 + 10 * 1280 + 4 * 64 + 4 * 10
+    assert pex["baseline_bytes"] >= 4 * pex["row_stream_bytes"]
     assert torch.equal(clips.features, normalise_per_clip(test.features))
 
 

@@ -97,7 +97,7 @@ def test_a_model_that_is_not_a_chain_is_refused_by_node():
         def forward(self, x):
             return self.conv(x) + x
 
-    with pytest.raises(ValueError, match=r"schedule runs a chain of modules, each reading the one before; node 'add' "
+    with pytest.raises(ValueError, match=r"zoo.partial runs a chain of modules, each reading the one before; node 'add' "
                                          r"\(call_function .*add.*\) is not one"):
         schedule(Shortcut(), torch.randn(1, 4, 8, 8))
 

@@ -22,7 +22,7 @@ Kernel = Callable[[torch.Tensor, torch.Tensor], None]
 """Writes a module's output for input view `x` into output view `out` (the same view when in place)."""
 
 
-def _window(size: int, out_size: int, offset: int, stride: int) -> tuple[slice, slice]:
+def tap_window(size: int, out_size: int, offset: int, stride: int) -> tuple[slice, slice]:
     """(output positions, input positions) along one axis where a tap at `offset` from each
     window's start (padding subtracted) reads inside the input: output i reads input stride i + offset."""
     first = 0 if offset >= 0 else (-offset + stride - 1) // stride
@@ -50,9 +50,9 @@ def _conv(conv: nn.Conv2d, channels: slice) -> Kernel:
             else:
                 made.zero_()
                 for a in range(weight.shape[2]):
-                    rows, read_rows = _window(sample.shape[1], made.shape[1], a * dilation_h - top, stride_h)
+                    rows, read_rows = tap_window(sample.shape[1], made.shape[1], a * dilation_h - top, stride_h)
                     for b in range(weight.shape[3]):
-                        cols, read_cols = _window(sample.shape[2], made.shape[2], b * dilation_w - left, stride_w)
+                        cols, read_cols = tap_window(sample.shape[2], made.shape[2], b * dilation_w - left, stride_w)
                         target = made[:, rows, cols]
                         if depthwise:
                             target.addcmul_(sample[:, read_rows, read_cols], weight[:, 0, a, b, None, None])

@@ -25,16 +25,13 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
-
 from zoo.nn.conv import Conv2dSame, conv2d_on
-from zoo.partial.arena import activation_buffers, in_place, node_bytes, plan_arena, trace
+from zoo.partial.arena import activation_buffers, in_place, plan_arena
+from zoo.partial.chain import chain_macs, chain_of, channel_wise
+from zoo.partial.rows import stream
 
 log = logging.getLogger(__name__)
 
-CHANNEL_WISE = (nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Identity)
-"""Modules that act on each channel alone (batch norm in eval mode; so does a dropout in eval
-mode, the identity)."""
 RUN_WHOLE = (nn.Linear, nn.Flatten, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d, nn.Softmax)
 """Modules the pass knows and runs whole: they mix channels (or positions) and sit where buffers are small."""
 
@@ -48,14 +45,6 @@ def _closes(module: nn.Module) -> bool:
     """A pointwise convolution whose output accumulates over slices of its input channels in place."""
     return (_opens(module) and module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding == (0, 0)
             and not isinstance(module, Conv2dSame))
-
-
-def _channel_wise(module: nn.Module) -> bool:
-    if isinstance(module, nn.Conv2d):
-        return module.groups == module.in_channels == module.out_channels
-    if isinstance(module, (nn.BatchNorm2d, nn.Dropout)):  # in eval mode: per-channel affine, the identity
-        return not module.training
-    return isinstance(module, CHANNEL_WISE)
 
 
 @dataclass
@@ -145,30 +134,11 @@ def _run_split(modules: list[nn.Module], segment: Segment, x: torch.Tensor) -> t
     return out
 
 
-def _chain(model: nn.Module, example_input: torch.Tensor) -> tuple[list[nn.Module], list[int], list[torch.Size]]:
-    """The modules of the chain in order, the bytes of its input and of each module's output, and
-    each output's shape; ValueError when the traced graph is not one module after another."""
-    graph = trace(model)
-    ShapeProp(graph).propagate(example_input)
-    nodes = [node for node in graph.graph.nodes if node.op not in ("placeholder", "output")]
-    modules = dict(graph.named_modules())
-    chain = []
-    for previous, node in zip([None, *nodes], nodes):
-        reads = node.all_input_nodes
-        if node.op != "call_module" or len(reads) != 1 or (previous is not None and reads[0] is not previous):
-            raise ValueError(f"schedule runs a chain of modules, each reading the one before; node {node.name!r} "
-                             f"({node.op} {node.target}) is not one")
-        chain.append(modules[node.target])
-    sizes = [example_input.numel() * example_input.element_size()]
-    sizes += [node_bytes(node) for node in nodes]
-    return chain, sizes, [node.meta["tensor_meta"].shape for node in nodes]
-
-
 def _splittable(chain: list[nn.Module], first: int, last: int) -> Segment | None:
     """Modules first..last as a segment (see the module docstring), or None when they do not make one."""
     opens, closes = _opens(chain[first]), last > first and _closes(chain[last])
     middle = range(first + 1 if opens else first, last if closes else last + 1)
-    if last == first or not all(_channel_wise(chain[module]) for module in middle):
+    if last == first or not all(channel_wise(chain[module]) for module in middle):
         return None
     return Segment(first, last, opens=opens, closes=closes)
 
@@ -201,17 +171,6 @@ def _segments(chain: list[nn.Module], shapes: list[torch.Size], sizes: list[int]
     return segments[::-1]
 
 
-def _macs(chain: list[nn.Module], shapes: list[torch.Size]) -> int:
-    """Multiply-accumulates of the chain's convolutions and linear layers."""
-    total = 0
-    for module, shape in zip(chain, shapes):
-        if isinstance(module, nn.Conv2d):
-            total += shape.numel() * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-        elif isinstance(module, nn.Linear):
-            total += shape.numel() * module.in_features
-    return total
-
-
 def _module_bytes(chain: list[nn.Module], sizes: list[int], module: int, segment: Segment | None) -> int:
     """Bytes alive while chain module `module` runs: its input and output outside a split segment;
     in one, the segment's whole input and output and the slices of the module's input and output
@@ -237,11 +196,21 @@ def _segment_peak(chain: list[nn.Module], sizes: list[int], segment: Segment) ->
     return max(_module_bytes(chain, sizes, module, segment) for module in range(segment.first, segment.last + 1))
 
 
+def _streamed(model: nn.Module, example_input: torch.Tensor) -> str:
+    """What streaming `model` a row at a time would take instead, for an error message ("" when it does not stream)."""
+    try:
+        rows = stream(model, example_input)
+    except ValueError:
+        return ""
+    return f"; a row at a time (zoo.partial.stream) it runs in {rows.peak_bytes} bytes"
+
+
 def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int | None = None) -> PartialSchedule:
     """See the module docstring: every segment split as finely as its channels allow gives the
     lowest arena; each takes the fewest slices that keep it within that arena. `memory_budget`:
-    bytes the arena must fit; ValueError naming the smallest arena the splits reach when it cannot."""
-    chain, sizes, shapes = _chain(model, example_input)
+    bytes the arena must fit; ValueError naming the smallest arena the splits reach when it cannot
+    (and the row stream's, `zoo.partial.stream`, where the chain streams)."""
+    chain, sizes, shapes = chain_of(model, example_input)
     segments = _segments(chain, shapes, sizes)
     lowest = peak_bytes(chain, sizes, segments)
     for segment in segments:
@@ -250,11 +219,11 @@ def schedule(model: nn.Module, example_input: torch.Tensor, memory_budget: int |
     baseline, peak = plan_arena(activation_buffers(model, example_input)).arena_bytes, peak_bytes(chain, sizes, segments)
     if memory_budget is not None and peak > memory_budget:
         raise ValueError(f"memory_budget={memory_budget} bytes is below the smallest arena partial execution reaches "
-                         f"for {type(model).__name__}: {peak} bytes (unsplit: {baseline})")
+                         f"for {type(model).__name__}: {peak} bytes (unsplit: {baseline}){_streamed(model, example_input)}")
     unknown = [f"{index}: {type(module).__name__}" for index, module in enumerate(chain)
-               if not (_opens(module) or _channel_wise(module) or isinstance(module, RUN_WHOLE))]
+               if not (_opens(module) or channel_wise(module) or isinstance(module, RUN_WHOLE))]
     if unknown:
         log.warning("partial execution runs modules it does not know whole, splitting none around them: %s",
                     ", ".join(unknown))
-    return PartialSchedule(chain, segments, baseline, peak, _macs(chain, shapes), sizes, unknown,
+    return PartialSchedule(chain, segments, baseline, peak, chain_macs(chain, shapes), sizes, unknown,
                            [example_input.shape, *shapes])
