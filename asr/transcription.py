@@ -173,8 +173,7 @@ def transcribe(model: Transducer | str | os.PathLike, waveforms: Sequence[torch.
                                             language_model, lm_weight or 0.0, ilm_weight or 0.0, max_segment_seconds)
         search = Recogniser(model, tokenizer, features, language_model, lm_weight or 0.0, ilm_weight or 0.0, beam,
                             rescoring or Rescoring())
-        return [" ".join(" ".join(chosen_text(search, segment, max_symbols_per_frame) for segment in parts).split())
-                for parts in found_segments]
+        return searched_transcripts(search, found_segments, max_symbols_per_frame)
     segments, owners = _segments(waveforms, features, max_segment_seconds)
     model.eval()
     texts = []
@@ -233,6 +232,15 @@ def _encoded(model: Transducer, chunk: list[torch.Tensor], features: FeatureConf
     mask = (torch.arange(log_mels.shape[1])[None, :] < frames[:, None]).long()
     device = model.feature_mean.device
     return model.encode(log_mels.to(device), mask.to(device))
+
+
+def searched_transcripts(search: Recogniser, found: list[list[SearchedSegment]],
+                         max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> list[str]:
+    """One transcript per waveform from its segments after the first pass (`segment_hypotheses`):
+    each segment's `chosen_text` under `search`'s rescoring, joined. The second pass alone, so that
+    several rescorings can share one first pass."""
+    return [" ".join(" ".join(chosen_text(search, segment, max_symbols_per_frame) for segment in parts).split())
+            for parts in found]
 
 
 def chosen_text(search: Recogniser, segment: SearchedSegment, max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> str:

@@ -6,6 +6,7 @@ is tests/asr/test_whisper_decoder.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from asr.data import read_audio, recorded_speech
 from asr.decoding_tuning import BeamSearch, TuningFold, tuned_rescoring
-from asr.transcription import recogniser, segment_hypotheses, transcribe, whisper_rescorer
+from asr.transcription import recogniser, searched_transcripts, segment_hypotheses, transcribe, whisper_rescorer
 from asr.wer import error_counts
 from asr.whisper_rescoring import Candidates, Rescoring, best_rescored
 from helpers import zoo_in_process
@@ -80,7 +81,7 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     assert all(len(segment.hypotheses) > 1 and [s for _, s in segment.hypotheses] == sorted(
         (s for _, s in segment.hypotheses), reverse=True) for segment, in finals)
     references = [row["text"] for row in rows]
-    rescored = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0))
+    rescored = searched_transcripts(dataclasses.replace(found, rescoring=Rescoring(1.0, 1.0)), finals)
     assert all(text in [h for h, _ in parts[0].hypotheses] for text, parts in zip(rescored, finals))  # chosen from the beam
     first, second = error_counts(references, plain).rate, error_counts(references, rescored).rate
     assert second < first, (first, second)  # Whisper has heard people; the first pass has heard synthesisers
@@ -96,7 +97,7 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     search = BeamSearch(found.beam, found.ilm_weight, found.features)
     fold = TuningFold(rows, found.language_model.base, found.language_model.words)
     # Whisper's own transcript among the hypotheses: on recorded people, often the one chosen.
-    heard = transcribe("asr-transducer-whisper-tiny", audio, rescoring=Rescoring(1.0, 1.0, True))
+    heard = searched_transcripts(dataclasses.replace(found, rescoring=Rescoring(1.0, 1.0, True)), finals)
     third = error_counts(references, heard).rate
     assert third < second and any(text not in [h for h, _ in parts[0].hypotheses] for text, parts in zip(heard, finals))
     grid = [Rescoring(), Rescoring(1.0, 1.0), Rescoring(1.0, 1.0, True)]
@@ -124,7 +125,7 @@ def test_a_long_recording_is_read_by_both_passes_segment_by_segment():
                                          ilm_weight=found.ilm_weight)
         assert relative_error(segment.encoded, alone.encoded) < 1e-4
     alone = transcribe("asr-transducer-whisper-tiny", audio)  # the shipped decoding: both passes
-    (whole,) = transcribe("asr-transducer-whisper-tiny", [recording])
+    (whole,) = searched_transcripts(found, [parts])  # transcribe's second pass on the first pass above
     reference = " ".join(row["text"] for row in rows)
     rates = [error_counts([reference], [text]).rate for text in (" ".join(alone), whole)]
     # measured: 0.054 alone, 0.076 cut from the recording (segments keep 0.05 s of silence about their
