@@ -183,7 +183,6 @@ def test_the_card_line_follows_how_the_model_was_made_and_replaces_an_earlier_on
     assert with_card_line("# m\n", "- Confidence readout fitted") == "# m\n- Confidence readout fitted\n"
 
 
-@pytest.mark.sequential
 @pytest.mark.timeout(300)
 def test_the_command_fits_a_saved_model_and_keeps_its_other_files(tmp_path):
     torch.manual_seed(0)
