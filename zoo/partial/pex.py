@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from zoo.nn.conv import Conv2dSame, conv2d_on
 from zoo.partial.arena import activation_buffers, in_place, plan_arena
 from zoo.partial.chain import chain_macs, chain_of, channel_wise
