@@ -12,8 +12,8 @@ digits, `asr.spoken_digits.synthetic_digits`). Features are normalised per clip
 After training, the model's network is scheduled by `zoo.partial.schedule` and run from one arena of
 the schedule's size (`zoo.partial.ScheduleExecutor`) on every test clip, and streamed a row at a time
 (`zoo.partial.stream`, the test clips side by side, each in its share of one arena): the predictions
-of both must be the model's. Reports the held-out accuracy per speaker and per digit, the arenas, and writes the model
-into the user's zoo as `kws-digits` (`zoo spot kws-digits WAV...`).
+of both must be the model's. Reports the held-out accuracy per speaker and per digit, the arenas, and
+writes the model into the user's zoo as `kws-digits` (`zoo spot kws-digits WAV...`).
 """
 
 from __future__ import annotations
