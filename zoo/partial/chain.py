@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from zoo.nn.conv import Conv2dSame
 from zoo.partial.arena import node_bytes, trace
 
 CHANNEL_WISE = (nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardswish, nn.SiLU, nn.Sigmoid, nn.Identity)
@@ -23,6 +24,17 @@ def channel_wise(module: nn.Module) -> bool:
     if isinstance(module, (nn.BatchNorm2d, nn.Dropout)):  # in eval mode: per-channel affine, the identity
         return not module.training
     return isinstance(module, CHANNEL_WISE)
+
+
+def conv_padding(conv: nn.Conv2d) -> tuple[int, int]:
+    """(top, left) padding of a convolution (`zoo.nn.conv.Conv2dSame`'s asymmetric "SAME" included)."""
+    return (conv.pads[2], conv.pads[0]) if isinstance(conv, Conv2dSame) else conv.padding
+
+
+def pointwise(module: nn.Module) -> bool:
+    """Whether `module` is a pointwise convolution: 1 x 1, stride 1, no padding, one group."""
+    return (isinstance(module, nn.Conv2d) and module.groups == 1 and module.kernel_size == (1, 1)
+            and module.stride == (1, 1) and conv_padding(module) == (0, 0))
 
 
 def chain_of(model: nn.Module, example_input: torch.Tensor) -> tuple[list[nn.Module], list[int], list[torch.Size]]:

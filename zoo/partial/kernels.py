@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from zoo.nn.conv import Conv2dSame
+from zoo.partial.chain import conv_padding, pointwise
 
 aten = torch.ops.aten
 
@@ -36,16 +36,16 @@ def tap_window(size: int, out_size: int, offset: int, stride: int) -> tuple[slic
 def _conv(conv: nn.Conv2d, channels: slice) -> Kernel:
     weight = conv.weight.detach()[channels]
     bias = None if conv.bias is None else conv.bias.detach()[channels]
-    top, left = (conv.pads[2], conv.pads[0]) if isinstance(conv, Conv2dSame) else conv.padding
-    pointwise = conv.kernel_size == (1, 1) and conv.stride == (1, 1) and (top, left) == (0, 0) and conv.groups == 1
+    top, left = conv_padding(conv)
+    one_by_one = pointwise(conv)
     depthwise = conv.groups == conv.in_channels == conv.out_channels
-    if not (pointwise or depthwise or conv.groups == 1):
+    if not (one_by_one or depthwise or conv.groups == 1):
         raise ValueError(f"zoo.partial runs full, depthwise and pointwise convolutions; got groups={conv.groups}")
     (stride_h, stride_w), (dilation_h, dilation_w) = conv.stride, conv.dilation
 
     def run(x: torch.Tensor, out: torch.Tensor) -> None:
         for sample, made in zip(x, out):  # (C, H, W) each
-            if pointwise:
+            if one_by_one:
                 aten.mm.out(weight.flatten(1), sample.flatten(1), out=made.flatten(1))
             else:
                 made.zero_()

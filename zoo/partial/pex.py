@@ -28,7 +28,7 @@ from torch import nn
 
 from zoo.nn.conv import Conv2dSame, conv2d_on
 from zoo.partial.arena import activation_buffers, in_place, plan_arena
-from zoo.partial.chain import chain_macs, chain_of, channel_wise
+from zoo.partial.chain import chain_macs, chain_of, channel_wise, pointwise
 from zoo.partial.rows import stream
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ def _opens(module: nn.Module) -> bool:
 
 def _closes(module: nn.Module) -> bool:
     """A pointwise convolution whose output accumulates over slices of its input channels in place."""
-    return (_opens(module) and module.kernel_size == (1, 1) and module.stride == (1, 1) and module.padding == (0, 0)
-            and not isinstance(module, Conv2dSame))
+    return pointwise(module) and not isinstance(module, Conv2dSame)
 
 
 @dataclass

@@ -29,29 +29,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from zoo.nn.conv import Conv2dSame
 from zoo.partial.arena import activation_buffers, plan_arena
-from zoo.partial.chain import chain_macs, chain_of, channel_wise
+from zoo.partial.chain import chain_macs, chain_of, channel_wise, conv_padding, pointwise
 from zoo.partial.kernels import kernel, tap_window
 
 aten = torch.ops.aten
-
-
-def _padding(conv: nn.Conv2d) -> tuple[int, int]:
-    """(top, left) padding of a convolution (Conv2dSame's asymmetric "SAME" included)."""
-    return (conv.pads[2], conv.pads[0]) if isinstance(conv, Conv2dSame) else conv.padding
 
 
 def _depthwise_rows(conv: nn.Module) -> bool:
     """A depthwise convolution that keeps rows in place: stride 1, odd kernel, padding half of it."""
     return (isinstance(conv, nn.Conv2d) and conv.groups == conv.in_channels == conv.out_channels
             and conv.stride == (1, 1) and conv.dilation == (1, 1) and all(k % 2 for k in conv.kernel_size)
-            and _padding(conv) == (conv.kernel_size[0] // 2, conv.kernel_size[1] // 2))
-
-
-def _pointwise(conv: nn.Module) -> bool:
-    return (isinstance(conv, nn.Conv2d) and conv.groups == 1 and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
-            and _padding(conv) == (0, 0))
+            and conv_padding(conv) == (conv.kernel_size[0] // 2, conv.kernel_size[1] // 2))
 
 
 def _whole_map_pool(module: nn.Module, source: torch.Size) -> bool:
@@ -116,7 +105,7 @@ class RowStream:
         index = 0
         while index < len(chain) and isinstance(chain[index], nn.Conv2d):
             conv = chain[index]
-            if self.stages and not (_depthwise_rows(conv) or _pointwise(conv)):
+            if self.stages and not (_depthwise_rows(conv) or pointwise(conv)):
                 raise ValueError(f"module {index} of the chain ({conv}) is neither a depthwise convolution of "
                                  "stride 1 keeping its rows nor a pointwise one: a row stream cannot pass it")
             rows = shapes[index][2]
@@ -205,7 +194,7 @@ class RowStream:
 
     def _opening_row(self, row: int, slot: int) -> None:
         conv = self.stages[0].conv
-        top, left = _padding(conv)
+        top, left = conv_padding(conv)
         (stride_h, stride_w), (dilation_h, dilation_w) = conv.stride, conv.dilation
         weight = conv.weight.detach()
         out = self._row(slot, conv.out_channels)
@@ -243,7 +232,7 @@ class RowStream:
         """Input row `row` (in `slot`) into stage `stage_index`; the slot is freed here."""
         stage = self.stages[stage_index]
         conv = stage.conv
-        if _pointwise(conv):
+        if pointwise(conv):
             out_slot = self._take()
             if self.computing:
                 weight = conv.weight.detach().flatten(1).expand(self.batch, -1, -1)
@@ -286,7 +275,7 @@ def _products(chain: list[nn.Module], shapes: list[torch.Size], input_shape: tor
         if isinstance(module, nn.Linear):
             total += shape.numel() * module.in_features
         elif isinstance(module, nn.Conv2d):
-            top, left = _padding(module)
+            top, left = conv_padding(module)
             for a in range(module.kernel_size[0]):
                 rows, _ = tap_window(source[2], shape[2], a * module.dilation[0] - top, module.stride[0])
                 for b in range(module.kernel_size[1]):
