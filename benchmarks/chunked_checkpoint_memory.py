@@ -1,6 +1,6 @@
 """Peak resident memory of a process that trains a 100.7M-parameter model (1.61 GB of fp32 states
 with AdamW) with its states in chunks under a budget 512 MiB above the built model, and saves a
-checkpoint after its last step (or resumes the newest one first).
+checkpoint every 2 steps and after its last (or resumes the newest one first).
 
     python benchmarks/chunked_checkpoint_memory.py FOLDER STEPS fresh|resume
 
@@ -45,7 +45,7 @@ def main(folder: str, steps: int, resume: bool) -> None:
     data = [{"x": torch.randn(2048, generator=generator), "y": torch.randn((), generator=generator)} for _ in range(8)]
     config = TrainConfig(global_batch_size=4, micro_batch_size=2, max_steps=steps, lr=1e-4, warmup_steps=1, log_every=1,
                          progress=False, output_dir=f"{folder}/run", checkpoint_dir=f"{folder}/checkpoints",
-                         resume=resume, measure_memory=False)
+                         checkpoint_every=2, resume=resume, measure_memory=False)
     strategy = Strategy(offload="chunks", offload_dir=f"{folder}/chunks", memory_budget=built + 512 * 2**20)
     history = Trainer(model, config, strategy).fit(data)
     print(json.dumps({"built": built, "budget": strategy.memory_budget,

@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
                                         ffn_width=64, max_positions=16, dropout=0.0, label_smoothing=0.0,
                                         pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=EOS, prenorm=False,
                                         activation="silu", final_logits_bias=True))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(1)
     for _ in range(400):
         source, mask, labels = reversals(32, generator)
@@ -42,14 +42,17 @@ def trained(tmp_path_factory):
         loss.backward()
         optimizer.step()
     folder = translator_to_hf(model.eval(), tmp_path_factory.mktemp("reverser"))
-    return model, transformers.MarianMTModel.from_pretrained(folder).eval(), reversals(16, generator), loss.item()
+    held_out = reversals(16, generator)
+    with torch.no_grad():
+        loss = model(*held_out[:2], labels=held_out[2])["loss"]
+    return model, transformers.MarianMTModel.from_pretrained(folder).eval(), held_out, loss.item()
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("beams", [1, 4])
 def test_decoding_gives_transformers_tokens_with_and_without_the_caches(trained, beams):
     model, hf, (source, mask, labels), loss = trained
-    assert loss < 1.0  # it learned (ln 16 = 2.77 at chance)
+    assert loss < 0.5  # on the held-out sources: it learned (ln 16 = 2.77 at chance)
     settings = BeamSettings(beams=beams, max_length_ratio=2.0, min_length=8)
     ours = model.generate(source, mask, settings)
     assert model.generate(source, mask, settings, use_cache=False) == ours
