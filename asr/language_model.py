@@ -96,15 +96,22 @@ class NgramLanguageModel:
     def train(cls, sentences: Sequence[Sequence[int]], vocab_size: int, order: int = 8) -> NgramLanguageModel:
         """Count the `order`-grams of token-id sentences (ids 1..vocab_size-1)."""
         _check_order(order, vocab_size)
-        windows = []
-        for index, sentence in enumerate(sentences):
-            if any(not 0 < t < vocab_size for t in sentence):
-                raise ValueError(f"sentence {index} has ids outside 1..{vocab_size - 1}: {list(sentence)}")
-            padded = [vocab_size] * (order - 1) + list(sentence) + [END]
-            windows += [padded[i : i + order] for i in range(len(padded) - order + 1)]
-        if not windows:
+        if not sentences:
             raise ValueError("the language model needs at least one sentence")
-        rows = np.array(windows, dtype=np.int64)
+        lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        ids = np.fromiter((t for sentence in sentences for t in sentence), dtype=np.int64, count=int(lengths.sum()))
+        bad = (ids <= 0) | (ids >= vocab_size)
+        if bad.any():
+            index = int(np.searchsorted(np.cumsum(lengths), np.argmax(bad), side="right"))
+            raise ValueError(f"sentence {index} has ids outside 1..{vocab_size - 1}: {list(sentences[index])}")
+        # Every sentence padded as start^(order-1) ids END, one after another; its L + 1 windows start
+        # at its first L + 1 places (none reaches into the next sentence).
+        padded_lengths = lengths + order
+        offsets = np.cumsum(padded_lengths) - padded_lengths
+        padded = np.full(int(padded_lengths.sum()), vocab_size, dtype=np.int64)
+        padded[np.repeat(offsets + order - 1, lengths) + _places(lengths)] = ids
+        padded[offsets + padded_lengths - 1] = END
+        rows = padded[(np.repeat(offsets, lengths + 1) + _places(lengths + 1))[:, None] + np.arange(order)]
         keys = rows @ ((vocab_size + 1) ** np.arange(order - 1, -1, -1, dtype=np.int64))
         _, first, counts = np.unique(keys, return_index=True, return_counts=True)
         return cls(rows[first], counts.astype(np.int64), vocab_size)
@@ -118,7 +125,7 @@ class NgramLanguageModel:
         counts = np.bincount(inverse, weights=self.counts, minlength=len(grams))
         if k < self.order:  # continuation counts: distinct ids seen before the k-gram; the suffixes of the
             # distinct (k+1)-grams are exactly `grams`, in the same sorted order
-            continuation = np.unique(np.unique(self._keys(self.ngrams[:, -k - 1:])) % self.base**k, return_counts=True)[1]
+            continuation = np.unique(_distinct(self._keys(self.ngrams[:, -k - 1:])) % self.base**k, return_counts=True)[1]
             counts = np.where(grams // self.base ** (k - 1) == self.start, counts, continuation).astype(np.float64)
         n1, n2 = (counts == 1).sum(), (counts == 2).sum()
         discount = n1 / (n1 + 2 * n2) if n1 + n2 else 0.5
@@ -164,6 +171,18 @@ class NgramLanguageModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> NgramLanguageModel:
         return cls.from_tensors(load_file(str(path)))
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """The distinct values of `keys`, ascending (by a sort: numpy's hashed `unique` is several times
+    slower on millions of int64 keys)."""
+    ordered = np.sort(keys)
+    return ordered[np.append(True, ordered[1:] != ordered[:-1])]
+
+
+def _places(lengths: np.ndarray) -> np.ndarray:
+    """0 .. n-1 for each n of `lengths`, one run after another: (sum(lengths),)."""
+    return np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
 
 
 def _check_order(order: int, vocab_size: int) -> None:
