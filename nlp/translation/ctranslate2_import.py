@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -50,8 +51,9 @@ class CTranslate2Vocabulary:
     def pieces(self, ids: list[int]) -> list[str]:
         return [self.tokens[i] for i in ids]
 
-    @property
+    @cached_property
     def _index(self) -> dict[str, int]:
+        """Token -> id, built once."""
         return {token: i for i, token in enumerate(self.tokens)}
 
 
