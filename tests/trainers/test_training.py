@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from helpers import TINY, lm_examples, tiny_gpt
 from nlp.gpt import GPT
 from trainers import Strategy, TrainConfig, Trainer, estimate_layouts
+from trainers.loop.throughput import device_peak
 from zoo.nn.cross_entropy import current_loss_gradients
 from zoo.plan import ModelPlan
 from zoo.parity import relative_error
@@ -142,7 +143,7 @@ class SquaredError(nn.Module):
 def test_each_record_carries_the_steps_flops_and_mfu(tmp_path, caplog):
     """From the measured (second) step on: the FLOPs of a step, counted once, equal torch's
     FlopCounterMode over the step's two micro batches; MFU is those over the step's seconds and
-    the measured peak, and the log line shows it."""
+    the measured peak (measured once a process), and the log line shows it."""
     generator = torch.Generator().manual_seed(0)
     examples = [{"x": torch.randn(16, generator=generator), "y": torch.randn((), generator=generator)} for _ in range(16)]
     trainer = Trainer(SquaredError(), config(tmp_path, global_batch_size=8, micro_batch_size=4, max_steps=3))
@@ -157,6 +158,7 @@ def test_each_record_carries_the_steps_flops_and_mfu(tmp_path, caplog):
         assert 0 < record["mfu"] < 1 and "measured" in record["mfu_peak"]
     assert trainer.memory_report()[0]["mfu"] == history[-1]["mfu"]
     assert re.search(r"MFU \d+\.\d%", caplog.text)
+    assert device_peak(torch.device("cpu"), torch.float32) is trainer.throughput.peak
 
 
 @pytest.mark.timeout(60)

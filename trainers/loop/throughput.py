@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -38,7 +39,13 @@ class DevicePeak:
 
 
 def device_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) -> DevicePeak:
-    """The matrix-multiply peak of `device` at `dtype` (see the module docstring)."""
+    """The matrix-multiply peak of `device` at `dtype` (see the module docstring); measured once a
+    process for each device, dtype and thread count (measuring takes `seconds`)."""
+    return _device_peak(torch.device(device), dtype, seconds, torch.get_num_threads())
+
+
+@cache
+def _device_peak(device: torch.device, dtype: torch.dtype, seconds: float, threads: int) -> DevicePeak:
     low = dtype in (torch.bfloat16, torch.float16)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -54,8 +61,8 @@ def device_peak(device: torch.device, dtype: torch.dtype, seconds: float = 0.2) 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     rate = 2 * MEASURED_SIZE**3 * calls / (time.perf_counter() - started)
-    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
-    return DevicePeak(rate, f"measured {MEASURED_SIZE}^3 {dtype} matrix multiplies on {device.type}{threads}")
+    on = f", {threads} thread(s)" if device.type == "cpu" else ""
+    return DevicePeak(rate, f"measured {MEASURED_SIZE}^3 {dtype} matrix multiplies on {device.type}{on}")
 
 
 class Throughput:
