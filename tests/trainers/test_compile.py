@@ -18,11 +18,17 @@ from trainers.speed.compile import apply_compile, compiled_forwards
 from zoo.parity import relative_error
 from zoo.plan import model_plan
 
-BACKENDS = {"gpt": "inductor", "gpt_dropout": "inductor", "moe": "inductor", "bert": "inductor", "vit": "inductor",
-            "conformer": "inductor", "fold": "aot_eager"}
-"""Inductor generates the kernels; for the folding model's Evoformer (about 200 operators a block)
-that takes close to a minute on two cores, so its test traces the same graphs with "aot_eager"
-(whose partition keeps no more: 0.887x eager's bytes)."""
+PARTITIONED = "aot_eager_decomp_partition"
+"""torch's backend that traces, decomposes and partitions a graph as Inductor does (the same
+min-cut partitioner and activation budget: what a block keeps) and runs it eagerly, without
+generating and compiling C++ kernels (5-20 s a family on two cores with a cold cache)."""
+BACKENDS = {"gpt": "inductor", "gpt_dropout": "inductor", "moe": PARTITIONED, "bert": PARTITIONED, "vit": PARTITIONED,
+            "conformer": PARTITIONED, "fold": PARTITIONED}
+"""Inductor generates GPT's kernels (with and without dropout, whose random operators Inductor's own
+passes rewrite before partitioning: the partitioned trace alone keeps 3% more); the other families
+trace and partition as Inductor would (`PARTITIONED`). Compiled training on Inductor's kernels runs
+in test_compiled_training_matches_eager and the tensor-parallel and pipeline tests (GPT), and
+benchmarks/speed.py compiles BERT and ViT."""
 MODELS = {**TP_MODELS, "gpt_dropout": (lambda: tiny_gpt(dropout=0.1), lm_examples, None)}
 """The parity models (tests/tiny_models.py) and GPT with dropout 0.1 (attention's chunked operator;
 compiled blocks draw eager's masks)."""
