@@ -16,7 +16,7 @@ import torch
 
 ONE = ("gpt/1/0/0", "mqa/1/0/0", "moe/1/0/0", "custom/1/0/0", "gained/1/0/0", "bert/1/0/0", "vit/1/0/0", "conformer/1/0/0", "whisper/1/0/0", "fold/1/0/0",
        "fold_dropout/1/0/0", "translator/1/0/0", "marian/1/0/0")
-TWO = ("gpt/2/0/0", "gpt/2/0/1", "gpt/2/0/1/compiled", "mqa/2/0/0", "moe/2/0/1", "gained/2/0/0", "bert/2/0/1", "fold/2/0/0", "fold_dropout/2/0/0",
+TWO = ("gpt/2/0/0", "gpt/2/0/1", "mqa/2/0/0", "moe/2/0/1", "gained/2/0/0", "bert/2/0/1", "fold/2/0/0", "fold_dropout/2/0/0",
        "translator/2/0/1", "translator/1/3/0", "marian/2/0/1")
 FOUR = ("gpt/2/3/0", "gpt/2/3/1/compiled", "gpt/2/2/1", "custom/2/1/0", "custom/2/3/0", "bert/2/3/0", "vit/2/1/0", "conformer/2/2/0",
         "whisper/2/3/0", "translator/2/3/1")
