@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from collections.abc import Sequence
 from typing import Literal
@@ -23,7 +23,8 @@ from asr.lexicon import LexiconPenalty, read_lexicon
 from asr.model import Transducer
 from asr.segmentation import segment_bounds
 from asr.text import TranscriptTokenizer
-from asr.whisper_rescoring import SAMPLE_RATE as WHISPER_RATE, Candidates, Rescoring, WhisperRescorer, best_rescored
+from asr.whisper_rescoring import (SAMPLE_RATE as WHISPER_RATE, Candidates, Rescoring, WhisperReading, WhisperRescorer,
+                                  best_rescored)
 from asr.word_language_model import load_language_model
 from zoo.store import load, locate, read_config
 
@@ -98,6 +99,9 @@ class SearchedSegment:
     encoded: torch.Tensor
     """(T', E) the transducer's encoder output of it, kept to score hypotheses from elsewhere
     (Whisper's transcript) as the beam scores its own: T' x E floats, about a waveform's bytes."""
+    whisper: WhisperReading | None = field(default=None, repr=False, compare=False)
+    """Whisper's reading of it once a second pass asked for one (`second_pass_candidates`), kept so
+    that every rescoring of this first pass reads the segment with Whisper once."""
 
 
 @cache
@@ -238,7 +242,7 @@ def searched_transcripts(search: Recogniser, found: list[list[SearchedSegment]],
                          max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> list[str]:
     """One transcript per waveform from its segments after the first pass (`segment_hypotheses`):
     each segment's `chosen_text` under `search`'s rescoring, joined. The second pass alone, so that
-    several rescorings can share one first pass."""
+    several rescorings share one first pass (and Whisper's reading of each segment)."""
     return [" ".join(" ".join(chosen_text(search, segment, max_symbols_per_frame) for segment in parts).split())
             for parts in found]
 
@@ -257,11 +261,14 @@ def second_pass_candidates(search: Recogniser, segment: SearchedSegment, whisper
                            max_symbols_per_frame: int = MAX_SYMBOLS_PER_FRAME) -> Candidates:
     """A `segment`'s hypotheses scored by Whisper, with Whisper's own transcript if
     `whisper_transcript` (its first-pass score the sum over the search's alignments of it with the
-    search's language-model terms, `asr.decoding.hypothesis_scores`)."""
+    search's language-model terms, `asr.decoding.hypothesis_scores`). Whisper reads the segment once
+    (`SearchedSegment.whisper`; again only to add its transcript to a reading made without)."""
 
     def first_pass_score(text: str) -> float:
         return hypothesis_scores(search.model, segment.encoded, [search.tokenizer.encode(text)], max_symbols_per_frame,
                                  search.language_model, search.lm_weight, search.ilm_weight)[0]
 
-    return whisper_rescorer().candidates(segment.waveform, segment.hypotheses,
-                                         first_pass_score if whisper_transcript else None)
+    if segment.whisper is None or (whisper_transcript and segment.whisper.transcript is None):
+        segment.whisper = whisper_rescorer().read(segment.waveform, [text for text, _ in segment.hypotheses],
+                                                  whisper_transcript)
+    return segment.whisper.candidates(segment.hypotheses, first_pass_score if whisper_transcript else None)

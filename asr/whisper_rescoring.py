@@ -7,7 +7,8 @@ text, teacher-forced in one batched decoder pass.
 
     rescorer = WhisperRescorer()
     rescorer.log_probs(waveform (N,) at 16 kHz, texts) -> [(log P(text | audio), Whisper tokens)]
-    candidates = rescorer.candidates(waveform, hypotheses [(text, first-pass score)], first_pass_score)
+    reading = rescorer.read(waveform, texts of the hypotheses, transcript=True)
+    candidates = reading.candidates(hypotheses [(text, first-pass score)], first_pass_score)
     best_rescored(candidates, Rescoring(weight, token_bonus, whisper_transcript)) -> text
 
 The rescored score is first-pass score + weight x (Whisper's log probability + token_bonus x its
@@ -84,6 +85,32 @@ class Candidates:
                              f"and {len(self.scored)} scores")
 
 
+@dataclass(frozen=True)
+class WhisperReading:
+    """What Whisper makes of one clip, whatever the rescoring's weights: its scores of texts and, when
+    asked for, its own transcript; the clip's candidates for any rescoring are made from it."""
+
+    scored: dict[str, tuple[float, int]]
+    """Whisper's (log probability, tokens) of each text it read the clip against."""
+    transcript: tuple[str, float, int] | None
+    """Whisper's own transcript (text, log probability, tokens); None when not asked for."""
+
+    def candidates(self, hypotheses: list[tuple[str, float]],
+                   first_pass_score: Callable[[str], float] | None = None) -> Candidates:
+        """The clip's final `hypotheses` [(text, score)] with their Whisper scores (each must be among
+        `scored`); with `first_pass_score` (text -> the first pass's score of it), Whisper's own
+        transcript too, unless the hypotheses hold it (the reading must hold the transcript)."""
+        scored = [self.scored[text] for text, _ in hypotheses]
+        if first_pass_score is None:
+            return Candidates(hypotheses, scored)
+        if self.transcript is None:
+            raise ValueError("candidates with Whisper's transcript need a reading made with transcript=True")
+        own, log_prob, tokens = self.transcript
+        if own in (text for text, _ in hypotheses):
+            return Candidates(hypotheses, scored)
+        return Candidates(hypotheses, scored, (own, first_pass_score(own), log_prob, tokens))
+
+
 class WhisperRescorer:
     """Whisper tiny.en's log probabilities of hypotheses given a clip: its encoder
     (`asr.whisper_encoder`) and decoder (`asr.whisper_decoder`) imported into torch from the packaged
@@ -138,19 +165,15 @@ class WhisperRescorer:
         tokens = self.decoder.greedy(memories, self.start, self.end, math.ceil(TOKENS_PER_SECOND * seconds) + 1)
         return normalize(spoken_form(self.tokenizer.decode(tokens)))
 
-    def candidates(self, waveform: torch.Tensor, hypotheses: list[tuple[str, float]],
-                   first_pass_score: Callable[[str], float] | None = None) -> Candidates:
-        """The first pass's final `hypotheses` [(text, score)] of `waveform` (N,) at 16 kHz, each scored
-        by Whisper; with `first_pass_score` (text -> the first pass's score of it), Whisper's own
-        transcript too, unless the hypotheses hold it."""
+    def read(self, waveform: torch.Tensor, texts: Sequence[str], transcript: bool) -> WhisperReading:
+        """Whisper's reading of `waveform` (N,) at 16 kHz, at most 30 s: each of `texts` scored, and
+        with `transcript` its own transcript, scored in the same decoder pass."""
         memories = self.memories(waveform)
-        texts = [text for text, _ in hypotheses]
-        own = self.transcript(memories, waveform.numel() / SAMPLE_RATE) if first_pass_score is not None else None
-        if own is None or own in texts:
-            return Candidates(hypotheses, self._scored(memories, texts))
-        *scored, (log_prob, tokens) = self._scored(memories, texts + [own])
-        return Candidates(hypotheses, scored, (own, first_pass_score(own), log_prob, tokens))
-
+        texts = list(dict.fromkeys(texts))
+        own = self.transcript(memories, waveform.numel() / SAMPLE_RATE) if transcript else None
+        extra = [own] if own is not None and own not in texts else []
+        scored = dict(zip(texts + extra, self._scored(memories, texts + extra)))
+        return WhisperReading(scored, None if own is None else (own, *scored[own]))
 
 def best_rescored(candidates: Candidates, rescoring: Rescoring) -> str:
     """The text of `candidates` (Whisper's transcript among them if it is there and rescoring asks for

@@ -14,9 +14,9 @@ import torch
 
 from asr.data import read_audio, recorded_speech
 from asr.decoding_tuning import BeamSearch, TuningFold, tuned_rescoring
-from asr.transcription import recogniser, searched_transcripts, segment_hypotheses, transcribe, whisper_rescorer
+from asr.transcription import recogniser, searched_transcripts, segment_hypotheses, whisper_rescorer
 from asr.wer import error_counts
-from asr.whisper_rescoring import Candidates, Rescoring, best_rescored
+from asr.whisper_rescoring import Candidates, Rescoring, WhisperReading, best_rescored
 from helpers import zoo_in_process
 from zoo.parity import relative_error
 
@@ -61,18 +61,35 @@ def test_the_second_pass_adds_whisper_to_the_first_pass_scores():
     assert Rescoring(1.0, 2.0, True).key == "1.0,2.0,transcript" and Rescoring(0.5).key == "0.5,0.0"
     with pytest.raises(ValueError, match="one Whisper score per hypothesis; got 3 hypotheses and 2 scores"):
         Candidates(hypotheses, found.scored[:2])
+    # A reading of the clip makes the candidates of any rescoring; its transcript joins when asked for.
+    reading = WhisperReading(dict(zip([h for h, _ in hypotheses], found.scored)), ("ten of cups", -0.5, 5))
+    assert reading.candidates(hypotheses) == found
+    assert reading.candidates(hypotheses, {"ten of cups": -3.0}.get) == Candidates(hypotheses, found.scored,
+                                                                                    ("ten of cups", -3.0, -0.5, 5))
+    held = WhisperReading(reading.scored, ("tan of clubs", -3.0, 5))  # Whisper's transcript is a hypothesis
+    assert held.candidates(hypotheses, {}.get) == found
+    with pytest.raises(ValueError, match="need a reading made with transcript=True"):
+        WhisperReading(reading.scored, None).candidates(hypotheses, {}.get)
     with pytest.raises(ValueError, match="Rescoring.weight must be >= 0; got -1"):
         Rescoring(weight=-1)
 
 
-@pytest.mark.timeout(600)
-def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
+@pytest.fixture(scope="module")
+def first_pass():
+    """Entry (b), the recordings, their audio and the entry's first pass over each clip (as
+    `transcribe` makes it), shared by the tests below; the second passes keep Whisper's readings."""
     found = recogniser("asr-transducer-whisper-tiny")
     rows = recorded_speech()
     audio = [read_audio(row["audio"], 16000) for row in rows]
     finals = segment_hypotheses(found.model, audio, found.tokenizer, found.features, found.beam,
                                 language_model=found.language_model, lm_weight=found.lm_weight,
                                 ilm_weight=found.ilm_weight)
+    return found, rows, audio, finals
+
+
+@pytest.mark.timeout(600)
+def test_entry_b_rescored_by_whisper_on_the_recordings(capsys, first_pass):
+    found, rows, _, finals = first_pass
     assert all(len(parts) == 1 for parts in finals)
     plain = [parts[0].hypotheses[0][0] for parts in finals]  # the first pass's best (the grid's weight 0 below)
     # the encoder output kept to score Whisper's transcript holds no autograd graph (its activations)
@@ -81,7 +98,13 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     assert all(len(segment.hypotheses) > 1 and [s for _, s in segment.hypotheses] == sorted(
         (s for _, s in segment.hypotheses), reverse=True) for segment, in finals)
     references = [row["text"] for row in rows]
+    # Whisper's own transcript among the hypotheses: on recorded people, often the one chosen. Whisper
+    # reads each segment once (its transcript included); the other rescorings re-rank that reading.
+    heard = searched_transcripts(dataclasses.replace(found, rescoring=Rescoring(1.0, 1.0, True)), finals)
+    readings = [parts[0].whisper for parts in finals]
+    assert all(reading is not None and reading.transcript is not None for reading in readings)
     rescored = searched_transcripts(dataclasses.replace(found, rescoring=Rescoring(1.0, 1.0)), finals)
+    assert all(parts[0].whisper is reading for parts, reading in zip(finals, readings))
     assert all(text in [h for h, _ in parts[0].hypotheses] for text, parts in zip(rescored, finals))  # chosen from the beam
     first, second = error_counts(references, plain).rate, error_counts(references, rescored).rate
     assert second < first, (first, second)  # Whisper has heard people; the first pass has heard synthesisers
@@ -96,8 +119,6 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
     # The grid, chosen on these clips as one fold: weight 0 is the first pass's WER.
     search = BeamSearch(found.beam, found.ilm_weight, found.features)
     fold = TuningFold(rows, found.language_model.base, found.language_model.words)
-    # Whisper's own transcript among the hypotheses: on recorded people, often the one chosen.
-    heard = searched_transcripts(dataclasses.replace(found, rescoring=Rescoring(1.0, 1.0, True)), finals)
     third = error_counts(references, heard).rate
     assert third < second and any(text not in [h for h, _ in parts[0].hypotheses] for text, parts in zip(heard, finals))
     grid = [Rescoring(), Rescoring(1.0, 1.0), Rescoring(1.0, 1.0, True)]
@@ -110,10 +131,8 @@ def test_entry_b_rescored_by_whisper_on_the_recordings(capsys):
 
 
 @pytest.mark.timeout(600)
-def test_a_long_recording_is_read_by_both_passes_segment_by_segment():
-    found = recogniser("asr-transducer-whisper-tiny")
-    rows = recorded_speech()
-    audio = [read_audio(row["audio"], 16000) for row in rows]
+def test_a_long_recording_is_read_by_both_passes_segment_by_segment(first_pass):
+    found, rows, audio, finals = first_pass
     recording = torch.cat([torch.cat([clip, torch.zeros(16000)]) for clip in audio])  # ~50 s, a 1 s pause a clip
     (parts,) = segment_hypotheses(found.model, [recording], found.tokenizer, found.features, found.beam,
                                   language_model=found.language_model, lm_weight=found.lm_weight,
@@ -124,7 +143,7 @@ def test_a_long_recording_is_read_by_both_passes_segment_by_segment():
                                          language_model=found.language_model, lm_weight=found.lm_weight,
                                          ilm_weight=found.ilm_weight)
         assert relative_error(segment.encoded, alone.encoded) < 1e-4
-    alone = transcribe("asr-transducer-whisper-tiny", audio)  # the shipped decoding: both passes
+    alone = searched_transcripts(found, finals)  # the shipped decoding of each clip: both passes
     (whole,) = searched_transcripts(found, [parts])  # transcribe's second pass on the first pass above
     reference = " ".join(row["text"] for row in rows)
     rates = [error_counts([reference], [text]).rate for text in (" ".join(alone), whole)]
