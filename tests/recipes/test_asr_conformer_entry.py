@@ -5,7 +5,6 @@ streamed in 320 ms chunks as the audio arrives."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -13,10 +12,10 @@ import pytest
 from asr import transcribe
 from asr.data import CorpusConfig, domain_sentences, read_audio
 from asr.streaming import StreamingTranscriber
-from asr.transcription import recogniser, searched_transcripts, segment_hypotheses
 from asr.voices import speak, voices
 from asr.wer import error_counts
 from asr.whisper_rescoring import Rescoring
+from entry_decoding import rescored_and_fused_rates
 from zoo.store import read_config
 
 ENTRY = "asr-transducer-conformer-streaming"
@@ -41,13 +40,7 @@ def test_shipped_conformer_entry_transcribes_and_streams_an_unseen_domain(tmp_pa
     paths = [tmp_path / f"domain_{i}.wav" for i in range(len(sentences))]
     for sentence, voice, path in zip(sentences, voices("variants", len(sentences), random.Random(470)), paths):
         speak(sentence, voice, path)
-    # one first pass for the entry's own decoding (Whisper's second pass) and for it without the second pass
-    found = recogniser(ENTRY)
-    searched = segment_hypotheses(found.model, [read_audio(path, found.features.sample_rate) for path in paths],
-                                  found.tokenizer, found.features, found.beam, language_model=found.language_model,
-                                  lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
-    rescored = error_counts(sentences, searched_transcripts(found, searched)).rate
-    fused = error_counts(sentences, searched_transcripts(dataclasses.replace(found, rescoring=Rescoring()), searched)).rate
+    rescored, fused, found = rescored_and_fused_rates(ENTRY, paths, sentences)
     full = error_counts(sentences, transcribe(ENTRY, paths, method="greedy")).rate
     streamed = []
     for path in paths:

@@ -4,17 +4,16 @@ reviews), spoken by fresh unseen espeak-ng speakers and by piper, a synthesiser 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
 
 from asr import transcribe
-from asr.data import CorpusConfig, domain_sentences, read_audio
-from asr.transcription import recogniser, searched_transcripts, segment_hypotheses
+from asr.data import CorpusConfig, domain_sentences
 from asr.voices import speak, voices
 from asr.wer import error_counts
 from asr.whisper_rescoring import Rescoring
+from entry_decoding import rescored_and_fused_rates
 from zoo.store import read_config
 
 ENTRY = "asr-transducer-whisper-tiny"
@@ -39,13 +38,7 @@ def test_shipped_whisper_entry_transcribes_an_unseen_domain_in_unseen_voices(tmp
         paths = [tmp_path / f"{held_out}_{i}.wav" for i in range(len(sentences))]
         for sentence, voice, path in zip(sentences, voices(held_out, len(sentences), rng), paths):
             speak(sentence, voice, path)
-        # one first pass for the entry's own decoding (Whisper's second pass) and for it without the second pass
-        found = recogniser(ENTRY)
-        searched = segment_hypotheses(found.model, [read_audio(path, found.features.sample_rate) for path in paths],
-                                      found.tokenizer, found.features, found.beam, language_model=found.language_model,
-                                      lm_weight=found.lm_weight, ilm_weight=found.ilm_weight)
-        rescored = error_counts(sentences, searched_transcripts(found, searched)).rate
-        fused = error_counts(sentences, searched_transcripts(dataclasses.replace(found, rescoring=Rescoring()), searched)).rate
+        rescored, fused, _ = rescored_and_fused_rates(ENTRY, paths, sentences)
         plain = error_counts(sentences, transcribe(ENTRY, paths, lm_weight=0.0, rescoring=Rescoring())).rate
         rates[bound] = rescored, fused, plain
         assert rescored <= BOUNDS[bound], (held_out, rescored, fused, plain)
