@@ -175,6 +175,7 @@ class WhisperRescorer:
         scored = dict(zip(texts + extra, self._scored(memories, texts + extra)))
         return WhisperReading(scored, None if own is None else (own, *scored[own]))
 
+
 def best_rescored(candidates: Candidates, rescoring: Rescoring) -> str:
     """The text of `candidates` (Whisper's transcript among them if it is there and rescoring asks for
     it) whose first-pass score + rescoring.weight x (Whisper's log probability + token_bonus x its
