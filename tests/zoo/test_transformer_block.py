@@ -84,6 +84,35 @@ def test_block_matches_float64_reference(config):
         assert relative_error(param.grad, params64[name].grad) < 1e-5, name
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if not c.causal],
+                         ids=lambda c: f"{'pre' if c.prenorm else 'post'}-{c.norm}-kv{c.kv_heads}")
+def test_rows_give_those_positions_of_the_whole_block(config):
+    """rows=slice(3, 6): the three positions' outputs, and every gradient, as the float64 block's."""
+    torch.manual_seed(1)
+    block = TransformerBlock(config)
+    x = torch.randn(2, 10, 64, requires_grad=True)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, 8:] = False
+    out = block(x, mask, rows=slice(3, 6))
+    x64 = x.detach().double().requires_grad_()
+    params64 = {n: p.detach().double().requires_grad_() for n, p in block.named_parameters()}
+    expected = reference_block(block, params64, x64, mask)[:, 3:6]
+    assert out.shape == (2, 3, 64) and relative_error(out, expected) < 1e-5
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad.double())
+    assert relative_error(x.grad, x64.grad) < 1e-5
+    for name, param in block.named_parameters():
+        if name != "attn.k.bias":  # zero up to rounding (see the test above)
+            assert relative_error(param.grad, params64[name].grad) < 1e-5, name
+
+
+def test_rows_are_refused_where_queries_must_be_the_last_positions():
+    block = TransformerBlock(CONFIGS[0])  # causal
+    with pytest.raises(ValueError, match=r"rows=slice\(0, 1, None\) needs a non-causal layer without a cache; got causal=True"):
+        block(torch.randn(1, 4, 64), rows=slice(0, 1))
+
+
 @pytest.mark.parametrize("prenorm", [True, False])
 def test_checkpoint_recompute_is_bit_identical_with_dropout(prenorm):
     config = TransformerBlockConfig(width=64, heads=4, prenorm=prenorm, dropout=0.2, attention_dropout=0.2)
@@ -106,18 +135,25 @@ def test_checkpoint_recompute_is_bit_identical_with_dropout(prenorm):
 
 
 def test_saved_bytes_per_block_follow_the_formula():
-    """Pre-LN: norm1 out, qkv, attention out, norm2 out, fc1 out (+ float32 rstd x2 and lse)."""
-    batch, length, width, heads = 2, 32, 64, 4
+    """Pre-LN: norm1 out, qkv, attention out, norm2 out, fc1 out (+ float32 rstd x2 and lse); with
+    `rows`, all but norm1's output and rstd and the keys and values only for those positions, and
+    the query projection's input, those rows of norm1's output, copied (a batch's rows are no one
+    stretch of memory)."""
+    batch, length, width, heads, rows = 2, 32, 64, 4, 5
     for recompute in (False, True):
         block = TransformerBlock(TransformerBlockConfig(width=width, heads=heads, dropout=0.1, recompute_attention=recompute))
         x = torch.randn(batch, length, width, requires_grad=True)
         with SavedActivations(exclude=block.parameters()) as saved:
             block(x)
-        tokens = batch * length
+        with SavedActivations(exclude=block.parameters()) as saved_rows:
+            block(x, rows=slice(0, rows))
+        tokens, some = batch * length, batch * rows
         kept = (width + 3 * width + width + width + 4 * width) * tokens + 2 * tokens + heads * tokens
+        kept_rows = (width + 2 * width + 1) * tokens + (width + 3 * width + 4 * width + 1 + heads) * some
         if recompute:
             kept = (width + width + width + 4 * width) * tokens + 2 * tokens
-        assert saved.bytes == kept * 4
+            kept_rows = (width + 1) * tokens + (width + width + 4 * width + 1) * some
+        assert (saved.bytes, saved_rows.bytes) == (kept * 4, kept_rows * 4)
 
 
 @pytest.mark.parametrize("kv_heads", [None, 1])

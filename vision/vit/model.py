@@ -4,7 +4,9 @@
     + learned positions (interpolated bicubically for other image sizes) -> dropout -> pre-LN
     TransformerBlocks (exact GELU) -> final LayerNorm -> head:
     "none":           {"last_hidden_state" (B, 1+N, W), "pooler_output" (B, W) = tanh(pooler(h[:, 0]))}
-    "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels)
+    "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels); the
+                      last block computes only the class token's output (its keys and values
+                      from every token), all the classifier reads
 
 State-dict names: embeddings.{patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W)},
 blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
@@ -71,6 +73,9 @@ class PatchEmbeddings(nn.Module):
         return dropout(tokens, self.config.hidden_dropout_prob, self.training)
 
 
+CLASS_TOKEN = slice(0, 1)
+"""The class token's position among a ViT's tokens: all the classifier reads of the last block."""
+
 _EMBEDDING_NAMES = ("patch.weight", "patch.bias", "cls_token", "positions")
 
 
@@ -130,11 +135,14 @@ class ViT(nn.Module):
         """(B, C, H, W) -> (B, 1+N, W) tokens with positions."""
         return self.embeddings(pixel_values)
 
-    def encode(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The final-normed hidden states (B, 1+N, W); index 0 is the class token."""
+    def encode(self, pixel_values: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """The final-normed hidden states (B, 1+N, W); index 0 is the class token. rows: the
+        positions the last block computes (None: all): (B, R, W) of those positions, the earlier
+        blocks computing all (the classifier reads only the class token: slice(0, 1))."""
         x = self.embed(pixel_values)
-        for block in self.blocks:
-            x = block(x)
+        last = len(self.blocks) - 1
+        for index, block in enumerate(self.blocks):
+            x = block(x) if rows is None or index < last else block(x, rows=rows)
         return self.norm(x)
 
     def pipeline_enter(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> Carry:
@@ -152,12 +160,12 @@ class ViT(nn.Module):
         return self._classify(self.norm(carry["hidden"]), labels)["loss"]
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        hidden = self.encode(pixel_values)
         if self.classifier is None:
             if labels is not None:
                 raise ValueError("labels need a head; this ViT has head='none'")
+            hidden = self.encode(pixel_values)
             return {"last_hidden_state": hidden, "pooler_output": torch.tanh(self.pooler(hidden[:, 0]))}
-        return self._classify(hidden, labels)
+        return self._classify(self.encode(pixel_values, rows=CLASS_TOKEN), labels)
 
     def _classify(self, hidden: torch.Tensor, labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """{"logits" (B, num_labels)} from the class token of hidden (B, 1+N, W), + "loss" with labels."""

@@ -257,11 +257,12 @@ class SelfAttention(nn.Module):
                 for name, piece in zip("qkv", fused.split(sizes)):
                     state_dict[f"{prefix}{name}.{kind}"] = piece
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, S, W) -> q (B, Hq, S, D), k and v (B, Hkv, S, D), with the head counts those of
-        the projections' outputs; with `q_norm` and `k_norm`, each of the query and key projections
-        RMS-normalised over its whole width first (OLMoE's QK-norm)."""
-        q, k, v = self.q(x), self.k(x), self.v(x)
+    def project(self, x: torch.Tensor, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, S, W) -> q (B, Hq, R, D), k and v (B, Hkv, S, D), with the head counts those of
+        the projections' outputs and R the positions `rows` of x (None: all S); with `q_norm` and
+        `k_norm`, each of the query and key projections RMS-normalised over its whole width first
+        (OLMoE's QK-norm)."""
+        q, k, v = self.q(x if rows is None else x[:, rows]), self.k(x), self.v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return self._heads(q), self._heads(k), self._heads(v)
@@ -272,15 +273,17 @@ class SelfAttention(nn.Module):
     def core(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
              cache: LayerKVCache | None = None,
              rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-             attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Projection and attention without the output projection: (B, S, W) -> (B, S, Hq * D).
-        With `cache`, x holds the positions after the cached ones, whose keys and values join the
-        cache; key_padding_mask then covers all (B, cached + S) positions. rotary: (cos, sin) tables
-        (S, D/2) rotating queries and keys (`zoo.nn.rotary`). attn_mask: (S, Skv) or (B, S, Skv) bool,
-        True where a query may attend a key (`attention`)."""
-        q, k, v = self.project(x)
+             attn_mask: torch.Tensor | None = None, rows: slice | None = None) -> torch.Tensor:
+        """Projection and attention without the output projection: (B, S, W) -> (B, R, Hq * D),
+        R the positions `rows` of x (None: all S). With `cache`, x holds the positions after the
+        cached ones, whose keys and values join the cache; key_padding_mask then covers all (B,
+        cached + S) positions. rotary: (cos, sin) tables (S, D/2) rotating queries and keys
+        (`zoo.nn.rotary`). attn_mask: (R, Skv) or (B, R, Skv) bool, True where a query may attend
+        a key (`attention`)."""
+        q, k, v = self.project(x, rows)
         if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            cos, sin = rotary
+            q, k = apply_rotary(q, *((cos, sin) if rows is None else (cos[rows], sin[rows]))), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.append(k, v)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
@@ -290,15 +293,20 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, S, W).
+                attn_mask: torch.Tensor | None = None, rows: slice | None = None) -> torch.Tensor:
+        """x: (B, S, W); key_padding_mask: (B, S) bool, True for real tokens. Returns (B, R, W): the
+        outputs at positions `rows` of x (None: all S), their queries attending every key. A causal
+        layer and a cache take no `rows` (their queries are the last positions of the keys).
 
         With `recompute` (and no cache), the projections and attention run again in backward
         instead of keeping q, k, v: only x (which the preceding norm keeps anyway) is saved."""
+        if rows is not None and (self.causal or cache is not None):
+            raise ValueError(f"SelfAttention rows={rows} needs a non-causal layer without a cache; "
+                             f"got causal={self.causal}, cache={'given' if cache is not None else None}")
         if self.recompute and torch.is_grad_enabled() and cache is None:
-            y = checkpoint(self.core, x, key_padding_mask, None, rotary, attn_mask, use_reentrant=False)
+            y = checkpoint(self.core, x, key_padding_mask, None, rotary, attn_mask, rows, use_reentrant=False)
         else:
-            y = self.core(x, key_padding_mask, cache, rotary, attn_mask)
+            y = self.core(x, key_padding_mask, cache, rotary, attn_mask, rows)
         return self.out(y)
 
     def extra_repr(self) -> str:

@@ -74,7 +74,7 @@ class TransformerBlockConfig:
 
 class TransformerBlock(nn.Module):
     """One block: `attn` (q, k, v, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
-    key_padding_mask (B, S) bool or None) -> (B, S, W). Its plan (`block_plan`) makes it one
+    key_padding_mask (B, S) bool or None) -> (B, S, W), or only some positions' outputs (`rows`). Its plan (`block_plan`) makes it one
     shard and recompute unit, with attention and feed-forward as tensor-parallel regions."""
 
     def __init__(self, config: TransformerBlockConfig) -> None:
@@ -95,16 +95,20 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None,
-                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None, rows: slice | None = None) -> torch.Tensor:
         """x: (B, S, W); key_padding_mask: (B, Skv) bool, True = attend; cache: this block's past keys
         and values for incremental decoding (x then holds only the new positions); rotary: (cos,
-        sin) tables (S, head_dim / 2) of x's positions rotating queries and keys (`zoo.nn.rotary`)."""
+        sin) tables (S, head_dim / 2) of x's positions rotating queries and keys (`zoo.nn.rotary`).
+        rows: the positions whose outputs are wanted (None: all): queries, the output projection,
+        the residuals and the feed-forward run on those R positions only, keys and values on all
+        (a non-causal block without a cache); returns (B, R, W)."""
         p = self.config.dropout
+        kept = x if rows is None else x[:, rows]
         if self.config.prenorm:
-            attended = self.attn(self.norm1(x), key_padding_mask, cache, rotary)
-            normed, residual = self.norm2(attended, x, p=p, prenorm=True)
+            attended = self.attn(self.norm1(x), key_padding_mask, cache, rotary, rows=rows)
+            normed, residual = self.norm2(attended, kept, p=p, prenorm=True)
             return dropout_add(self._feed_forward(normed), residual, p=p, training=self.training)
-        hidden = self.norm1(self.attn(x, key_padding_mask, cache, rotary), x, p=p)
+        hidden = self.norm1(self.attn(x, key_padding_mask, cache, rotary, rows=rows), kept, p=p)
         return self.norm2(self._feed_forward(hidden), hidden, p=p)
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
