@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trainers.memory.saved_activations import SavedActivations
+from zoo.nn import chunk_memory
 from zoo.nn.attention import SelfAttention, attention
 from zoo.parity import relative_error
 
@@ -53,8 +54,10 @@ def test_attention_matches_float64(kv_heads, causal, masked, dtype, tolerance):
 
 
 @pytest.mark.parametrize("kv_heads", [4, 1])
-def test_chunked_dropout_path_has_exact_gradients(kv_heads):
-    """Attention dropout on CPU: float64 gradcheck with the mask regenerated from the seed."""
+@pytest.mark.parametrize("chunk_rows", [None, 2])
+def test_chunked_dropout_path_has_exact_gradients(kv_heads, chunk_rows):
+    """Attention dropout on CPU: float64 gradcheck with the mask regenerated from the seed, in one
+    chunk and in chunks of 2 query rows (a causal chunk computing only the keys it sees)."""
     tensors = [t.detach().double()[..., :6, :4].contiguous().requires_grad_() for t in qkv(kv_heads, 3)]
     mask = padding()[:, :6]
     mask[1, 4:] = False
@@ -63,7 +66,11 @@ def test_chunked_dropout_path_has_exact_gradients(kv_heads):
         torch.manual_seed(11)
         return attention(*args, causal=True, key_padding_mask=mask, dropout_p=0.3)
 
-    assert torch.autograd.gradcheck(run, tensors)
+    chunk_memory.set_chunk_bytes(None if chunk_rows is None else chunk_rows * 4 * 2 * 4 * 6)
+    try:
+        assert torch.autograd.gradcheck(run, tensors)
+    finally:
+        chunk_memory.set_chunk_bytes(None)
 
 
 @pytest.mark.parametrize("batched", [False, True])

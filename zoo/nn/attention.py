@@ -4,8 +4,9 @@
 log-sum-exp per query) for causal and key-padding masks and multi-/grouped-query heads. One case
 SDPA cannot serve without materialising the (B, H, S, S) probabilities: attention dropout on CPU,
 where only the math backend supports it. There `attention()` runs a PyTorch flash-style function
-(`_chunks_forward`): query chunks, a float32 log-sum-exp, the dropout mask regenerated from a seed
-per chunk, and a backward that recomputes each chunk's probabilities. It saves what SDPA's flash
+(`_chunks_forward`): query chunks (a causal one computing only the keys its queries may see), a
+float32 log-sum-exp, the dropout mask regenerated from a seed per chunk, and a backward that
+recomputes each chunk's probabilities. It saves what SDPA's flash
 backend saves. Under torch.compile it is one custom operator (`zoo::chunked_attention`), so that
 the compiled graph saves no more.
 """
@@ -25,48 +26,77 @@ from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.norm import Norm
 from zoo.nn.rotary import apply_rotary
 
-def _rows_keep(shape: torch.Size, p: float, seed: int | torch.Tensor, start: int, device: torch.device) -> torch.Tensor:
-    """The dropout scale (keep / (1 - p)) of query rows start .. start + shape[2] of the (B, H, Sq,
-    Sk) probabilities: rows of one mask laid out (Sq, B, H, Sk), so the same whatever the chunks."""
+CAUSAL_CHUNKS = 8
+"""The chunked path splits causal queries into at least this many chunks (of at least
+`CAUSAL_CHUNK_FLOOR` rows): a causal chunk computes only the keys its queries may see, so of the
+masked half of the scores all but 1/16 is skipped."""
+CAUSAL_CHUNK_FLOOR = 64
+"""Fewest query rows of a causal chunk (fewer spend more on each chunk's calls than they skip)."""
+
+
+def _rows_dropped(shape: tuple[int, int, int, int], p: float, seed: int | torch.Tensor, start: int, visible: int,
+                  device: torch.device) -> torch.Tensor:
+    """Where dropout zeroes the (B, H, Sq, Sk) probabilities in query rows start .. start + shape[2]
+    and keys 0 .. visible of shape[3] (bool (B, H, shape[2], visible), True = dropped): rows of one mask laid out (Sq, B, H, Sk), so the
+    same whatever the chunks and however many keys a chunk sees."""
     b, h, rows, keys = shape
-    keep = keep_mask((rows, b, h, keys), p, seed, device, offset=start * b * h * keys).permute(1, 2, 0, 3)
-    return keep * (1.0 / (1.0 - p))
+    keep = keep_mask((rows, b, h, keys), p, seed, device, offset=start * b * h * keys)
+    return keep.logical_not_().permute(1, 2, 0, 3)[..., :visible]
 
 
-def _chunk_scores(q_chunk, k, start, scale, bias, causal, sq):
-    """Scaled scores of queries [start, start + c) of Sq = sq (B, H, c, Skv) in k's dtype, masked
-    with -inf (causal: query i sits at key position i + Skv - Sq)."""
-    # Out of place: selective checkpointing keeps the matmul's output and hands that same tensor
-    # to the recompute, so it must not be modified here.
-    scores = (q_chunk.to(k.dtype) @ k.transpose(-1, -2)) * scale
+def _shifted_scores(q_chunk: torch.Tensor, k: torch.Tensor, start: int, bias: torch.Tensor | None, causal: bool,
+                    sq: int, shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores - shift, shift) for the already scaled queries [start, start + c) of Sq = sq: a new
+    (B, H, c, visible) tensor in k's dtype, -inf where masked, over the keys the chunk may see (all,
+    or under causal those up to its last query, which sits at key start + c - 1 + Skv - Sq). shift
+    (B, H, c) defaults to each row's largest score (0 for a row that sees no key)."""
+    rows = q_chunk.shape[-2]
+    visible = start + rows + k.shape[-2] - sq if causal else k.shape[-2]
+    # The matmul's output is not modified: selective checkpointing keeps it and hands that same
+    # tensor to the recompute.
+    scores = q_chunk.to(k.dtype) @ k[:, :, :visible].transpose(-1, -2)
+    # Under causal only the last `rows` visible keys hold future pairs: key first + j, query i > j.
+    first, future = visible - rows, torch.ones(rows, rows, dtype=torch.bool, device=k.device).triu_(1) if causal else None
     if bias is not None:
-        scores += bias if bias.shape[-2] == 1 else bias[..., start : start + q_chunk.shape[-2], :]
-    if causal:
-        offset = k.shape[-2] - sq
-        rows = torch.arange(start + offset, start + offset + q_chunk.shape[-2], device=q_chunk.device)[:, None]
-        scores.masked_fill_(torch.arange(k.shape[-2], device=q_chunk.device)[None, :] > rows, float("-inf"))
-    return scores
+        scores = scores + (bias if bias.shape[-2] == 1 else bias[..., start : start + rows, :])[..., :visible]
+        if causal:
+            scores[..., first:].masked_fill_(future, float("-inf"))
+    if shift is None:
+        if causal and bias is None:
+            shift = scores[..., first:].masked_fill(future, float("-inf")).amax(-1)
+            if first:
+                shift = torch.maximum(shift, scores[..., :first].amax(-1))
+        else:
+            shift = scores.amax(-1)
+        shift = shift.nan_to_num_(neginf=0.0)
+    shifted = scores.sub_(shift[..., None]) if bias is not None else scores - shift[..., None]
+    if causal and bias is None:
+        shifted[..., first:].masked_fill_(future, float("-inf"))
+    return shifted, shift
 
 
 def _chunks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
                     p: float, scale: float, chunk: int, seed: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with dropout on the probabilities, `chunk` query rows at a time: (out (B, Hq, S,
-    D) contiguous, log-sum-exp (B, Hq, S)). The probabilities of a chunk exist only while it runs;
-    backward (`_chunks_backward`) forms them again from q, k and the log-sum-exp, and the dropout
-    masks from `seed`."""
+    D) contiguous, log-sum-exp (B, Hq, S)). The probabilities of a chunk exist only while it runs,
+    unnormalised (the output is divided by their sum and 1 - p instead); backward
+    (`_chunks_backward`) forms them again from q, k and the log-sum-exp, and the dropout masks from
+    `seed`. A causal chunk computes only the keys its queries may see."""
     groups = q.shape[1] // k.shape[1]
     ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     out = q.new_empty(q.shape)  # contiguous, as the fake form says, whatever q's strides
     lse = torch.empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)
     ke_acc = ke.to(lse.dtype)
     for start in range(0, q.shape[2], chunk):
-        scores = _chunk_scores(q[:, :, start : start + chunk], ke_acc, start, scale, bias, causal, q.shape[2])
-        chunk_lse = torch.logsumexp(scores, dim=-1).nan_to_num_(neginf=0.0)
-        probs = scores.sub_(chunk_lse[..., None]).exp_()
+        rows = slice(start, start + chunk)
+        shifted, shift = _shifted_scores(q[:, :, rows].to(lse.dtype) * scale, ke_acc, start, bias, causal, q.shape[2])
+        probs = shifted.exp_()
+        total = probs.sum(-1)  # >= 1 (the largest score's exp) unless the row sees no key
+        lse[:, :, rows] = (shift + total.log()).nan_to_num_(neginf=0.0)
         if p:
-            probs *= _rows_keep(probs.shape, p, seed, start, q.device)
-        lse[:, :, start : start + chunk] = chunk_lse
-        out[:, :, start : start + chunk] = probs.to(v.dtype) @ ve
+            probs.masked_fill_(_rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device), 0.0)
+        norm = total.clamp_min_(1.0).mul_(1.0 - p).reciprocal_()
+        out[:, :, rows] = (probs.to(v.dtype) @ ve[:, :, : probs.shape[-1]]) * norm[..., None]
     return out, lse
 
 
@@ -86,7 +116,8 @@ def _(q, k, v, bias, causal, p, scale, chunk, seed):
 def _chunks_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      bias: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, seed: int | torch.Tensor,
                      causal: bool, p: float, scale: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of `_chunks_forward`'s output for q, k, v (contiguous)."""
+    """Gradients of `_chunks_forward`'s output for q, k, v (contiguous). The factors 1 / (1 - p)
+    and `scale` are applied to the (rows, D) operands, not to the chunk's probabilities."""
     groups = q.shape[1] // k.shape[1]
     ke, ve = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     grad_out = grad_out.to(q.dtype)
@@ -98,19 +129,20 @@ def _chunks_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     ke_acc = ke.to(acc)
     for start in range(0, q.shape[2], chunk):
         rows = slice(start, start + chunk)
-        q_chunk, g_chunk = q[:, :, rows], grad_out[:, :, rows]
-        probs = _chunk_scores(q_chunk, ke_acc, start, scale, bias, causal, q.shape[2])
-        probs = probs.sub_(lse[:, :, rows, None]).exp_()
-        grad_probs = (g_chunk @ ve.transpose(-1, -2)).to(acc)
+        q_scaled = q[:, :, rows].to(acc) * scale
+        g_kept = grad_out[:, :, rows] * (1.0 / (1.0 - p)) if p else grad_out[:, :, rows]
+        probs = _shifted_scores(q_scaled, ke_acc, start, bias, causal, q.shape[2], lse[:, :, rows])[0].exp_()
+        keys = slice(0, probs.shape[-1])
+        grad_probs = (g_kept @ ve[:, :, keys].transpose(-1, -2)).to(acc)
         dropped = probs
         if p:
-            keep = _rows_keep(probs.shape, p, seed, start, q.device)
-            dropped = probs * keep
-            grad_probs *= keep
-        grad_v += dropped.transpose(-1, -2) @ g_chunk.to(acc)
-        grad_scores = probs.mul_(grad_probs.sub_(delta[:, :, rows, None])).mul_(scale)
-        grad_q[:, :, rows] = (grad_scores.to(q.dtype) @ ke)
-        grad_k += grad_scores.transpose(-1, -2) @ q_chunk.to(acc)
+            drop = _rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device)
+            dropped = probs.masked_fill(drop, 0.0)
+            grad_probs.masked_fill_(drop, 0.0)
+        grad_v[:, :, keys] += dropped.transpose(-1, -2) @ g_kept.to(acc)
+        grad_scores = probs.mul_(grad_probs.sub_(delta[:, :, rows, None]))
+        grad_q[:, :, rows] = (grad_scores.to(q.dtype) @ ke[:, :, keys]) * scale
+        grad_k[:, :, keys] += grad_scores.transpose(-1, -2) @ q_scaled
     fold = lambda g: g.unflatten(1, (k.shape[1], groups)).sum(2).to(k.dtype).contiguous()  # noqa: E731
     return grad_q, fold(grad_k), fold(grad_v)
 
@@ -209,6 +241,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         if mask is not None:
             bias = torch.zeros(mask.shape, dtype=torch.float32, device=q.device).masked_fill_(~mask, float("-inf"))
         chunk = rows_per_chunk(4 * q.shape[0] * q.shape[1] * k.shape[2])  # float32 scores of one query row
+        if causal:
+            chunk = min(chunk, max(CAUSAL_CHUNK_FLOOR, -(-q.shape[2] // CAUSAL_CHUNKS)))
         if torch.compiler.is_compiling():
             return _chunked_attention(q, k, v, bias, causal, p, scale, chunk, draw_seed(p))[0]
         return _ChunkedAttention.apply(q, k, v, bias, causal, p, scale, chunk, draw_seed(p))
