@@ -4,7 +4,8 @@ neighbouring elements (within and across 64-bit words) or neighbouring seeds."""
 import pytest
 import torch
 
-from zoo.nn.dropout import dropout, keep_mask, random_words
+from zoo.nn.attention import _rows_dropped
+from zoo.nn.dropout import dropout, keep_mask, random_words, random_words_at
 
 N = 1_000_000
 CPU = torch.device("cpu")
@@ -36,6 +37,21 @@ def test_mask_has_the_shape_and_is_a_prefix_of_a_longer_draw():
     mask = keep_mask((3, 5, 7), 0.3, seed=2, device=CPU)
     assert mask.shape == (3, 5, 7) and mask.dtype == torch.bool
     assert torch.equal(mask.flatten(), keep_mask((200,), 0.3, seed=2, device=CPU)[:105])
+
+
+def test_words_at_offsets_are_those_words_of_the_draw():
+    draw = random_words(60, seed=5, device=CPU)
+    offsets = torch.arange(60).view(3, 4, 5).permute(2, 0, 1)  # another layout's order
+    assert torch.equal(random_words_at(offsets.clone(), seed=5), draw[offsets])
+
+
+def test_attention_s_dropout_reads_one_mask_in_either_layout():
+    """The chunked attention's mask (zoo.nn.attention), hashed in the probabilities' (B, H, rows,
+    keys) order or cut from the (rows, B, H, keys) draw, is the same mask."""
+    for keys, visible in ((16, 16), (16, 7), (12, 12)):
+        dropped = _rows_dropped((2, 3, 5, keys), 0.3, 9, 4, visible, CPU)
+        drawn = keep_mask((5, 2, 3, keys), 0.3, seed=9, device=CPU, offset=4 * 2 * 3 * keys)
+        assert torch.equal(dropped, ~drawn.permute(1, 2, 0, 3)[..., :visible])
 
 
 def test_shared_dims_share_one_mask_value_and_backward_reuses_it():

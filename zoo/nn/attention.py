@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zoo.nn.chunk_memory import rows_per_chunk
-from zoo.nn.dropout import check_probability, draw_seed, keep_mask
+from zoo.nn.dropout import check_probability, draw_seed, drop_threshold, keep_mask, random_words_at
 from zoo.nn.kv_cache import LayerKVCache
 from zoo.nn.norm import Norm
 from zoo.nn.rotary import apply_rotary
@@ -37,11 +37,20 @@ CAUSAL_CHUNK_FLOOR = 64
 def _rows_dropped(shape: tuple[int, int, int, int], p: float, seed: int | torch.Tensor, start: int, visible: int,
                   device: torch.device) -> torch.Tensor:
     """Where dropout zeroes the (B, H, Sq, Sk) probabilities in query rows start .. start + shape[2]
-    and keys 0 .. visible of shape[3] (bool (B, H, shape[2], visible), True = dropped): rows of one mask laid out (Sq, B, H, Sk), so the
-    same whatever the chunks and however many keys a chunk sees."""
+    and keys 0 .. visible of shape[3] (bool (B, H, shape[2], visible), True = dropped): one mask
+    laid out (Sq, B, H, Sk), so the same whatever the chunks and however many keys a chunk sees.
+    With Sk a multiple of 4 (a word's four uniforms then lie in one row of keys) the words are
+    hashed in the probabilities' own order, only those of the visible keys."""
     b, h, rows, keys = shape
-    keep = keep_mask((rows, b, h, keys), p, seed, device, offset=start * b * h * keys)
-    return keep.logical_not_().permute(1, 2, 0, 3)[..., :visible]
+    if keys % 4:
+        keep = keep_mask((rows, b, h, keys), p, seed, device, offset=start * b * h * keys)
+        return keep.logical_not_().permute(1, 2, 0, 3)[..., :visible]
+    quarter, words = keys // 4, -(-visible // 4)
+    row_starts = (torch.arange(b * h, device=device).view(b, h, 1, 1) * quarter
+                  + torch.arange(start, start + rows, device=device).view(1, 1, rows, 1) * (b * h * quarter))
+    index = torch.add(row_starts, torch.arange(words, device=device))  # the word of (row, b, h, 4 keys)
+    uniforms = random_words_at(index, seed).view(torch.int16)[..., :visible]
+    return uniforms < drop_threshold(p)
 
 
 def _shifted_scores(q_chunk: torch.Tensor, k: torch.Tensor, start: int, bias: torch.Tensor | None, causal: bool,

@@ -84,8 +84,24 @@ def random_words(count: int, seed: int | torch.Tensor, device: torch.device, fir
     return _splitmix(count, seed, device, first)
 
 
+def random_words_at(index: torch.Tensor, seed: int | torch.Tensor) -> torch.Tensor:
+    """`random_words`'s words at the int64 offsets `index` (any shape; word i is the word
+    `random_words(count, seed, device)[i]`), written over `index` and returned: a mask laid out one
+    way can be read in another layout's order without a permuted copy. Eager only (not under
+    torch.compile)."""
+    if tracing_fake_tensors():
+        torch.empty_like(index)  # the hash's scratch buffer, as random_words
+        return index
+    return _splitmix_from(index.add_(1), seed)
+
+
 def _splitmix(count: int, seed: int | torch.Tensor, device: torch.device, first: int) -> torch.Tensor:
-    z = torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device).mul_(_GOLDEN_GAMMA).add_(seed)
+    return _splitmix_from(torch.arange(first + 1, first + count + 1, dtype=torch.int64, device=device), seed)
+
+
+def _splitmix_from(z: torch.Tensor, seed: int | torch.Tensor) -> torch.Tensor:
+    """SplitMix64 of the 1-based element offsets z (int64, overwritten and returned)."""
+    z = z.mul_(_GOLDEN_GAMMA).add_(seed)
     shifted = torch.empty_like(z)
     for shift, multiplier in _MIX:  # z ^= z >>> shift (logical: arithmetic shift, sign bits masked off)
         torch.bitwise_right_shift(z, shift, out=shifted)
@@ -114,7 +130,12 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int | torch.T
     count = math.prod(shape)
     first, skip = offset // 4, offset % 4  # not divmod: torch.compile takes these on symbolic sizes
     uniforms = random_words(-(-(count + skip) // 4), seed, device, first).view(torch.int16)[skip : skip + count]
-    return (uniforms >= round(p * 2**16) - 2**15).view(shape)
+    return (uniforms >= drop_threshold(p)).view(shape)
+
+
+def drop_threshold(p: float) -> int:
+    """The int16 uniform below which the PyTorch path drops an element (p rounded to 2^-16)."""
+    return round(p * 2**16) - 2**15
 
 
 def _mask_shape(shape: torch.Size, shared_dims: tuple[int, ...]) -> tuple[int, ...]:
