@@ -109,7 +109,8 @@ def test_rows_give_those_positions_of_the_whole_block(config):
 
 def test_rows_are_refused_where_queries_must_be_the_last_positions():
     block = TransformerBlock(CONFIGS[0])  # causal
-    with pytest.raises(ValueError, match=r"rows=slice\(0, 1, None\) needs a non-causal layer without a cache; got causal=True"):
+    refusal = r"rows=slice\(0, 1, None\) needs a non-causal layer without a cache; got causal=True"
+    with pytest.raises(ValueError, match=refusal):
         block(torch.randn(1, 4, 64), rows=slice(0, 1))
 
 

@@ -6,9 +6,9 @@ SDPA cannot serve without materialising the (B, H, S, S) probabilities: attentio
 where only the math backend supports it. There `attention()` runs a PyTorch flash-style function
 (`_chunks_forward`): query chunks (a causal one computing only the keys its queries may see), a
 float32 log-sum-exp, the dropout mask regenerated from a seed per chunk, and a backward that
-recomputes each chunk's probabilities. It saves what SDPA's flash
-backend saves. Under torch.compile it is one custom operator (`zoo::chunked_attention`), so that
-the compiled graph saves no more.
+recomputes each chunk's probabilities. It saves what SDPA's flash backend saves. Under
+torch.compile it is one custom operator (`zoo::chunked_attention`), so that the compiled graph
+saves no more.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def _shifted_scores(q_chunk: torch.Tensor, k: torch.Tensor, start: int, bias: to
     # The matmul's output is not modified: selective checkpointing keeps it and hands that same
     # tensor to the recompute.
     scores = q_chunk.to(k.dtype) @ k[:, :, :visible].transpose(-1, -2)
-    # Under causal only the last `rows` visible keys hold future pairs: key first + j, query i > j.
+    # Under causal only the last `rows` visible keys can lie in a query's future: key first + j is
+    # after query i of the chunk when j > i.
     first, future = visible - rows, torch.ones(rows, rows, dtype=torch.bool, device=k.device).triu_(1) if causal else None
     if bias is not None:
         scores = scores + (bias if bias.shape[-2] == 1 else bias[..., start : start + rows, :])[..., :visible]
@@ -103,7 +104,8 @@ def _chunks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
         total = probs.sum(-1)  # >= 1 (the largest score's exp) unless the row sees no key
         lse[:, :, rows] = (shift + total.log()).nan_to_num_(neginf=0.0)
         if p:
-            probs.masked_fill_(_rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device), 0.0)
+            dropped = _rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device)
+            probs.masked_fill_(dropped, 0.0)
         norm = total.clamp_min_(1.0).mul_(1.0 - p).reciprocal_()
         out[:, :, rows] = (probs.to(v.dtype) @ ve[:, :, : probs.shape[-1]]) * norm[..., None]
     return out, lse

@@ -74,8 +74,9 @@ class TransformerBlockConfig:
 
 class TransformerBlock(nn.Module):
     """One block: `attn` (q, k, v, out), `mlp` (fc1, fc2), `norm1`, `norm2`. forward(x (B, S, W),
-    key_padding_mask (B, S) bool or None) -> (B, S, W), or only some positions' outputs (`rows`). Its plan (`block_plan`) makes it one
-    shard and recompute unit, with attention and feed-forward as tensor-parallel regions."""
+    key_padding_mask (B, S) bool or None) -> (B, S, W), or only some positions' outputs (`rows`).
+    Its plan (`block_plan`) makes it one shard and recompute unit, with attention and feed-forward
+    as tensor-parallel regions."""
 
     def __init__(self, config: TransformerBlockConfig) -> None:
         super().__init__()
