@@ -48,7 +48,7 @@ def test_words_at_offsets_are_those_words_of_the_draw():
 def test_attention_s_dropout_reads_one_mask_in_either_layout():
     """The chunked attention's mask (zoo.nn.attention), hashed in the probabilities' (B, H, rows,
     keys) order or cut from the (rows, B, H, keys) draw, is the same mask."""
-    for keys, visible in ((16, 16), (16, 7), (12, 12)):
+    for keys, visible in ((16, 16), (16, 7), (12, 12), (10, 6)):  # 10: words straddle rows, the draw's order
         dropped = _rows_dropped((2, 3, 5, keys), 0.3, 9, 4, visible, CPU)
         drawn = keep_mask((5, 2, 3, keys), 0.3, seed=9, device=CPU, offset=4 * 2 * 3 * keys)
         assert torch.equal(dropped, ~drawn.permute(1, 2, 0, 3)[..., :visible])

@@ -104,8 +104,8 @@ def _chunks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: tor
         total = probs.sum(-1)  # >= 1 (the largest score's exp) unless the row sees no key
         lse[:, :, rows] = (shift + total.log()).nan_to_num_(neginf=0.0)
         if p:
-            dropped = _rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device)
-            probs.masked_fill_(dropped, 0.0)
+            drop = _rows_dropped((*probs.shape[:-1], k.shape[2]), p, seed, start, probs.shape[-1], q.device)
+            probs.masked_fill_(drop, 0.0)
         norm = total.clamp_min_(1.0).mul_(1.0 - p).reciprocal_()
         out[:, :, rows] = (probs.to(v.dtype) @ ve[:, :, : probs.shape[-1]]) * norm[..., None]
     return out, lse
