@@ -4,9 +4,10 @@
     + learned positions (interpolated bicubically for other image sizes) -> dropout -> pre-LN
     TransformerBlocks (exact GELU) -> final LayerNorm -> head:
     "none":           {"last_hidden_state" (B, 1+N, W), "pooler_output" (B, W) = tanh(pooler(h[:, 0]))}
-    "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels); the
-                      last block computes only the class token's output (its keys and values
-                      from every token), all the classifier reads
+    "classification": {"logits" (B, num_labels)} from the class token (+ "loss" with labels); in
+                      `forward` the last block computes only the class token's output (its keys
+                      and values from every token), all the classifier reads (a pipeline's stages
+                      run whole blocks)
 
 State-dict names: embeddings.{patch.{weight,bias}, cls_token (1, 1, W), positions (1, 1+N, W)},
 blocks.N.{norm1,attn.{q,k,v,out},norm2,mlp.fc1,mlp.fc2}.*, norm.*, pooler.* or classifier.*.
