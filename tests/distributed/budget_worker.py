@@ -3,10 +3,11 @@
     budget_worker.py OUT LAYOUT ...   each LAYOUT trains 2 steps unconstrained, then 2 steps under
                                       a budget; per layout the budget, both loss histories, the
                                       measured peaks, the plan and its strategy, to OUT:
-      pp   a deep narrow GPT (8 blocks of width 32) pipelined over every rank (1F1B, 2 micro
-           batches of 16 a step), at two fifths of its largest measured peak: between full
-           recompute (12.9 MiB traced) and chunking alone (28.7 MiB), so the knapsack picks what
-           to keep;
+      pp   a deep narrow GPT (8 blocks of width 32) pipelined over 2 ranks in stages of (4, 4)
+           blocks (1F1B, 2 micro batches of 16 a step), at two fifths of its largest measured
+           peak: between full recompute (11.4 MiB traced) and keeping everything (32.5 MiB), so
+           the knapsack picks what to keep. The split is given: a split balanced by measured
+           times may differ between machines, and with it the peak the budget is a share of;
       dp   a wide shallow GPT (2 blocks of width 256) data-parallel from ZeRO 0 (a micro batch of
            2 a rank), at 85% of its largest measured peak: its model states alone outweigh the
            rest, so no recompute or chunking fits at ZeRO 0.
@@ -37,7 +38,8 @@ def train(layout: str, budget: int | None) -> tuple[Trainer, list[dict]]:
     pipelined = layout == "pp"
     config = TrainConfig(global_batch_size=2 * rows if pipelined else rows * world, micro_batch_size=rows, max_steps=2,
                          lr=1e-3, warmup_steps=1, log_every=1, progress=False, output_dir=f"/tmp/memzoo-budget-{layout}")
-    strategy = Strategy(pp=world, memory_budget=budget) if pipelined else Strategy(zero=0, memory_budget=budget)
+    strategy = (Strategy(pp=world, pp_split=(4, 4), memory_budget=budget) if pipelined
+                else Strategy(zero=0, memory_budget=budget))
     torch.manual_seed(0)
     trainer = Trainer(build(), config, strategy, example_batch=first_micro_batch(data, rows, collate))
     return trainer, trainer.fit(data, collate_fn=collate)
