@@ -5,8 +5,8 @@
                                       measured peaks, the plan and its strategy, to OUT:
       pp   a deep narrow GPT (8 blocks of width 32) pipelined over 2 ranks in stages of (4, 4)
            blocks (1F1B, 2 micro batches of 16 a step), at two fifths of its largest measured
-           peak: between full recompute (11.4 MiB traced) and keeping everything (32.5 MiB), so
-           the knapsack picks what to keep. The split is given: a split balanced by measured
+           peak: between the traced peaks of full recompute and of keeping everything, so the
+           knapsack picks what to keep. The split is given: a split balanced by measured
            times may differ between machines, and with it the peak the budget is a share of;
       dp   a wide shallow GPT (2 blocks of width 256) data-parallel from ZeRO 0 (a micro batch of
            2 a rank), at 85% of its largest measured peak: its model states alone outweigh the
