@@ -328,7 +328,8 @@ class SelfAttention(nn.Module):
         q, k, v = self.project(x, rows)
         if rotary is not None:
             cos, sin = rotary
-            q, k = apply_rotary(q, *((cos, sin) if rows is None else (cos[rows], sin[rows]))), apply_rotary(k, cos, sin)
+            query_tables = rotary if rows is None else (cos[rows], sin[rows])
+            q, k = apply_rotary(q, *query_tables), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.append(k, v)
         y = attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask, dropout_p=self.dropout,
