@@ -135,3 +135,54 @@ class GainedLM(FeedForwardLM):
     def parallel_plan(self) -> ModelPlan:
         return ModelPlan(blocks=("layers.*",), colwise=("layers.*.ff.up",), rowwise=("layers.*.ff.down",),
                          regions=("layers.*.ff",), replicated=("layers.*.ff",), vocab_parallel=("embed",))
+
+
+class UnregionedGainedLM(GainedLM):
+    """`GainedLM` planned without regions, as transformers plans its models: each column-parallel
+    linear gives its shard to the row-parallel one after it, and the learned gain between them meets
+    the shards. `summed`: the plan keeps the gain whole with its gradient summed (`replicated`);
+    otherwise it names nothing for it, which must be refused."""
+
+    def __init__(self, summed: bool) -> None:
+        super().__init__()
+        self.summed = summed
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.ff.up",), rowwise=("layers.*.ff.down",),
+                         replicated=("layers.*.ff",) if self.summed else (), vocab_parallel=("embed",))
+
+
+class MemoryFeedForward(nn.Module):
+    """down(gelu(up(x) + mean over positions of mem(memory))): a region whose second input, the
+    memory, comes by keyword."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.mem, self.down = nn.Linear(width, hidden), nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor, *, memory: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x) + self.mem(memory).mean(1, keepdim=True)))
+
+
+class KeywordMemoryLM(FeedForwardLM):
+    """`FeedForwardLM` whose layers also read a learned memory (4 positions), passed into each
+    tensor-parallel region by keyword: its gradient must be summed over the ranks as a positional
+    one's is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.layers = nn.ModuleList(MemoryFeedForward(32, 64) for _ in range(2))
+        self.memory = nn.Parameter(torch.randn(1, 4, 32))
+
+    def parallel_plan(self) -> ModelPlan:
+        return ModelPlan(blocks=("layers.*",), colwise=("layers.*.up", "layers.*.mem"), rowwise=("layers.*.down",),
+                         regions=("layers.*",), vocab_parallel=("embed",))
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = self.embed(input_ids)
+        memory = self.memory.expand(hidden.shape[0], -1, -1)
+        for layer in self.layers:
+            hidden = hidden + layer(hidden, memory=memory)
+        logits = self.head(self.norm(hidden))
+        return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}

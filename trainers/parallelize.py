@@ -1,6 +1,8 @@
 """Apply a `Strategy` to a model: the pipeline split first, then tensor parallelism, then expert
 parallelism, then recompute, then torch.compile, then data parallelism (FSDP2 on the "dp" mesh
-dimension, per pipeline stage; the routed experts' on "edp"), then materialise.
+dimension, per pipeline stage; the routed experts' on "edp"), then materialise; an unpipelined
+tensor-parallel model's first forward then proves the plan covers every parameter that meets a
+shard (`trainers.parallel.shard_trace`).
 
 Every ZeRO stage is built on FSDP2's DTensor parameters, so checkpoints, mixed precision and CPU
 offload work the same way at every stage:
@@ -33,6 +35,7 @@ from trainers.pipeline.split import PipelineLayout, TiedCopies, build_stages, sp
 from trainers.pipeline.stage import StageModule
 from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.strategy import Strategy
+from trainers.parallel.shard_trace import ShardProof
 from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel, check_plan
 from zoo.plan import model_plan, resolve
 from zoo.torch_compat import replicate
@@ -58,7 +61,7 @@ def trains(module: nn.Module) -> bool:
 
 
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
-                microbatches: int = 1, recompute: RecomputePolicy | None = None,
+                microbatches: int = 1, recompute: RecomputePolicy | None = None, prove: bool = True,
                 ) -> tuple[nn.Module, PipelineParts | None, PartialGradients]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
     rank's stages), when strategy.pp > 1 its `PipelineParts`, and the parameters whose gradients
@@ -66,10 +69,12 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     the stages' costs on `example_batch` (one micro batch; None balances parameter counts), with
     `microbatches` per optimizer step spreading the optimizer's cost. `recompute`, when given,
     decides what each block keeps instead of strategy.recompute (a memory budget's per-operator choice).
+    `prove`: follow the shards through the first forward of an unpipelined tensor-parallel model
+    (`trainers.parallel.shard_trace`; the estimator, whose ranks are traced one by one, does not).
 
     A model built on the meta device is materialised after sharding, each rank allocating only its
     shard, then initialised by its `init_weights()` method."""
-    plan = model_plan(model)
+    plan, model_class = model_plan(model), type(model).__name__
     layout = None
     if strategy.pp > 1:
         if strategy.tp > 1:
@@ -79,6 +84,9 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         block_names = [name for stage in layout.local_stages for name in layout.stage_modules(stage)[0]]
     else:
         block_names = plan.block_names(model)
+    proof_names = None  # the plan's names before any wrapper, for the proof of the tensor-parallel invariant
+    if prove and strategy.tp > 1 and layout is None:
+        proof_names = check_plan(model, plan, strategy.tp, strategy.sequence_parallel)
     if strategy.tp > 1:
         partial_gradients = apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
     else:
@@ -137,6 +145,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         with torch.no_grad():
             model.init_weights()
     if layout is None:
+        if proof_names is not None:  # after FSDP2's hooks, which give modules their gathered parameters
+            ShardProof(model, proof_names, strategy.sequence_parallel, model_class)
         return model, None, partial_gradients
     tied = TiedCopies(model, layout, env)
     if on_meta:

@@ -21,17 +21,20 @@ output, `sequence_parallel` modules (norms) run on the shards, and `sequence_gat
 gather their output whole again.
 
 Under pipeline parallelism the model's training forward is cut at its blocks (`PipelineSplit`).
-A model without a `parallel_plan` method trains as one unit.
+A model without a `parallel_plan` method takes the plan its library ships (`zoo.library_plan`:
+transformers' `tp_plan` and `pp_plan`), and without either trains as one unit.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, replace
 from dataclasses import fields as fields_of
 
 import torch
 from torch import nn
+
+from zoo.library_plan import library_plan_fields
+from zoo.module_patterns import matches
 
 
 Carry = dict[str, torch.Tensor]
@@ -84,12 +87,15 @@ class ModelPlan:
     rowwise: tuple[str, ...] = ()
     """`nn.Linear`s split by input features (attention output, second feed-forward linear), each
     taking a column-parallel shard: weight columns are sharded, the bias is whole on every rank."""
+    colwise_gathered: tuple[str, ...] = ()
+    """`nn.Linear`s outside every region split by output features whose output is gathered whole
+    again (an output head whose logits the model's own loss reads): its input enters whole."""
     replicated: tuple[str, ...] = ()
-    """Modules inside a region (or the region itself) whose own parameters stay whole on every
-    tensor-parallel rank (the one key/value head of multi-query attention, a learned gain): each
-    rank's shard of the region uses all of them, so their gradients are summed over the group. Every
-    trainable parameter inside a region belongs to a split or a replicated module, or the plan is
-    refused."""
+    """Modules whose own parameters stay whole on every tensor-parallel rank while they compute on
+    this rank's shards (the one key/value head of multi-query attention, a learned gain, a norm over
+    split heads), inside a region or between a column- and a row-parallel linear: each rank uses all
+    of them on its part of the work, so their gradients are summed over the group. Every trainable
+    parameter inside a region belongs to a split or a replicated module, or the plan is refused."""
     regions: tuple[str, ...] = ()
     """Modules that compute on tensor-parallel shards (attention, feed-forward): whole activation
     in (first argument), partial sum out. Each holds exactly one row-parallel linear, whose output
@@ -124,6 +130,13 @@ class ModelPlan:
     sequence_gather: tuple[str, ...] = ()
     """Modules whose output is gathered whole along S under sequence parallelism (the final norm)."""
 
+    kept_whole: tuple[tuple[str, str], ...] = ()
+    """(pattern, why) of modules the plan's source splits but this plan keeps whole on every
+    tensor-parallel rank (an embedding with a padding row): logged when tensor parallelism applies."""
+    tensor_parallel_refusals: tuple[str, ...] = ()
+    """Why the model cannot run under tensor parallelism although its plan splits layers (a style of
+    its library's plan that memzoo does not apply), each naming the module: raised under tp > 1."""
+
     pipeline: PipelineSplit | None = None
     """Where the model cuts into pipeline stages; None: it cannot run under pipeline parallelism."""
 
@@ -147,15 +160,15 @@ class ModelPlan:
     @property
     def tensor_parallel(self) -> bool:
         """Whether the plan splits any layer under tensor parallelism."""
-        return bool(self.colwise or self.rowwise or self.vocab_parallel or self.axial)
+        return bool(self.colwise or self.rowwise or self.colwise_gathered or self.vocab_parallel or self.axial)
 
     def present_in(self, model: nn.Module) -> ModelPlan:
         """This plan without the patterns that match no module of `model`: the plan of a pipeline
         stage, whose other modules live on other ranks."""
         names = [name for name, _ in model.named_modules() if name]
-        present = lambda pattern: any(_matches(name, pattern) for name in names)  # noqa: E731
+        present = lambda pattern: any(matches(name, pattern) for name in names)  # noqa: E731
         fields = {f.name: tuple(p for p in getattr(self, f.name) if present(p)) for f in fields_of(self)
-                  if f.name not in ("heads", "pipeline", "chunk_memory")}
+                  if f.name not in ("heads", "pipeline", "chunk_memory", "kept_whole", "tensor_parallel_refusals")}
         return replace(self, **fields, heads=tuple(h for h in self.heads if present(h[0])))
 
     def merged(self, other: ModelPlan) -> ModelPlan:
@@ -189,7 +202,8 @@ class ModelPlan:
         return rows
 
 
-_REQUIRED_TYPES = {"colwise": nn.Linear, "rowwise": nn.Linear, "vocab_parallel": nn.Embedding}
+_REQUIRED_TYPES = {"colwise": nn.Linear, "rowwise": nn.Linear, "colwise_gathered": nn.Linear,
+                   "vocab_parallel": nn.Embedding}
 
 
 def resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str]:
@@ -198,7 +212,7 @@ def resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str
     names = [name for name, _ in model.named_modules() if name]
     matched: set[str] = set()
     for pattern in patterns:
-        hits = [name for name in names if _matches(name, pattern)]
+        hits = [name for name in names if matches(name, pattern)]
         if not hits:
             raise ValueError(
                 f"ModelPlan.{field} pattern {pattern!r} matches no submodule of "
@@ -208,16 +222,13 @@ def resolve(model: nn.Module, patterns: tuple[str, ...], field: str) -> list[str
     return [name for name in names if name in matched]
 
 
-def _matches(name: str, pattern: str) -> bool:
-    parts, wanted = name.split("."), pattern.split(".")
-    return len(parts) == len(wanted) and all(map(fnmatch.fnmatchcase, parts, wanted))
-
-
 def model_plan(model: nn.Module) -> ModelPlan:
-    """The plan `model` declares, or an empty plan (the whole model is one unit)."""
+    """The plan `model` declares, else the plan its library ships (`zoo.library_plan`), else an
+    empty plan (the whole model is one unit)."""
     declare = getattr(model, "parallel_plan", None)
     if declare is None:
-        return ModelPlan()
+        shipped = library_plan_fields(model)
+        return ModelPlan() if shipped is None else ModelPlan(**shipped)
     plan = declare()
     if not isinstance(plan, ModelPlan):
         raise TypeError(

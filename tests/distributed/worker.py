@@ -28,6 +28,8 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
     worker.py expert_checks OUT                    the errors of expert parallelism on 2 ranks
     worker.py expert_save DIR EP ZERO              4 steps under expert parallelism, checkpoint every 2
     worker.py expert_resume DIR EP ZERO OUT        resume DIR's step-2 checkpoint, run steps 3-4
+    worker.py library OUT FAMILY/STRATEGY ...      transformers' models under a strategy, 3 steps: losses,
+                                                   params, or the refusal (tests/distributed/library_scenarios.py)
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    errors of a sequence that sequence parallelism cannot
                                                    split and of 15 residues axial parallelism cannot;
@@ -61,6 +63,7 @@ from trainers.speed.compile import compiled_forwards  # noqa: E402
 from trainers.parallel.mesh import exit_process, shutdown_distributed  # noqa: E402
 from trainers.memory.recompute import clean_fqn  # noqa: E402
 from expert_scenarios import expert_checks, expert_resume, expert_save, experts  # noqa: E402
+from library_scenarios import library  # noqa: E402
 from parity_models import GainedRegression, Routed  # noqa: E402
 from zoo.plan import ModelPlan  # noqa: E402
 
@@ -443,7 +446,8 @@ COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "sav
             "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
             "tp_activations": tp_activations, "chunks": chunks, "experts": experts,
-            "expert_checks": expert_checks, "expert_save": expert_save, "expert_resume": expert_resume}
+            "expert_checks": expert_checks, "expert_save": expert_save, "expert_resume": expert_resume,
+            "library": library}
 
 
 if __name__ == "__main__":

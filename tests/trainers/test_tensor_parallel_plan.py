@@ -42,11 +42,23 @@ def test_multi_query_keys_and_values_are_replicated():
     assert "blocks.0.attn.k" not in names["colwise"]
 
 
+class ScaledLinear(nn.Linear):
+    """A linear with a learned output scale of its own, written outside the zoo."""
+
+    def __init__(self, width: int, features: int) -> None:
+        super().__init__(width, features)
+        self.scale = nn.Parameter(torch.ones(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale
+
+
 class Pair(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.up, self.down, self.norm = nn.Linear(8, 16), nn.Linear(16, 8), nn.LayerNorm(8)
         self.embed = nn.Embedding(10, 8, padding_idx=0)
+        self.scaled = ScaledLinear(8, 16)
 
 
 @pytest.mark.parametrize("plan,message", [
@@ -55,7 +67,11 @@ class Pair(nn.Module):
     (ModelPlan(colwise=("norm",)), r"ModelPlan.colwise names 'norm', a LayerNorm; it must name Linear modules"),
     (ModelPlan(vocab_parallel=("up",)), r"ModelPlan.vocab_parallel names 'up', a Linear; it must name Embedding"),
     (ModelPlan(vocab_parallel=("embed",)), r"'embed', an nn.Embedding with padding_idx"),
-    (ModelPlan(colwise=("up",), replicated=("down",)), r"ModelPlan.replicated names \['down'\] outside every region"),
+    (ModelPlan(colwise=("scaled",)), r"ModelPlan.colwise names 'scaled', a ScaledLinear holding parameters its split "
+                                     r"does not cover: \['scaled.scale'\] \(it splits only weight, bias\)"),
+    (ModelPlan(rowwise=("scaled",)), r"ModelPlan.rowwise names 'scaled', a ScaledLinear holding parameters"),
+    (ModelPlan(colwise=("up",), tensor_parallel_refusals=("'up' is 'packed_colwise' in Pair's plan",)),
+     r"Strategy.tp=2 cannot split Pair: 'up' is 'packed_colwise'"),
     (ModelPlan(colwise=("up",), replicated=("up",)), r"ModelPlan.replicated names linears that colwise or rowwise split"),
     (ModelPlan(colwise=("up",), regions=("",)), r"ModelPlan.regions pattern '' matches no submodule"),
     (ModelPlan(colwise=("up",), sequence_parallel=("norm",)), r"Strategy.sequence_parallel needs the plan of Pair"),

@@ -23,6 +23,7 @@ the streams: draws inside a region differ between ranks, outside they agree.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -162,10 +163,17 @@ class Region(ParallelStyle):
         group = device_mesh.get_group()
         inputs: list[tpc.GatheredInput | None] = []
 
+        first = _first_parameter(module)
+
         def enter(_module, args, kwargs):
             gathered = None
-            whole = tuple(tpc.copy_to_group(a, group) if isinstance(a, torch.Tensor) and a.requires_grad else a
-                          for a in args[1:])
+            if not args:  # the activation passed by keyword
+                if first not in kwargs:
+                    raise TypeError(f"the region {type(module).__name__} was called without its first argument "
+                                    f"({first!r}), the activation it splits")
+                args, kwargs = (kwargs[first],), {k: v for k, v in kwargs.items() if k != first}
+            whole = tuple(_whole(a, group) for a in args[1:])
+            kwargs = {key: _whole(value, group) for key, value in kwargs.items()}
             if self.sequence_parallel:
                 gathered = tpc.GatheredInput(args[0], SEQUENCE_DIM, group)
                 args = (gathered.full, *whole)
@@ -179,7 +187,8 @@ class Region(ParallelStyle):
             self.stream.leave()
             gathered = inputs.pop()
             output, *whole = output if isinstance(output, tuple) else (output,)
-            whole = [tpc.scaled_gradient(value, 1 / device_mesh.size()) for value in whole]
+            whole = [tpc.scaled_gradient(value, 1 / device_mesh.size()) if isinstance(value, torch.Tensor) else value
+                     for value in whole]
             if not self.sequence_parallel:
                 summed = tpc.sum_over_group(output, group)
                 return (summed, *whole) if whole else summed
@@ -192,6 +201,18 @@ class Region(ParallelStyle):
         module.register_forward_pre_hook(eager(enter), with_kwargs=True)
         module.register_forward_hook(eager(leave), with_kwargs=True, always_call=True)
         return module
+
+
+def _first_parameter(module: nn.Module) -> str | None:
+    """The name of the first parameter of `module.forward`, under which a caller may pass it by keyword."""
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    return parameters[0].name if parameters and parameters[0].kind in (parameters[0].POSITIONAL_ONLY,
+                                                                      parameters[0].POSITIONAL_OR_KEYWORD) else None
+
+
+def _whole(value, group):
+    """A further argument of a region: a tensor needing gradients enters whole, its gradient summed."""
+    return tpc.copy_to_group(value, group) if isinstance(value, torch.Tensor) and value.requires_grad else value
 
 
 class RegionColwise(ParallelStyle):

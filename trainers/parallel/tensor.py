@@ -19,6 +19,8 @@ gradient, each rank's part, is summed over the group once a step (`PartialGradie
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -35,6 +37,7 @@ from trainers.strategy import LayoutRefused
 from zoo.nn.mlp import register_split_weight_mlp
 from zoo.plan import ModelPlan
 
+log = logging.getLogger("trainers")
 
 class PartialGradients:
     """Parameters whole on every tensor-parallel rank whose gradient each rank computes in part
@@ -66,12 +69,16 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
     returns {field: names}. ValueError naming the plan field or `Strategy.tp` otherwise. `whole`:
     False for a pipeline stage (checked whole before the split), which may hold no split layer and
     neither the start nor the end of the sequence-parallel part."""
+    if plan.tensor_parallel_refusals:
+        raise LayoutRefused(f"Strategy.tp={tp} cannot split {type(model).__name__}: "
+                            + "; ".join(plan.tensor_parallel_refusals))
     if whole and not plan.tensor_parallel:
         raise LayoutRefused(f"Strategy.tp={tp} needs a tensor-parallel plan, but {type(model).__name__} declares no "
-                         "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan)")
-    names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "replicated", "regions", "vocab_parallel",
-                                                         "axial", "sequence_parallel", "sequence_split", "sequence_gather",
-                                                         "experts")}
+                            "colwise, rowwise, vocab_parallel or axial modules (parallel_plan() returning "
+                            "zoo.plan.ModelPlan), nor does its library ship one (transformers' tp_plan)")
+    names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "colwise_gathered", "replicated", "regions",
+                                                         "vocab_parallel", "axial", "sequence_parallel", "sequence_split",
+                                                         "sequence_gather", "experts")}
     if whole and sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
         raise LayoutRefused(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
@@ -82,8 +89,9 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
         if count % tp:
             raise LayoutRefused(f"Strategy.tp={tp} must divide the {count} {what} of {name!r}")
 
+    _check_split_parameters(modules, names)
     heads = plan.head_rows(model)
-    for name in names["colwise"]:
+    for name in names["colwise"] + names["colwise_gathered"]:
         if name in heads:
             divides(name, modules[name].out_features // heads[name], "heads")
         divides(name, modules[name].out_features, "output features")
@@ -97,7 +105,8 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
         if embedding.padding_idx is not None or embedding.max_norm is not None:
             raise ValueError(f"ModelPlan.vocab_parallel names {name!r}, an nn.Embedding with padding_idx or "
                              "max_norm, which a vocabulary split does not support")
-    both = sorted((set(names["colwise"]) | set(names["rowwise"])) & set(names["replicated"]))
+    both = sorted((set(names["colwise"]) | set(names["rowwise"]) | set(names["colwise_gathered"]))
+                  & set(names["replicated"]))
     if both:
         raise ValueError(f"ModelPlan.replicated names linears that colwise or rowwise split: {both}")
     inside: set[str] = set()
@@ -113,10 +122,6 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
             raise ValueError(f"ModelPlan.experts names {name!r}, outside every region; under tensor parallelism each "
                              "rank computes a share of the experts' output, which the region around them sums")
         divides(name, modules[name].hidden, "hidden width of the experts")
-    outside = [name for name in names["replicated"] if name not in inside]
-    if outside:
-        raise ValueError(f"ModelPlan.replicated names {outside} outside every region; a replicated linear only "
-                         "makes sense beside the split ones of a region")
     uncovered = _partial_gradients(model, plan, names, sequence_parallel, whole)
     if uncovered:
         raise ValueError(f"the plan of {type(model).__name__} leaves trainable parameters that would get a partial "
@@ -125,6 +130,23 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
                          f"modules (ModelPlan.colwise, rowwise), or keep them whole on every rank with their gradients "
                          f"summed (ModelPlan.replicated inside a region, ModelPlan.sequence_parallel on sequence shards)")
     return names
+
+
+SPLIT_PARAMETERS = {"colwise": ("weight", "bias"), "rowwise": ("weight", "bias"),
+                    "colwise_gathered": ("weight", "bias"), "vocab_parallel": ("weight",)}
+"""The parameters each kind of split module splits; a module of that kind holding others is refused."""
+
+
+def _check_split_parameters(modules: dict[str, nn.Module], names: dict[str, list[str]]) -> None:
+    """ValueError naming any parameter of a split linear or embedding that its split does not cover
+    (a subclass's extra gain): the split would leave it a plain tensor on shards of the rest."""
+    for field, covered in SPLIT_PARAMETERS.items():
+        for name in names[field]:
+            extra = [local for local, _ in modules[name].named_parameters() if local not in covered]
+            if extra:
+                raise ValueError(f"ModelPlan.{field} names {name!r}, a {type(modules[name]).__name__} holding "
+                                 f"parameters its split does not cover: {[f'{name}.{local}' for local in extra]} "
+                                 f"(it splits only {', '.join(covered)}); move them to a module of their own")
 
 
 def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[str]], sequence_parallel: bool,
@@ -136,7 +158,8 @@ def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[
     cover all of their parameters. (A pipeline stage's share, not `whole`, was checked whole.)"""
     if not whole:
         return {}
-    split = set(names["colwise"]) | set(names["rowwise"]) | set(names["vocab_parallel"]) | set(names["experts"])
+    split = (set(names["colwise"]) | set(names["rowwise"]) | set(names["colwise_gathered"]) | set(names["vocab_parallel"])
+             | set(names["experts"]))
     axial = names["axial"]
     blocks = plan.block_names(model) if sequence_parallel else []
     within = lambda name, parents: any(name == p or name.startswith(p + ".") for p in parents)  # noqa: E731
@@ -150,7 +173,7 @@ def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[
             if region is not None:
                 if owner not in _region_members(region, names)["replicated"]:
                     found.setdefault(f"region {region!r}", []).append(name)
-            elif within(owner, blocks) and owner not in names["sequence_parallel"]:
+            elif within(owner, blocks) and owner not in names["sequence_parallel"] and owner not in names["replicated"]:
                 found.setdefault("sequence shards", []).append(name)
     return found
 
@@ -186,6 +209,8 @@ def _styles(model: nn.Module, plan: ModelPlan, names: dict[str, list[str]], sequ
         if name not in inside:
             add(name, RowwiseParallel(output_layouts=shards))
             add(name, OwnStream(stream))
+    for name in names["colwise_gathered"]:  # a head after the sequence is gathered whole
+        add(name, ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
     for name in names["vocab_parallel"]:
         add(name, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
     if sequence_parallel:
@@ -224,6 +249,9 @@ def apply_tensor_parallel(model: nn.Module, plan: ModelPlan, mesh: DeviceMesh, s
     was checked before). Returns the parameters whose gradients the trainer sums over the group
     after each step's backward passes."""
     names = check_plan(model, plan, mesh.size(), sequence_parallel, whole)
+    if plan.kept_whole and dist.get_rank() == 0:
+        log.info("tensor parallelism keeps whole on every rank what %s's plan splits: %s", type(model).__name__,
+                 "; ".join(f"{pattern} ({why})" for pattern, why in plan.kept_whole))
     if names["vocab_parallel"]:
         install_vocab_parallel_loss()
     if names["regions"]:

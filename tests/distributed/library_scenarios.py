@@ -1,0 +1,92 @@
+"""The bring-your-own-model scenarios of worker.py: transformers' models (tests/library_models.py)
+and modules written in the tests (`MODELS`) trained 3 steps through the Trainer under a strategy,
+nothing written per model.
+
+    worker.py library OUT MODEL/STRATEGY ...    each run's losses and parameters, or the error
+                                                 that refused it (a LayoutRefused or ValueError)
+
+Strategies (`STRATEGIES`) name their number of ranks; "one" is the one-process reference.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from dataclasses import replace
+
+from helpers import chunk_budget, lm_examples, tiny_gpt
+from library_models import LIBRARY_MODELS
+from parity_models import KeywordMemoryLM, UnregionedGainedLM
+from trainers import Strategy, TrainConfig, Trainer
+
+
+def qwen3_norms_unplanned():
+    """Qwen3 whose plan leaves out its q/k norms, which run on each rank's heads."""
+    model = LIBRARY_MODELS["qwen3"][0]()
+    model.tp_plan = {pattern: style for pattern, style in model.tp_plan.items() if not pattern.endswith("_norm")}
+    return model
+
+
+def gpt_norm_outside_sequence_parallel():
+    """The zoo's GPT whose plan leaves its final norm, on sequence shards, out of `sequence_parallel`."""
+    model = tiny_gpt()
+    plan = model.parallel_plan()
+    model.parallel_plan = lambda: replace(plan, sequence_parallel=tuple(p for p in plan.sequence_parallel if p != "norm"))
+    return model
+
+
+MODELS = {**LIBRARY_MODELS,
+          "qwen3_norms_unplanned": (qwen3_norms_unplanned, lm_examples),
+          "gpt_norm_outside_sp": (gpt_norm_outside_sequence_parallel, lm_examples),
+          "gain_unplanned": (lambda: UnregionedGainedLM(summed=False), lm_examples),
+          "gain_summed": (lambda: UnregionedGainedLM(summed=True), lm_examples),
+          "keyword_memory": (KeywordMemoryLM, lm_examples)}
+"""name -> (factory, examples(count)): the library models, and plans that leave a parameter meeting
+the shards unnamed (Qwen3's q/k norms, GPT's final norm under sequence parallelism, a learned gain
+between a column- and a row-parallel linear), the gain kept whole with its gradient summed, and a
+tensor passed into a region by keyword."""
+
+STRATEGIES: dict[str, tuple[int, dict]] = {
+    "one": (1, {}),
+    "zero3": (2, dict(zero=3)),
+    "zero3_offload": (2, dict(zero=3, offload="optimizer")),
+    "tp2": (2, dict(tp=2)),
+    "tp2_sp": (2, dict(tp=2, sequence_parallel=True)),
+    "pp2": (2, dict(pp=2, pp_schedule="1f1b")),
+    "chunks": (2, dict(zero=3, offload="chunks")),
+    "dp2_tp2_zero3": (4, dict(zero=3, tp=2)),
+}
+"""name -> (ranks, Strategy fields): dp=2 ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
+sequence parallelism; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on disk; dp=2 x tp=2 ZeRO-3."""
+CHUNK_ROOM = 64 << 20
+"""Bytes of memory left to chunks under offload="chunks", beside what the process holds."""
+
+
+def library(out: str, *runs: str) -> None:
+    results = {}
+    for run in runs:
+        model, name = run.split("/")
+        ranks, fields = STRATEGIES[name]
+        if ranks != int(os.environ["WORLD_SIZE"]):
+            raise ValueError(f"{run} runs on {ranks} ranks; this launch has {os.environ['WORLD_SIZE']}")
+        build, examples = MODELS[model]
+        with tempfile.TemporaryDirectory() as folder:
+            chunked = {"offload_dir": folder, "memory_budget": chunk_budget(CHUNK_ROOM)} if fields.get("offload") == "chunks" else {}
+            strategy = Strategy(**fields, **chunked)
+            config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, log_every=1,
+                                 progress=False, output_dir=f"{folder}/run")
+            try:
+                trainer = Trainer(build(), config, strategy)
+                history = trainer.fit(examples(32))
+            except ValueError as error:  # LayoutRefused included
+                results[run] = {"refused": f"{type(error).__name__}: {error}"}
+                continue
+            params = trainer.full_state_dict()
+        results[run] = {"losses": [record["loss"] for record in history],
+                        "params": {key: value.clone() for key, value in params.items()}}
+    if dist.get_rank() == 0:
+        torch.save(results, out)

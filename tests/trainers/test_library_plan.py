@@ -1,0 +1,92 @@
+"""The plans a model's library ships (transformers' `tp_plan` and `pp_plan`) as `ModelPlan`s: what
+each family's plan becomes, what is kept whole and why, and what is refused by name."""
+
+import pytest
+import torch
+from torch import nn
+
+from library_models import LIBRARY_MODELS
+from trainers.parallel.tensor import check_plan
+from trainers.strategy import LayoutRefused
+from zoo.plan import ModelPlan, model_plan
+
+ATTENTION = ("q_proj", "k_proj", "v_proj")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_a_decoder_plan_splits_attention_and_feed_forward(family):
+    model = LIBRARY_MODELS[family][0]()
+    plan = model_plan(model)
+    assert plan.block_names(model) == ["model.layers.0", "model.layers.1"]
+    assert plan.colwise == (*(f"model.layers.*.self_attn.{p}" for p in ATTENTION), "model.layers.*.mlp.gate_proj",
+                            "model.layers.*.mlp.up_proj")
+    assert plan.rowwise == ("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj")
+    assert plan.colwise_gathered == ("lm_head",) and plan.vocab_parallel == ("model.embed_tokens",)
+    assert plan.heads == tuple((f"model.layers.*.self_attn.{p}", 8) for p in ATTENTION)
+    norms = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
+    assert plan.replicated == (norms if family == "qwen3" else ())
+    names = check_plan(model, plan, 2, False)
+    assert names["colwise_gathered"] == ["lm_head"]
+    with pytest.raises(LayoutRefused, match=r"Strategy.tp=4 must divide the 2 heads of 'model.layers.0.self_attn.k_proj'"):
+        check_plan(model, plan, 4, False)  # 2 key/value heads
+
+
+def test_a_tied_embedding_and_head_stay_whole_together():
+    model = LIBRARY_MODELS["gemma3"][0]()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    plan = model_plan(model)
+    assert plan.colwise_gathered == () and plan.vocab_parallel == ()
+    assert [pattern for pattern, _ in plan.kept_whole] == ["lm_head", "model.embed_tokens"]
+    assert all("tied" in why for _, why in plan.kept_whole)
+    assert plan.replicated == ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
+
+
+def test_an_embedding_with_a_padding_row_stays_whole():
+    model = LIBRARY_MODELS["llama"][0]()
+    model.model.embed_tokens.padding_idx = 0
+    plan = model_plan(model)
+    assert plan.vocab_parallel == () and plan.colwise_gathered == ("lm_head",)
+    assert plan.kept_whole == (("model.embed_tokens", "it has a padding row, whose zero gradient a vocabulary split "
+                                                      "would misplace"),)
+
+
+def test_encoders_without_a_tensor_parallel_plan_still_have_blocks():
+    for family, blocks in (("bert", ["bert.encoder.layer.0", "bert.encoder.layer.1"]), ("vit", ["vit.layers.0", "vit.layers.1"])):
+        model = LIBRARY_MODELS[family][0]()
+        plan = model_plan(model)
+        assert plan.block_names(model) == blocks
+        assert not plan.tensor_parallel
+        with pytest.raises(LayoutRefused, match=r"nor does its library ship one \(transformers' tp_plan\)"):
+            check_plan(model, plan, 2, False)
+
+
+def test_a_style_memzoo_does_not_apply_is_refused_under_tensor_parallelism_only():
+    model = LIBRARY_MODELS["neox"][0]()
+    model.tp_plan = {**model.tp_plan, "gpt_neox.layers.*.attention.query_key_value": "packed_colwise"}
+    plan = model_plan(model)
+    assert plan.block_names(model) == ["gpt_neox.layers.0", "gpt_neox.layers.1"]  # ZeRO and recompute still serve
+    with pytest.raises(LayoutRefused, match=r"Strategy.tp=2 cannot split GPTNeoXForCausalLM: "
+                                            r"'gpt_neox.layers.\*.attention.query_key_value' is 'packed_colwise' in "
+                                            r"GPTNeoXForCausalLM's tensor-parallel plan: its weight packs several "
+                                            r"projections along the output"):
+        check_plan(model, plan, 2, False)
+
+
+def test_a_declared_plan_wins_over_the_library_plan():
+    model = LIBRARY_MODELS["llama"][0]()
+    model.parallel_plan = lambda: ModelPlan(blocks=("model.layers.*",))
+    assert model_plan(model) == ModelPlan(blocks=("model.layers.*",))
+
+
+def test_a_module_of_no_library_has_no_plan():
+    assert model_plan(nn.Sequential(nn.Linear(2, 2))) == ModelPlan()
+
+
+def test_the_library_model_computes_its_loss_as_transformers_does():
+    """The Trainer reads `loss` from transformers' output, with labels unshifted (the model shifts)."""
+    model = LIBRARY_MODELS["llama"][0]()
+    batch = {key: torch.stack([e[key] for e in LIBRARY_MODELS["llama"][1](2)]) for key in ("input_ids", "labels")}
+    output = model(**batch)
+    logits = output["logits"]
+    expected = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+    assert output["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
