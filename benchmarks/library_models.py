@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path[:0] = [str(TESTS), str(TESTS / "distributed")]
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+sys.path[:0] = [str(ROOT), str(TESTS), str(TESTS / "distributed")]  # the root first: tests/ mirrors its package names
 
 from helpers import torchrun  # noqa: E402
 from library_models import LIBRARY_MODELS  # noqa: E402

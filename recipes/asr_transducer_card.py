@@ -5,7 +5,7 @@ recording, and its memory per rank."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asr.accents import VOICE_FOLDER
 from asr.data import CorpusConfig
@@ -13,9 +13,7 @@ from asr.kokoro import BLEND
 from asr.model import Transducer
 from asr.training_text import HELD_OUT_SOURCE, LANGUAGE_MODEL_SOURCE_CREDITS
 from asr.voices import HELD_OUT_ACCENT, HELD_OUT_VARIANTS
-
-if TYPE_CHECKING:
-    from recipes.asr_transducer import ASRTransducerConfig
+from recipes.asr_transducer_config import ASRTransducerConfig
 
 RECORDED = ("librivox", "cards")
 """The sets of real recordings (`asr.data.recorded_speech`), reported one utterance at a time."""

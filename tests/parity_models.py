@@ -186,3 +186,35 @@ class KeywordMemoryLM(FeedForwardLM):
             hidden = hidden + layer(hidden, memory=memory)
         logits = self.head(self.norm(hidden))
         return {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())}
+
+
+class HeadRoutedLM(FeedForwardLM):
+    """`FeedForwardLM` with three output heads: each sequence goes through the head its first token
+    chooses (token % 3), and a head no sequence of the micro batch chose is not called, so ranks use
+    different parameters in a step, as multi-task heads do. `early_exit`: a sequence whose first
+    token is even also skips the last layer, and a micro batch with no odd one never runs it, so a
+    whole block may run on some ranks only."""
+
+    def __init__(self, early_exit: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.heads = nn.ModuleList(nn.Linear(32, 49, bias=False) for _ in range(3))
+        self.early_exit = early_exit
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = self.layers[0](self.embed(input_ids))
+        if self.early_exit:
+            deep = input_ids[:, 0] % 2 == 1
+            if deep.any():
+                hidden = torch.where(deep[:, None, None], self.layers[1](hidden), hidden)
+        else:
+            hidden = self.layers[1](hidden)
+        hidden, choice = self.norm(hidden), input_ids[:, 0] % 3
+        losses = []
+        for index, head in enumerate(self.heads):
+            rows = choice == index
+            if rows.any():
+                logits = head(hidden[rows])
+                losses.append(F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[rows][:, 1:].flatten(),
+                                              reduction="sum"))
+        return {"loss": torch.stack(losses).sum() / (labels.shape[0] * (labels.shape[1] - 1))}

@@ -37,18 +37,13 @@ def project_modules() -> dict[str, Path]:
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules `path` (module `name`) imports anywhere in it but under `if TYPE_CHECKING:` (read
-    by type checkers alone): `from a import b` counts as a.b where a.b is a module of the project,
-    else as a."""
+    """The modules `path` (module `name`) imports anywhere in it, under `if TYPE_CHECKING:` too (a
+    type checker reads them; a cycle through one is a cycle of the design): `from a import b` counts
+    as a.b where a.b is a module of the project, else as a."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())
-    typing_only = {id(inner) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
-                   for statement in node.body for inner in ast.walk(statement)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):

@@ -36,6 +36,7 @@ from trainers.pipeline.stage import StageModule
 from trainers.memory.recompute import RecomputePolicy, apply_recompute, uniform_keep
 from trainers.strategy import Strategy
 from trainers.parallel.shard_trace import ShardProof
+from trainers.parallel.unused import EveryParameterTakesPart
 from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel, check_plan
 from zoo.plan import model_plan, resolve
 from zoo.torch_compat import replicate
@@ -61,7 +62,7 @@ def trains(module: nn.Module) -> bool:
 
 
 def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batch: Mapping[str, Any] | None = None,
-                microbatches: int = 1, recompute: RecomputePolicy | None = None, prove: bool = True,
+                microbatches: int = 1, recompute: RecomputePolicy | None = None, checks: bool = True,
                 ) -> tuple[nn.Module, PipelineParts | None, PartialGradients]:
     """Apply `strategy` to `model` in place; return it (under pipeline parallelism pruned to this
     rank's stages), when strategy.pp > 1 its `PipelineParts`, and the parameters whose gradients
@@ -69,8 +70,9 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     the stages' costs on `example_batch` (one micro batch; None balances parameter counts), with
     `microbatches` per optimizer step spreading the optimizer's cost. `recompute`, when given,
     decides what each block keeps instead of strategy.recompute (a memory budget's per-operator choice).
-    `prove`: follow the shards through the first forward of an unpipelined tensor-parallel model
-    (`trainers.parallel.shard_trace`; the estimator, whose ranks are traced one by one, does not).
+    `checks`: the run-time checks that exchange data between the ranks, each training forward (which
+    FSDP2 units run: `trainers.parallel.unused`) or the first (the tensor-parallel proof:
+    `trainers.parallel.shard_trace`); the estimator, whose ranks are traced one by one, runs neither.
 
     A model built on the meta device is materialised after sharding, each rank allocating only its
     shard, then initialised by its `init_weights()` method."""
@@ -85,7 +87,7 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     else:
         block_names = plan.block_names(model)
     proof_names = None  # the plan's names before any wrapper, for the proof of the tensor-parallel invariant
-    if prove and strategy.tp > 1 and layout is None:
+    if checks and strategy.tp > 1 and layout is None:
         proof_names = check_plan(model, plan, strategy.tp, strategy.sequence_parallel)
     if strategy.tp > 1:
         partial_gradients = apply_tensor_parallel(model, plan, env.mesh["tp"], strategy.sequence_parallel, whole=layout is None)
@@ -139,6 +141,10 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
             wrap(model.get_submodule(name), ignored_params=whole)
     for root in stages or [model]:
         wrap(root, ignored_params=whole)
+    if layout is None:  # FSDP2 reduces only the gradients each rank has
+        units = {name: model.get_submodule(name) for name in block_names if trains(model.get_submodule(name))}
+        EveryParameterTakesPart(model, {**units, "": model}, env.mesh["dp"].get_group(),
+                                [model.get_submodule(name) for name in experts], agree=checks)
 
     if on_meta:
         model.to_empty(device="cpu" if strategy.offload == "params" else env.device)

@@ -19,8 +19,8 @@ from torch.utils.data import default_collate
 
 from trainers.config import TrainConfig
 from trainers.estimate.held_budget import HeldBudget
-from trainers.loop.data import (StepSampler, check_batch_sizes, evaluation_shares, largest_micro_batch,
-                                 micro_batch_seed, pipeline_microbatches, seeded_batches)
+from trainers.loop.data import StepSampler, check_batch_sizes, largest_micro_batch, pipeline_microbatches, seeded_batches
+from trainers.loop.evaluation import evaluation_loss
 from trainers.loop.metrics import MetricsSink, step_record
 from trainers.loop.throughput import Throughput
 from trainers.memory.activations.plan import BlockActivations, chunked_recompute_policy, parse_block_activations
@@ -59,6 +59,9 @@ class Trainer:
     model (or builds it on the meta device) and calls `fit` with the same datasets. Progress goes to
     the "trainers" logger; throughput is counted in examples and, where batches hold `input_ids`, in
     the model's `input_ids_unit` (default "tokens"; "residues" for folding).
+
+    `close()`, or leaving `with Trainer(...) as trainer:`, removes the chunk files of offload="chunks"
+    (else removed at exit, `trainers.parallel.mesh.exit_process`'s too).
     """
 
     def __init__(self, model: nn.Module, config: TrainConfig, strategy: Strategy | None = None,
@@ -140,6 +143,17 @@ class Trainer:
         if strategy.block_activations is not None:
             self.block_activations.apply(parse_block_activations(strategy.block_activations, blocks))
 
+    def close(self) -> None:
+        """Remove the chunk files of offload="chunks", whose states cannot be read after (a checkpoint can)."""
+        if self.chunks is not None:
+            self.chunks.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *_exception) -> None:
+        self.close()
+
     @property
     def model(self) -> nn.Module:
         """The model as parallelised; RuntimeError before `fit` where a memory budget plans there."""
@@ -209,22 +223,12 @@ class Trainer:
     def evaluate(self, dataset: Sequence[Batch], collate_fn: Callable[[list[Batch]], Batch] | None = None) -> dict[str, float]:
         """Mean loss over the first `eval_batches x micro_batch_size` examples (the same examples
         whatever the number of ranks, which share them), weighted by examples: {"eval_loss"}."""
-        collate = collate_fn or default_collate
-        config, env = self.config, self.env
-        size = min(len(dataset), config.eval_batches * config.micro_batch_size)
-        totals = torch.zeros(2, dtype=torch.float64, device=env.device)
         self.model.eval()
-        try:  # tensor-parallel ranks run the same micro batch together
-            for index, examples, weight in evaluation_shares(size, config.micro_batch_size, env.dp_size, env.dp_rank):
-                # Random draws of the examples (crops) depend on the micro batch alone, not on the run so far.
-                torch.manual_seed(micro_batch_seed(config.seed, -1, index))
-                loss = self._loss(to_device(collate([dataset[i] for i in examples]), env.device))
-                totals[0] += loss.double() * weight
-                totals[1] += weight
+        try:
+            loss = evaluation_loss(self._loss, dataset, collate_fn or default_collate, self.config, self.env)
         finally:
             self.model.train()
-        dist.all_reduce(totals, group=env.mesh["dp"].get_group())
-        return {"eval_loss": (totals[0] / totals[1].clamp(min=1)).item()}
+        return {"eval_loss": loss}
 
     def num_parameters(self) -> int:
         """Trainable parameters of the whole model (every shard, and a pipeline's tied copies,
@@ -251,12 +255,8 @@ class Trainer:
         """Write a checkpoint of the current step (collective: call on every rank)."""
         if self.checkpoint_dir is None:
             raise ValueError("TrainConfig.checkpoint_dir is not set; there is nowhere to save")
-        state = {
-            "step": self.step,
-            "model_class": self.model_class,
-            **run_settings(self.config, self.strategy, self.env.world_size),
-            "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None,
-        }
+        state = {"step": self.step, "model_class": self.model_class, **run_settings(self.config, self.strategy,
+                 self.env.world_size), "loss_scaler": asdict(self.loss_scaler) if self.loss_scaler else None}
         return save_checkpoint(self.checkpoint_dir, self.step, self.model, self.chunks or self.optimizer, state,
                                keep=self.config.keep_checkpoints, pipeline=self._pipeline_group)
 

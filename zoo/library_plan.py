@@ -26,6 +26,13 @@ The blocks are the `pp_plan` modules that are `nn.ModuleList`s (each element a b
 without a `pp_plan` takes the elements of its `ModuleList`s whose class `_no_split_modules` names
 (transformers' own "keep this module on one device"). Linears of the attention modules (those with a
 `head_dim` or `head_size`) split by heads of that many rows.
+
+The module holding each row-parallel linear and the column-parallel ones before it (an attention, a
+feed-forward) becomes a region: its input enters whole, its output leaves summed, so the model's
+code inside sees whole tensors of the whole sequence. Under sequence parallelism the sequence splits
+at the first block's input (the model's code computes positions and masks from the whole sequence
+before it) and is gathered after the module `pp_plan` names after the blocks (the final norm);
+the blocks' norms and that one run on the shards (`sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -97,7 +104,46 @@ def library_plan_fields(model: nn.Module) -> dict[str, tuple[Any, ...]] | None:
     blocks = _blocks(model, pp_plan, modules)
     heads = [(pattern, rows) for pattern in fields.get("colwise", []) if (rows := _head_rows(model, pattern, names))]
     plan = {key: tuple(value) for key, value in fields.items()}
-    return {**plan, "blocks": tuple(blocks), "heads": tuple(heads)}
+    regions = _regions(plan.get("colwise", ()), plan.get("rowwise", ()))
+    sequence = _sequence_fields(model, pp_plan, blocks, {**plan, "regions": regions}) if regions else {}
+    return {**plan, **sequence, "regions": regions, "blocks": tuple(blocks), "heads": tuple(heads)}
+
+
+def _regions(colwise: tuple[str, ...], rowwise: tuple[str, ...]) -> tuple[str, ...]:
+    """The module holding each row-parallel linear and the column-parallel ones before it (an
+    attention, a feed-forward), when every row-parallel one has such a parent of its own: its input
+    enters whole and its output leaves summed (under sequence parallelism: gathered and
+    reduce-scattered around the whole module, whose code sees the whole sequence)."""
+    parents = [pattern.rpartition(".")[0] for pattern in rowwise]
+    if not all(parents) or len(set(parents)) != len(parents):
+        return ()
+    if not all(any(c.startswith(parent + ".") for c in colwise) for parent in parents):
+        return ()
+    return tuple(parents)
+
+
+def _sequence_fields(model: nn.Module, pp_plan: dict[str, Any], blocks: list[str],
+                     plan: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Where the sequence splits under sequence parallelism: at the first block's input (the model's
+    code computes positions and masks before it from the whole sequence), gathered after the module
+    the pipeline plan names after the blocks (the final norm); the norms of the blocks and that one
+    run on sequence shards. Empty where the model has no such final module."""
+    if len(blocks) != 1:
+        return {}
+    stack = blocks[0].removesuffix(".*")
+    order = list(pp_plan)
+    after = [name for name in order[order.index(stack) + 1:] if name in dict(model.named_modules())]
+    if not after:
+        return {}
+    final = after[0]
+    covered = {p for field in ("colwise", "rowwise", "replicated", "regions") for p in plan.get(field, ())}
+    first = f"{stack}.0"
+    inside = [name[len(first) + 1:] for name, module in model.get_submodule(first).named_modules(prefix=first)
+              if name != first and any(p.requires_grad for p in module.parameters(recurse=False))]
+    norms = tuple(f"{stack}.*.{name}" for name in inside
+                  if not any(matches(f"{first}.{name}", p) or matches(f"{first}.{name}", p + ".*") for p in covered)
+                  and not any(f"{stack}.*.{name}".startswith(region + ".") for region in plan.get("regions", ())))
+    return {"sequence_split_input": (first,), "sequence_gather": (final,), "sequence_parallel": (*norms, final)}
 
 
 def _plans(model: nn.Module) -> tuple[dict[str, str], dict[str, Any]]:

@@ -16,9 +16,9 @@ A column-/row-parallel linear outside every region is a region of its own: a col
 returns its shard of the features, the next row-parallel one takes it and returns the sum.
 
 Under sequence parallelism the activations between regions are split along the sequence (dim 1):
-`sequence_split` modules split their output, regions gather their input and reduce-scatter their
-output, `sequence_parallel` modules (norms) run on the shards, and `sequence_gather` modules
-gather their output whole again.
+`sequence_split` modules split their output (or `sequence_split_input` ones their input), regions
+gather their input and reduce-scatter their output, `sequence_parallel` modules (norms) run on the
+shards, and `sequence_gather` modules gather their output whole again.
 
 Under pipeline parallelism the model's training forward is cut at its blocks (`PipelineSplit`).
 A model without a `parallel_plan` method takes the plan its library ships (`zoo.library_plan`:
@@ -127,6 +127,10 @@ class ModelPlan:
     plan is refused."""
     sequence_split: tuple[str, ...] = ()
     """Modules whose output (B, S, ...) is split along S under sequence parallelism (embeddings)."""
+    sequence_split_input: tuple[str, ...] = ()
+    """Modules whose first argument (B, S, ...) is split along S as they are called, under sequence
+    parallelism: the first block of a model whose own code computes positions and masks from the
+    whole sequence before it (transformers' decoders)."""
     sequence_gather: tuple[str, ...] = ()
     """Modules whose output is gathered whole along S under sequence parallelism (the final norm)."""
 

@@ -10,7 +10,7 @@ What each is, and why no public API serves:
 - FakeTensorMode and its kin: shapes without memory, for the estimator's traces (no public twin).
 - TorchDispatchMode, disable_current_modes, current_dispatch_modes: dispatch modes, whose only
   home is torch.utils._python_dispatch.
-- tree_flatten, tree_leaves: torch's pytree (no public module in the releases checked).
+- tree_flatten, tree_leaves, tree_unflatten: torch's pytree (no public module in the releases checked).
 - MemTracker, ModTracker and `CategoryTracker`: torch's live-tensor tracker by category, whose
   hooks `CategoryTracker` overrides (no public twin).
 - replicate: FSDP2's data-parallel twin (ZeRO-0 on FSDP2's DTensor parameters).
@@ -20,8 +20,10 @@ What each is, and why no public API serves:
 - FakeStore: the store of torch's "fake" process group, on which the estimator traces a rank.
 - unsafe_preserve_version_counter: a gathered buffer refilled in place without bumping its
   version (autograd would refuse its saved copy otherwise).
-- `graph_task_keeps_graph`, `storage_use_count`, `clear_cublas_workspaces`,
+- `graph_task_keeps_graph`, `storage_use_count`, `storage_identity`, `clear_cublas_workspaces`,
   `clear_dtensor_sharding_caches`: torch._C's, said in their docstrings.
+- `operator_schema`: an operator overload's schema (whether it mutates or aliases), which
+  OpOverload keeps in a private attribute.
 - grouped_mm: torch's grouped matrix product (a mixture of experts' per-expert products in one
   call; None where this torch lacks it).
 - `group_of_name`: the process group a functional collective names (DTensor's redistributions
@@ -47,7 +49,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException, Dynamic
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as current_dispatch_modes
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -91,8 +93,9 @@ __all__ = [  # noqa: F822 (the names of _IMPORTED_WHEN_ASKED and CategoryTracker
     "FakeTensor", "FakeTensorMode", "MemRefType", "MemTracker", "ModTracker", "TorchDispatchMode",
     "checkpoint_wrapper", "clear_cublas_workspaces", "clear_dtensor_sharding_caches", "cpu_bf16_native", "current_dispatch_modes",
     "disable_current_modes", "fsdp_post_backward", "graph_task_keeps_graph", "partitioner_memory_budget", "replicate", "stage_backward_input",
-    "stage_backward_weight", "storage_use_count", "group_of_name", "grouped_mm", "tree_flatten", "tree_leaves", "unflatten_mesh",
-    "unsafe_preserve_version_counter", "unset_fake_temporarily"]
+    "stage_backward_weight", "storage_use_count", "storage_identity", "operator_schema", "group_of_name", "grouped_mm",
+    "tree_flatten", "tree_leaves", "tree_unflatten", "unflatten_mesh", "unsafe_preserve_version_counter",
+    "unset_fake_temporarily"]
 
 
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
@@ -135,6 +138,18 @@ def storage_use_count(tensor: torch.Tensor) -> int:
     """How many references hold `tensor`'s storage (the check torch's CUDA graph trees make before
     reusing an output's memory); `tensor` and the storage object asked count two."""
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+def storage_identity(storage: torch.UntypedStorage) -> int:
+    """The address of the C++ storage object behind `storage` (the same for two Python wrappers of one
+    storage: `untyped_storage()` makes a new wrapper each call)."""
+    return storage._cdata
+
+
+def operator_schema(op: torch._ops.OpOverload) -> torch._C.FunctionSchema:
+    """The schema of the operator overload `op`: its arguments and returns with their alias
+    information, `is_mutable`."""
+    return op._schema
 
 
 def clear_cublas_workspaces() -> None:

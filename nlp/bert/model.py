@@ -49,7 +49,7 @@ class DecoderBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
 
-def _rename_root_bias(state_dict, prefix, *args) -> None:
+def _rename_root_bias(_module, state_dict, prefix, *args) -> None:
     """Checkpoints written before the decoder bias had its module hold it as mlm_bias."""
     if prefix + "mlm_bias" in state_dict:
         state_dict[prefix + "mlm_decoder.bias"] = state_dict.pop(prefix + "mlm_bias")
@@ -73,7 +73,7 @@ class Bert(nn.Module):
             self.mlm_transform = nn.Linear(width, width)
             self.mlm_norm = Norm(width, "layer", config.layer_norm_eps)
             self.mlm_decoder = DecoderBias(config.vocab_size)
-            self._register_load_state_dict_pre_hook(_rename_root_bias)
+            self.register_load_state_dict_pre_hook(_rename_root_bias)
         if config.head == "classification":
             self.classifier = nn.Linear(width, config.num_labels)
         if not any(p.is_meta for p in self.parameters()):

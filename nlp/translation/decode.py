@@ -15,15 +15,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from nlp.translation.config import TranslatorConfig
+from nlp.translation.embedding import TranslatorEmbeddings
 from zoo.nn import KVCache
 
-if TYPE_CHECKING:
-    from nlp.translation.model import Translator
+
+class Translator(Protocol):
+    """What beam search reads of `nlp.translation.model.Translator` (which imports this module)."""
+
+    config: TranslatorConfig
+    embeddings: TranslatorEmbeddings
+    decoder: nn.ModuleList
+    """The decoder's `zoo.nn.DecoderBlock`s."""
+    decoder_norm: nn.Module | None
+    logits_bias: torch.Tensor | None
+    """(V,), added to the logits; None without."""
+
+    @property
+    def filler_token_id(self) -> int:
+        """The id of positions that carry nothing."""
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The output head's weight (V, W)."""
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The source's memory (B, S, W)."""
 
 
 @dataclass(frozen=True)

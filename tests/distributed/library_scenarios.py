@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from helpers import chunk_budget, lm_examples, tiny_gpt
 from library_models import LIBRARY_MODELS
-from parity_models import KeywordMemoryLM, UnregionedGainedLM
+from parity_models import HeadRoutedLM, KeywordMemoryLM, UnregionedGainedLM
 from trainers import Strategy, TrainConfig, Trainer
 
 
@@ -44,14 +44,18 @@ MODELS = {**LIBRARY_MODELS,
           "gpt_norm_outside_sp": (gpt_norm_outside_sequence_parallel, lm_examples),
           "gain_unplanned": (lambda: UnregionedGainedLM(summed=False), lm_examples),
           "gain_summed": (lambda: UnregionedGainedLM(summed=True), lm_examples),
-          "keyword_memory": (KeywordMemoryLM, lm_examples)}
+          "keyword_memory": (KeywordMemoryLM, lm_examples),
+          "routed_heads": (HeadRoutedLM, lm_examples),
+          "early_exit": (lambda: HeadRoutedLM(early_exit=True), lm_examples)}
 """name -> (factory, examples(count)): the library models, and plans that leave a parameter meeting
 the shards unnamed (Qwen3's q/k norms, GPT's final norm under sequence parallelism, a learned gain
-between a column- and a row-parallel linear), the gain kept whole with its gradient summed, and a
-tensor passed into a region by keyword."""
+between a column- and a row-parallel linear), the gain kept whole with its gradient summed, a
+tensor passed into a region by keyword, and language models whose data choose their output head
+(and, with an early exit, whether the last block runs)."""
 
 STRATEGIES: dict[str, tuple[int, dict]] = {
     "one": (1, {}),
+    "zero1": (2, dict(zero=1)),
     "zero3": (2, dict(zero=3)),
     "zero3_offload": (2, dict(zero=3, offload="optimizer")),
     "tp2": (2, dict(tp=2)),
@@ -60,7 +64,7 @@ STRATEGIES: dict[str, tuple[int, dict]] = {
     "chunks": (2, dict(zero=3, offload="chunks")),
     "dp2_tp2_zero3": (4, dict(zero=3, tp=2)),
 }
-"""name -> (ranks, Strategy fields): dp=2 ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
+"""name -> (ranks, Strategy fields): dp=2 ZeRO-1; ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
 sequence parallelism; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on disk; dp=2 x tp=2 ZeRO-3."""
 CHUNK_ROOM = 64 << 20
 """Bytes of memory left to chunks under offload="chunks", beside what the process holds."""

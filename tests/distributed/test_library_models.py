@@ -4,10 +4,16 @@ every parameter within 1e-5 of one process (fp32, AdamW at lr 1e-3), or refused 
 of transformers' models are transformers' own, read by the trainers (`zoo.library_plan`); nothing
 here says how to split a model.
 
-A plan that leaves a parameter meeting a rank's shards unnamed is refused on the first forward,
-naming it (`trainers.parallel.shard_trace`): Qwen3's q/k norms, GPT's final norm on sequence shards,
-a learned gain between a column- and a row-parallel linear. Kept whole with its gradient summed, the
+A plan that leaves a parameter meeting a rank's shards unnamed is refused, naming it: Qwen3's q/k
+norms inside its attention (by the plan's static check of regions), and on the first forward by
+following the shards (`trainers.parallel.shard_trace`) GPT's final norm on sequence shards and a
+learned gain between a column- and a row-parallel linear outside any region. Kept whole with its gradient summed, the
 gain trains exactly; so does a memory passed into a region by keyword.
+
+Data-dependent parameter use (`trainers.parallel.unused`): a language model whose sequences each
+pick one of three heads trains under ZeRO-1 and ZeRO-3 as in one process; one whose data skip a
+whole block on some ranks is refused on every rank, naming the block's parameters, before any rank
+waits in a collective.
 
 Left out of the parameter comparison: BERT's and ViT's key-projection biases, whose gradients are
 zero up to rounding (softmax ignores a shift of every score of a query), which AdamW turns into
@@ -23,11 +29,12 @@ import torch
 from zoo.parity import relative_error
 
 ONE = tuple(f"{model}/one" for model in ("llama", "qwen3", "gemma3", "mistral", "neox", "bert", "vit", "gain_summed",
-                                         "keyword_memory"))
+                                         "keyword_memory", "routed_heads"))
 TWO = ("llama/tp2", "qwen3/tp2", "gemma3/tp2", "mistral/tp2", "neox/tp2", "llama/zero3", "bert/zero3",
-       "vit/zero3_offload", "qwen3/chunks", "bert/tp2", "vit/tp2", "llama/tp2_sp", "gemma3/pp2",
+       "vit/zero3_offload", "qwen3/chunks", "bert/tp2", "vit/tp2", "llama/tp2_sp", "gemma3/tp2_sp", "neox/tp2_sp",
+       "gemma3/pp2",
        "qwen3_norms_unplanned/tp2", "gpt_norm_outside_sp/tp2_sp", "gain_unplanned/tp2", "gain_summed/tp2",
-       "keyword_memory/tp2")
+       "keyword_memory/tp2", "routed_heads/zero3", "routed_heads/zero1", "early_exit/zero3")
 FOUR = ("qwen3/dp2_tp2_zero3", "mistral/dp2_tp2_zero3")
 """model/strategy (tests/distributed/library_scenarios.py: MODELS, STRATEGIES)."""
 UNSUMMED = ("ValueError: the plan of {} leaves trainable parameters whole on every tensor-parallel rank that meet this "
@@ -38,15 +45,17 @@ REFUSED = {
                 "rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan), nor does its "
                 "library ship one (transformers' tp_plan)",
     "vit/tp2": "LayoutRefused: Strategy.tp=2 needs a tensor-parallel plan, but ViTForImageClassification declares no",
-    "llama/tp2_sp": "LayoutRefused: Strategy.sequence_parallel needs the plan of LlamaForCausalLM to declare where "
-                    "activations are split along the sequence and gathered again",
     "gemma3/pp2": "LayoutRefused: Strategy.pp > 1 needs split points, but Gemma3ForCausalLM declares none",
-    "qwen3_norms_unplanned/tp2": UNSUMMED.format(
-        "Qwen3ForCausalLM", "; ".join(f"model.layers.{i}.self_attn.{n}_norm.weight (in aten.mul.Tensor)"
-                                      for i in (0, 1) for n in "kq")),
+    "qwen3_norms_unplanned/tp2": "ValueError: the plan of Qwen3ForCausalLM leaves trainable parameters that would get a "
+                                 "partial gradient under tensor parallelism, each rank's replica drifting from the "
+                                 "others: region 'model.layers.0.self_attn': ['model.layers.0.self_attn.q_norm.weight', "
+                                 "'model.layers.0.self_attn.k_norm.weight']",
     "gpt_norm_outside_sp/tp2_sp": UNSUMMED.format("GPT", "norm.weight (in aten.native_layer_norm.default); split"),
     "gain_unplanned/tp2": UNSUMMED.format("UnregionedGainedLM", "layers.0.ff.gain (in aten.mul.Tensor); "
                                                                 "layers.1.ff.gain (in aten.mul.Tensor); split"),
+    "early_exit/zero3": "ValueError: a training forward runs the data-parallel units ['layers.1'] on some ranks only "
+                        "(the data chose to skip them), so their parameters cannot be gathered and reduced together: "
+                        "['layers.1.up.weight', 'layers.1.up.bias', 'layers.1.down.weight', 'layers.1.down.bias']",
 }
 """The combinations that cannot run today, and the start of the error that refuses each."""
 AMPLIFIED = ("attention.self.key.bias", "attention.k_proj.bias")

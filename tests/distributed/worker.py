@@ -8,6 +8,7 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
                                                    in memory or with its states in chunks: each rank's params, chunks
     worker.py save DIR ZERO                        train 2 steps, checkpoint, dump full state
     worker.py load DIR ZERO OUT                    load DIR at stage ZERO, dump full state
+    worker.py unreadable DIR OUT                   resume DIR while rank 0 cannot read a file: each rank's error
     worker.py memory OUT ZERO                      memory report of a fp32 run
     worker.py evaluate OUT                         ZeRO-3 evaluation of 3 micro batches
     worker.py transducer OUT LOSS ZERO ...         train the tiny transducer 3 steps per stage
@@ -177,8 +178,10 @@ def chunks(out: str, directory: str, model: str, *modes: str) -> None:
         on_disk = sum(f.stat().st_size for f in Path(f"{directory}/{mode}").rglob("*.bin")) if strategy else 0
         disk = [0] * dist.get_world_size()
         dist.all_gather_object(disk, on_disk)
+        folders = sorted(p.name for p in Path(f"{directory}/{mode}").iterdir()) if strategy else []
         results[mode] = {"params": trainer.full_state_dict(), "losses": [r["loss"] for r in history],
                          "read": [r.get("offload_read_bytes", 0) for r in history], "disk": disk, "room": room,
+                         "folders": folders,
                          "swapped": [r.get("swapped_activation_bytes", 0) for r in history],
                          **{key: [r.get(key, 0) for r in history]
                             for key in ("device_up_bytes", "device_down_bytes", "device_updated_chunks")}}
@@ -235,6 +238,28 @@ def save(directory: str, zero: str) -> None:
     trainer = Trainer(tiny_gpt(), config(max_steps=2, checkpoint_dir=directory), Strategy(zero=int(zero)))
     trainer.fit(lm_examples(64))
     dump(trainer, str(Path(directory) / "saved.pt"))
+
+
+def unreadable(directory: str, out: str) -> None:
+    """Resume DIR's checkpoint while rank 0's integrity pass fails to read a file (OSError): what
+    each rank raised."""
+    import trainers.state.checkpoint as checkpoint
+
+    def failing_disk(path):
+        raise OSError(5, "Input/output error", str(path))
+
+    trainer = Trainer(tiny_gpt(seed=123), config(max_steps=2, checkpoint_dir=directory), Strategy(zero=3))
+    if dist.get_rank() == 0:
+        checkpoint.file_crc32 = failing_disk
+    try:
+        trainer.resume()
+        raised = None
+    except OSError as error:
+        raised = f"{type(error).__name__}: {error}"
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, raised)
+    if dist.get_rank() == 0:
+        torch.save(gathered, out)
 
 
 def load(directory: str, zero: str, out: str) -> None:
@@ -442,7 +467,8 @@ def vocab_parallel_loss() -> dict[str, float]:
             "bias": error(shards[1].grad.to_local(), reference[2].grad[rows])}
 
 
-COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "save": save, "load": load, "memory": memory, "evaluate": evaluate,
+COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "save": save, "load": load,
+            "unreadable": unreadable, "memory": memory, "evaluate": evaluate,
             "transducer": transducer, "chunks_checkpoint": chunks_checkpoint, "dropout": dropout,
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
             "tp_activations": tp_activations, "chunks": chunks, "experts": experts,

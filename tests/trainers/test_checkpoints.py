@@ -165,6 +165,33 @@ def test_only_a_checkpoint_that_fails_its_manifest_is_passed_over(tmp_path, monk
 
 
 @pytest.mark.timeout(120)
+def test_a_checkpoint_file_that_cannot_be_read_is_raised_not_passed_over(tmp_path, monkeypatch):
+    """Permissions or a failing disk say nothing of the checkpoint: the error is raised (on every rank:
+    rank 0 broadcasts it), never taken for damage that resumes an older step."""
+    import trainers.state.checkpoint as checkpoint
+
+    Trainer(tiny_gpt(), config(tmp_path, max_steps=2, checkpoint_every=1)).fit(lm_examples(64))
+    read_text = Path.read_text
+
+    def unreadable_state(path, *args, **kwargs):
+        if path.name == checkpoint.STATE_FILE:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_text(path, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "read_text", unreadable_state)
+        with pytest.raises(PermissionError, match="Permission denied"):
+            Trainer(tiny_gpt(), config(tmp_path, max_steps=2)).resume()
+
+    def failing_disk(path):
+        raise OSError(5, "Input/output error", str(path))
+
+    monkeypatch.setattr(checkpoint, "file_crc32", failing_disk)
+    with pytest.raises(OSError, match="Input/output error"):
+        Trainer(tiny_gpt(), config(tmp_path, max_steps=2)).resume()
+
+
+@pytest.mark.timeout(120)
 def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, caplog):
     straight = Trainer(tiny_gpt(), config(tmp_path, max_steps=3, checkpoint_every=1))
     straight.fit(lm_examples(64))

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import default_collate
 
 from helpers import chunk_budget, device_budget, lm_examples, tiny_gpt
+from parity_models import GainedRegression
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.memory.chunks.update import KINDS
 from zoo.parity import relative_error
@@ -167,6 +168,26 @@ def test_a_built_model_keeps_no_parameter_storage_of_its_own_once_chunked(tmp_pa
     device = trainer.chunks.compute_device
     params = [p for p in model.parameters() if p.requires_grad]
     assert all(p.device == device and set(p.stride()) == {0} and torch.isnan(p.detach()).all() for p in params)
+
+
+def test_0_dim_parameters_train_in_chunks_as_in_memory_and_close_removes_the_files(tmp_path):
+    """A learned 0-dim gain and scale (GainedRegression) in chunks: the same losses and parameters as
+    in memory; leaving the trainer's `with` block removes every chunk file."""
+    generator = torch.Generator().manual_seed(5)
+    data = [{"x": x, "y": x.sum().tanh()} for x in torch.randn(32, 4, generator=generator)]
+    plain = Trainer(GainedRegression(), config(output_dir=str(tmp_path / "plain")))
+    expected = plain.fit(data)
+    with Trainer(GainedRegression(), config(output_dir=str(tmp_path / "chunked")),
+                 Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget=chunk_budget(2**24))
+                 ) as chunked:
+        history = chunked.fit(data)
+        assert list((tmp_path / "chunks").rglob("*.bin"))
+        params = chunked.full_state_dict()
+    assert not list((tmp_path / "chunks").rglob("*.bin"))
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
+    for name, value in plain.full_state_dict().items():
+        assert value.ndim or name in ("gain", "blocks.0.scale")
+        assert relative_error(params[name], value) < 1e-6, name
 
 
 def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_file_are_refused(tmp_path):

@@ -22,6 +22,10 @@ def test_a_decoder_plan_splits_attention_and_feed_forward(family):
                             "model.layers.*.mlp.up_proj")
     assert plan.rowwise == ("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj")
     assert plan.colwise_gathered == ("lm_head",) and plan.vocab_parallel == ("model.embed_tokens",)
+    assert plan.regions == ("model.layers.*.self_attn", "model.layers.*.mlp")
+    assert plan.sequence_split_input == ("model.layers.0",) and plan.sequence_gather == ("model.norm",)
+    assert plan.sequence_parallel == ("model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm",
+                                      "model.norm")
     assert plan.heads == tuple((f"model.layers.*.self_attn.{p}", 8) for p in ATTENTION)
     norms = ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
     assert plan.replicated == (norms if family == "qwen3" else ())
@@ -39,6 +43,9 @@ def test_a_tied_embedding_and_head_stay_whole_together():
     assert [pattern for pattern, _ in plan.kept_whole] == ["lm_head", "model.embed_tokens"]
     assert all("tied" in why for _, why in plan.kept_whole)
     assert plan.replicated == ("model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm")
+    assert plan.sequence_parallel == tuple(f"model.layers.*.{norm}_layernorm" for norm in (
+        "input", "post_attention", "pre_feedforward", "post_feedforward")) + ("model.norm",)
+    check_plan(model, plan, 2, True)
 
 
 def test_an_embedding_with_a_padding_row_stays_whole():

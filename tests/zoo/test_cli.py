@@ -136,8 +136,8 @@ def test_train_on_two_ranks_writes_a_loadable_model(tmp_path, capsys, tokenizer,
 def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path, capsys):
     """`--offload chunks --offload-dir DIR --memory 2GiB --device-memory 256MiB` (ZeRO-3 over
     chunks, the recipe's stage; off a GPU the device tier a pool of host memory): each rank's chunk
-    files under DIR, the model saved whole and generating, the card's command
-    naming the tiered strategy."""
+    files under DIR removed when the ranks exit (through `exit_process`, which skips `atexit`), the
+    model saved whole and generating, the card's command naming the tiered strategy."""
     out = tmp_path / "gpt"
     result = zoo_cli("train", "gpt_shakespeare", "--nproc", "2", "--offload", "chunks", "--offload-dir",
                      str(tmp_path / "chunks"), "--memory", "2GiB", "--device-memory", "256MiB",
@@ -148,7 +148,7 @@ def test_train_with_tiered_memory_on_two_ranks_writes_a_loadable_model(tmp_path,
                      timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "With offload='chunks' the model states live in chunks" in result.stdout
-    assert sorted(p.name for p in (tmp_path / "chunks").iterdir()) == ["rank00000", "rank00001"]
+    assert (tmp_path / "chunks").is_dir() and not list((tmp_path / "chunks").rglob("*"))
     assert 1.0 < json.loads((out / "config.json").read_text())["metrics"]["validation_perplexity"] < 2 * 84
     generated = zoo_in_process(capsys, "generate", str(out), "KING.", "--tokens", "10")
     assert generated.returncode == 0 and generated.stdout.startswith("KING.")

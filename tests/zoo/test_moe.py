@@ -144,3 +144,48 @@ def test_aligned_shapes_take_the_grouped_product_without_a_word(caplog):
         y, aux = layer(torch.randn(5, 16, requires_grad=True))
         (y.sum() + aux).backward()
     assert "grouped product refused" not in caplog.text
+
+
+def test_the_grouped_product_is_decided_once_per_kind_of_operands(monkeypatch, caplog):
+    """A refusal of the operands turns that kind to one product an expert, said once and not tried
+    again; any other error (out of memory) is raised, never taken for a refusal."""
+    import zoo.nn.moe as moe
+
+    calls = []
+
+    def refusing(a, b, offs):
+        calls.append(a.shape)
+        raise RuntimeError("strides should be multiple of 16 bytes")
+
+    monkeypatch.setattr(moe, "grouped_mm", refusing)
+    monkeypatch.setattr(moe, "_grouped_refused", set())
+    torch.manual_seed(0)
+    layer = MoEFeedForward(MoEConfig(width=16, hidden=24, experts=4, top_k=2))
+    x = torch.randn(10, 16, requires_grad=True)
+    with caplog.at_level("WARNING", logger="zoo.nn"):
+        for _ in range(3):
+            y, _aux = layer(x)
+    assert relative_error(y, reference(layer, x)[0]) < 1e-6
+    tried = len(calls)
+    assert tried == len(moe._grouped_refused) <= 2  # the forward's two kinds of operands, each tried once
+    assert len([r for r in caplog.records if "grouped product refused" in r.getMessage()]) == tried
+
+    def out_of_memory(a, b, offs):
+        raise torch.OutOfMemoryError("out of memory: tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(moe, "grouped_mm", out_of_memory)
+    monkeypatch.setattr(moe, "_grouped_refused", set())
+    with pytest.raises(torch.OutOfMemoryError, match="tried to allocate"):
+        layer(x)
+    monkeypatch.setattr(moe, "grouped_mm", lambda a, b, offs: (_ for _ in ()).throw(RuntimeError("CUBLAS_STATUS_ERROR")))
+    with pytest.raises(RuntimeError, match="CUBLAS_STATUS_ERROR"):
+        layer(x)
+
+
+def test_an_empty_batch_gives_a_zero_auxiliary_loss_and_gradients():
+    layer = MoEFeedForward(MoEConfig(width=16, hidden=24, experts=4, top_k=2, z_weight=1e-3))
+    x = torch.randn(0, 16, requires_grad=True)
+    y, aux = layer(x)
+    assert y.shape == (0, 16) and aux.item() == 0.0
+    (y.sum() + aux).backward()
+    assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in layer.parameters() if p.grad is not None)

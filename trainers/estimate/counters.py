@@ -62,7 +62,7 @@ class CollectiveLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if DTensor in types:  # DTensor runs its local operations (and collectives), which come back here
             return NotImplemented
-        name = func._overloadpacket._qualified_op_name if hasattr(func, "_overloadpacket") else str(func)
+        name = func.name().partition(".")[0] if hasattr(func, "overloadpacket") else str(func)  # "aten::add"
         if name.startswith("_c10d_functional::") and name in FUNCTIONAL_KINDS:
             self._functional(FUNCTIONAL_KINDS[name], args)
         elif name.startswith("c10d::"):
@@ -158,7 +158,7 @@ class WorkCount(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        count = FLOP_FORMULAS.get(func._overloadpacket)
+        count = FLOP_FORMULAS.get(func.overloadpacket)
         if count is not None:
             self.work += Work(flops=count(*args, **kwargs, out_val=out), calls=1)
         elif not func.is_view and func.namespace not in MOVES_NO_MEMORY:

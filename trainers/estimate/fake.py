@@ -138,10 +138,9 @@ def move_fake_states(model: nn.Module, device: torch.device) -> None:
         return moved[id(tensor)]
 
     for module in model.modules():
-        for states in (module._parameters, module._buffers):
-            for name, tensor in states.items():
-                if tensor is not None and not tensor.is_meta and tensor.device != device:
-                    states[name] = twin(tensor)
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if not tensor.is_meta and tensor.device != device:
+                setattr(module, name, twin(tensor))  # nn.Module's own assignment: a parameter or a buffer again
 
 
 def _mesh_init_on_real_tensors(init):  # type: ignore[no-untyped-def]

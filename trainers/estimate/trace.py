@@ -288,7 +288,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 policy = RecomputePolicy(keep, profile=job.profile)
             specs = carry_specs(model, micro_batch) if strategy.pp > 1 else None
             model, parts, partial = parallelize(model, strategy, env, micro_batch, per_pass, recompute=policy,
-                                                  prove=False)
+                                                  checks=False)
             pipeline = None if parts is None else build_pipeline(
                 parts, strategy, env, per_pass, TracedLink(env.mesh["pp"].get_group(), parts.layout.ranges, env.device,
                                                            specs))

@@ -139,19 +139,6 @@ def micro_batch_seed(seed: int, step: int, index: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def evaluation_shares(size: int, micro_batch_size: int, dp_size: int, dp_rank: int) -> list[tuple[int, list[int], int]]:
-    """Rank `dp_rank`'s share of an evaluation of the first `size` examples in micro batches:
-    (micro batch index, its examples, its weight). Every rank runs as many forwards (sharded
-    parameters are gathered collectively): a rank past the end repeats the first micro batch with
-    weight 0."""
-    batches = [list(range(i, min(i + micro_batch_size, size))) for i in range(0, size, micro_batch_size)]
-    shares = []
-    for start in range(0, len(batches), dp_size):
-        index = start + dp_rank
-        shares.append((index, batches[index], len(batches[index])) if index < len(batches) else (index, batches[0], 0))
-    return shares
-
-
 def seeded_batches(dataset: Sequence[Any], micro_batches: list[MicroBatch], collate: Callable[[list[Any]], Any],
                    seed: int, step: int) -> Iterator[Any]:
     """The micro batches of optimizer step `step`, each fetched and collated as the step consumes it,

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import (SAC_IGNORED_OPS, CheckpointPolicy, checkpoin
 
 from trainers.estimate.counters import FLOP_FORMULAS
 from zoo.plan import model_plan, resolve
-from zoo.torch_compat import TorchDispatchMode, checkpoint_wrapper, tree_leaves
+from zoo.torch_compat import TorchDispatchMode, checkpoint_wrapper, operator_schema, tree_leaves
 
 OpKey = tuple[str, int]
 """An operator call inside a block's forward: (operator name, its occurrence among that
@@ -88,9 +88,9 @@ class _KeyedPolicy:
 def _skippable(op) -> bool:
     """Whether recompute can skip `op` by keeping its output: it computes (has a FLOP formula), and
     it neither writes into a tensor nor returns a view (keeping those would skip a side effect)."""
-    if op._overloadpacket not in FLOP_FORMULAS or op._schema.is_mutable:
+    if op.overloadpacket not in FLOP_FORMULAS or operator_schema(op).is_mutable:
         return False
-    return not any(ret.alias_info is not None for ret in op._schema.returns)
+    return not any(ret.alias_info is not None for ret in operator_schema(op).returns)
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -114,7 +114,7 @@ class _OpRecorder(TorchDispatchMode):
             self.calls[name] += 1
             if _skippable(func):
                 nbytes = sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-                flops = FLOP_FORMULAS[func._overloadpacket](*args, **kwargs, out_val=out)
+                flops = FLOP_FORMULAS[func.overloadpacket](*args, **kwargs, out_val=out)
                 self.costs.append(OpCost((name, index), nbytes, int(flops)))
         return out
 

@@ -146,13 +146,25 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
+_AT_EXIT: list[Callable[[], Any]] = []
+
+
+def at_exit_process(cleanup: Callable[[], Any]) -> None:
+    """Run `cleanup` when `exit_process` ends the process (which skips `atexit`'s handlers and
+    `weakref.finalize`'s), first registered last; a cleanup that already ran must do nothing."""
+    _AT_EXIT.append(cleanup)
+
+
 def exit_process(code: int = 0) -> None:
-    """End a launched rank without running C++ static destructors.
+    """End a launched rank without running C++ static destructors, after the cleanups registered
+    with `at_exit_process` (chunk files removed).
 
     After `destroy_process_group`, torch 2.13's gloo threads stay alive (DTensor's sharding caches
     keep the mesh, hence the group, referenced), and tearing them down at interpreter exit aborts
     now and then ("terminate called without an active exception", SIGABRT) after all work is done.
     Entry points that own the process (the `zoo` CLI, test workers) exit through here instead."""
+    while _AT_EXIT:
+        _AT_EXIT.pop()()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -11,7 +11,8 @@ outside the blocks); following the shards through the forward's operations can.
 `ShardProof` follows them with a dispatch mode during the first forward after tensor parallelism
 applies. Shards begin where the plan makes them: the outputs of column-parallel linears, of
 row-parallel linears inside a region (their partial sums) and, under sequence parallelism, of the
-`sequence_split` modules, the row-parallel linears outside regions and the regions. Every operation
+`sequence_split` modules (the first argument of `sequence_split_input` ones, positional), the
+row-parallel linears outside regions and the regions. Every operation
 with a shard among its inputs gives shards. They end where the plan makes whole tensors again: the
 outputs of the regions and row-parallel linears (without sequence parallelism) and of the
 `sequence_gather` modules. A plain trainable parameter among the inputs of an operation on a shard
@@ -88,6 +89,9 @@ class ShardProof:
         begins = set(names["colwise"]) | {n for n in names["rowwise"] if within(n, regions)}
         whole = set(names["sequence_gather"])
         if sequence_parallel:
+            for name, module in model.named_modules():  # after the split the input is (pre-hooks run in order)
+                if clean_fqn(name) in names["sequence_split_input"]:
+                    self.handles.append(module.register_forward_pre_hook(self._edge_input))
             begins |= set(names["sequence_split"]) | set(names["regions"])
             begins |= {n for n in names["rowwise"] if not within(n, regions)}
         else:
@@ -112,6 +116,9 @@ class ShardProof:
         def mark(_module, _args, output):
             self.follower.mark(output, sharded)
         return mark
+
+    def _edge_input(self, _module, args) -> None:
+        self.follower.mark(args[:1], True)
 
     def _enter(self) -> None:
         self.stack.enter_context(torch.compiler.set_stance("force_eager"))

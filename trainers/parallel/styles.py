@@ -133,6 +133,27 @@ class SequenceSplit(ParallelStyle):
         return module
 
 
+class SequenceSplitInput(ParallelStyle):
+    """A module whose first argument (B, S, ...), positional or by keyword, enters the
+    sequence-sharded stretch as it is called: each rank keeps its shard along S (ValueError unless
+    the group's size divides S)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        group, size, first = device_mesh.get_group(), device_mesh.size(), _first_parameter(module)
+
+        def split(_module, args, kwargs):
+            whole = args[0] if args else kwargs[first]
+            length = whole.shape[SEQUENCE_DIM]
+            if length % size:
+                raise ValueError(f"Strategy.sequence_parallel splits the sequence over tp={size} ranks; the sequence "
+                                 f"length must be divisible by it, got {length} (into {type(module).__name__})")
+            shard = tpc.split_to_shards(whole, SEQUENCE_DIM, group)
+            return ((shard, *args[1:]), kwargs) if args else (args, {**kwargs, first: shard})
+
+        module.register_forward_pre_hook(eager(split), with_kwargs=True)
+        return module
+
+
 class SequenceGather(ParallelStyle):
     """A module whose output leaves the sequence-sharded stretch: gathered whole along S."""
 

@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from trainers.parallel.axial import apply_axial_parallel
 from trainers.parallel.mesh import local_tensor
 from trainers.parallel.styles import (SEQUENCE_DIM, OwnStream, RankStream, Region, RegionColwise, RegionRowwise,
-                                      SequenceGather, SequenceSplit, sharded_fused_mlp)
+                                      SequenceGather, SequenceSplit, SequenceSplitInput, sharded_fused_mlp)
 from trainers.parallel.vocab import install_vocab_parallel_loss, vocab_first_row
 from trainers.strategy import LayoutRefused
 from zoo.nn.mlp import register_split_weight_mlp
@@ -78,8 +78,9 @@ def check_plan(model: nn.Module, plan: ModelPlan, tp: int, sequence_parallel: bo
                             "zoo.plan.ModelPlan), nor does its library ship one (transformers' tp_plan)")
     names = {name: plan.names(model, name) for name in ("colwise", "rowwise", "colwise_gathered", "replicated", "regions",
                                                          "vocab_parallel", "axial", "sequence_parallel", "sequence_split",
-                                                         "sequence_gather", "experts")}
-    if whole and sequence_parallel and not (names["sequence_split"] and names["sequence_gather"]):
+                                                         "sequence_split_input", "sequence_gather", "experts")}
+    if whole and sequence_parallel and not ((names["sequence_split"] or names["sequence_split_input"])
+                                            and names["sequence_gather"]):
         raise LayoutRefused(f"Strategy.sequence_parallel needs the plan of {type(model).__name__} to declare where "
                          "activations are split along the sequence and gathered again (ModelPlan.sequence_split "
                          "and sequence_gather); it declares none")
@@ -218,6 +219,8 @@ def _styles(model: nn.Module, plan: ModelPlan, names: dict[str, list[str]], sequ
             add(name, OwnStream(stream))
         for name in names["sequence_split"]:
             add(name, SequenceSplit())
+        for name in names["sequence_split_input"]:
+            add(name, SequenceSplitInput())
         for name in names["sequence_gather"]:
             add(name, SequenceGather())
     return styles

@@ -167,8 +167,9 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     for name in keep.intersection(pre_buffers + post_buffers):  # outside every stage's data parallelism
         owner, _, leaf = name.rpartition(".")
         module = model.get_submodule(owner)
-        if not module._buffers[leaf].is_meta:
-            module._buffers[leaf] = module._buffers[leaf].to(env.device)
+        buffer = module.get_buffer(leaf)
+        if not buffer.is_meta:
+            setattr(module, leaf, buffer.to(env.device))
     return layout
 
 

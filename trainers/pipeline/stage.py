@@ -27,9 +27,9 @@ def prune(model: nn.Module, keep: set[str]) -> None:
 
 
 def _prune(module: nn.Module, prefix: str, keep: set[str]) -> None:
-    for tensors in (module._parameters, module._buffers):
-        for name in [n for n in tensors if prefix + n not in keep]:
-            tensors.pop(name)
+    for name, _ in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        if prefix + name not in keep:
+            delattr(module, name)
     kept: dict[str, nn.Module] = {}
     for child_name, child in list(module.named_children()):
         full = f"{prefix}{child_name}"
@@ -42,12 +42,11 @@ def _prune(module: nn.Module, prefix: str, keep: set[str]) -> None:
         # Cannot shrink a ModuleList in place without renumbering; the caller swaps it (below).
         module.__dict__["_pruned_children"] = kept
         return
-    for child_name in list(module._modules):
-        child = module._modules[child_name]
+    for child_name, child in list(module.named_children()):
         if child_name not in kept:
-            module._modules[child_name] = None
+            setattr(module, child_name, None)  # nn.Module's own assignment: the child slot emptied
         elif isinstance(child, nn.ModuleList) and "_pruned_children" in child.__dict__:
-            module._modules[child_name] = nn.ModuleDict(child.__dict__.pop("_pruned_children"))
+            setattr(module, child_name, nn.ModuleDict(child.__dict__.pop("_pruned_children")))
 
 
 class StageModule(nn.Module):

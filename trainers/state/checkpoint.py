@@ -8,8 +8,8 @@ A save is written to a hidden `.partial` folder and renamed when every rank has 
 then does `latest` move (itself replaced atomically), and checkpoints beyond the newest
 `keep_checkpoints` are deleted. A crash mid-write leaves the previous checkpoint as `latest`,
 untouched. On resume, rank 0 checks each candidate against its manifest (`integrity_problem`) and
-every rank passes over the same damaged ones (`load_newest_intact`); any other error while loading
-an intact checkpoint is raised, never taken for damage.
+every rank passes over the same damaged ones (`load_newest_intact`); a file that cannot be read,
+and any other error while loading an intact checkpoint, is raised, never taken for damage.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def write_manifest(folder: Path) -> None:
 
 def integrity_problem(folder: Path) -> str | None:
     """What is wrong with checkpoint `folder` against its manifest (None when nothing is): a missing
-    or unreadable trainer state, or a file missing, of another size or another CRC-32 than saved. A
-    folder saved without a manifest is checked for its trainer state alone."""
+    or unparsable trainer state or manifest, or a file missing, of another size or another CRC-32
+    than saved. A folder saved without a manifest is checked for its trainer state alone. A file
+    that cannot be read (`OSError`: permissions, the disk) is no verdict on the checkpoint: raised."""
     try:
         read_trainer_state(folder)
     except CorruptCheckpoint as error:
@@ -75,8 +76,8 @@ def integrity_problem(folder: Path) -> str | None:
         return None
     try:
         files = json.loads(manifest.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        return f"checkpoint {str(folder)!r} is corrupt or incomplete: its {MANIFEST_FILE} cannot be read ({error})"
+    except json.JSONDecodeError as error:
+        return f"checkpoint {str(folder)!r} is corrupt or incomplete: its {MANIFEST_FILE} cannot be parsed ({error})"
     for name, (size, crc) in files.items():
         path = folder / name
         if not path.is_file():
@@ -92,16 +93,27 @@ def integrity_problem(folder: Path) -> str | None:
 def load_newest_intact(candidates: list[Path], load: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
     """The first of `candidates` that passes its integrity check, and what `load` returns for it
     (collective: rank 0 checks, and every rank passes over the same damaged ones, each logged on rank
-    0). `CorruptCheckpoint` when none passes; an error of `load` is raised as it comes."""
+    0). `CorruptCheckpoint` when none passes; an error of `load` is raised as it comes. An `OSError`
+    while rank 0 reads a candidate (a file it may not read, a failing disk) is no damage: it is
+    raised on every rank (on rank 0 as it came), none left waiting for the verdict."""
     damaged = []
     for candidate in candidates:
-        problem = [integrity_problem(candidate) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0] is None:
+        verdict: list[tuple[str, str | None] | None] = [None]
+        failure = None
+        if dist.get_rank() == 0:
+            try:
+                verdict = [("checked", integrity_problem(candidate))]
+            except OSError as error:
+                failure, verdict = error, [("unreadable", f"reading checkpoint {str(candidate)!r} failed: {error}")]
+        dist.broadcast_object_list(verdict, src=0)
+        outcome, problem = verdict[0]
+        if outcome == "unreadable":
+            raise failure if failure is not None else OSError(f"on rank 0: {problem}")
+        if problem is None:
             return candidate, load(candidate)
-        damaged.append(problem[0])
+        damaged.append(problem)
         if dist.get_rank() == 0 and candidate != candidates[-1]:
-            log.warning("%s; falling back to an older checkpoint", problem[0])
+            log.warning("%s; falling back to an older checkpoint", problem)
     raise CorruptCheckpoint("no intact checkpoint to resume from: " + "; ".join(damaged))
 
 
@@ -212,10 +224,11 @@ def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
 
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:
-    """The JSON state saved beside the shards."""
+    """The JSON state saved beside the shards; `CorruptCheckpoint` when it is missing or not JSON,
+    the `OSError` as it comes when it cannot be read."""
     try:
         return json.loads((folder / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError) as error:
         raise CorruptCheckpoint(f"checkpoint {str(folder)!r} is missing or incomplete: its {STATE_FILE} cannot be "
                                 f"read ({error})") from error
 

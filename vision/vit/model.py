@@ -80,7 +80,7 @@ CLASS_TOKEN = slice(0, 1)
 _EMBEDDING_NAMES = ("patch.weight", "patch.bias", "cls_token", "positions")
 
 
-def _move_into_embeddings(state_dict, prefix, *args) -> None:
+def _move_into_embeddings(_module, state_dict, prefix, *args) -> None:
     """Checkpoints written before the embeddings had their module hold them at the top level."""
     for name in _EMBEDDING_NAMES:
         if prefix + name in state_dict:
@@ -97,7 +97,7 @@ class ViT(nn.Module):
         self.config = config
         width = config.hidden_size
         self.embeddings = PatchEmbeddings(config)
-        self._register_load_state_dict_pre_hook(_move_into_embeddings)
+        self.register_load_state_dict_pre_hook(_move_into_embeddings)
         self.blocks = nn.ModuleList(TransformerBlock(block_config(config)) for _ in range(config.num_hidden_layers))
         self.norm = Norm(width, "layer", config.layer_norm_eps)
         self.classifier = nn.Linear(width, config.num_labels) if config.head == "classification" else None

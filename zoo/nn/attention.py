@@ -291,9 +291,9 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(width, width, bias=bias)
         self.q_norm = Norm(heads * self.head_dim, "rms", eps, bias=False) if qk_norm else None
         self.k_norm = Norm(kv_heads * self.head_dim, "rms", eps, bias=False) if qk_norm else None
-        self._register_load_state_dict_pre_hook(self._split_fused_qkv)
+        self.register_load_state_dict_pre_hook(self._split_fused_qkv)
 
-    def _split_fused_qkv(self, state_dict, prefix, *args) -> None:
+    def _split_fused_qkv(self, _module, state_dict, prefix, *args) -> None:
         """Checkpoints written before the projections were split hold qkv.* with rows [q | k | v]."""
         for kind in ("weight", "bias"):
             fused = state_dict.pop(f"{prefix}qkv.{kind}", None)

@@ -110,27 +110,42 @@ def _per_expert_outer(left: torch.Tensor, right: torch.Tensor, runs: Runs) -> to
 
 def _grouped(a: torch.Tensor, b: torch.Tensor, runs: Runs) -> torch.Tensor | None:
     """torch's grouped product over the expert runs (a's rows, or its columns when b is 2-D), or
-    None where it does not take these shapes or this device (then the caller loops, and says so once)."""
+    None where it does not take operands of this kind (then the caller loops). Whether it takes
+    them is decided once per kind (`_grouped_kind`) and said once; any error other than the
+    kernel's refusal of the operands (out of memory included) is raised."""
     if grouped_mm is None:
         return None
     if isinstance(a, FakeTensor):  # a trace without values: the product's output, as a real run allocates it
         rows = (a.shape[0], b.shape[-1]) if b.ndim == 3 else (len(runs[0]), a.shape[0], b.shape[-1])
         return a.new_empty(rows)
+    kind = _grouped_kind(a, b)
+    if kind in _grouped_refused:
+        return None
     try:
         return grouped_mm(a, b, offs=runs[1])
     except RuntimeError as error:
-        _say_once(f"zoo.nn.moe: torch's grouped product refused {tuple(a.shape)} x {tuple(b.shape)} "
-                  f"{a.dtype} on {a.device} ({str(error).splitlines()[0]}); the experts run one product each")
+        message = str(error).splitlines()[0]
+        if isinstance(error, torch.OutOfMemoryError) or not any(words in message for words in GROUPED_REFUSALS):
+            raise
+        _grouped_refused.add(kind)
+        log.warning(f"zoo.nn.moe: torch's grouped product refused {tuple(a.shape)} x {tuple(b.shape)} {a.dtype} on "
+                    f"{a.device} ({message}); the experts run one product each for operands of this kind")
         return None
 
 
-_said: set[str] = set()
+GROUPED_REFUSALS = ("Expected mat_", "strides should be", "multiple of 16", "Offsets have to be", "only supported",
+                    "not supported", "not implemented for")
+"""Words of torch's refusals of a grouped product's operands (dtype, alignment, device): the errors
+that turn the experts to one product each; any other error is raised."""
+_grouped_refused: set[tuple] = set()
+"""The kinds of operands the grouped product refused in this process (`_grouped_kind`)."""
 
 
-def _say_once(message: str) -> None:
-    if message not in _said:
-        _said.add(message)
-        log.warning(message)
+def _grouped_kind(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """What the grouped product's support depends on: device, dtypes, ranks, and whether each
+    stride is a multiple of 16 bytes."""
+    aligned = lambda t: tuple(stride * t.element_size() % 16 == 0 for stride in t.stride())  # noqa: E731
+    return a.device.type, a.dtype, b.dtype, a.ndim, b.ndim, aligned(a), aligned(b)
 
 
 def _experts_forward(tokens: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
@@ -343,7 +358,10 @@ class MoEFeedForward(nn.Module):
         return y.reshape(x.shape), self._auxiliary_loss(logits, scores, counts)
 
     def _auxiliary_loss(self, logits: torch.Tensor, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The weighted load-balancing and z-losses; 0 for no tokens (still on the router's graph)."""
         config = self.config
+        if logits.shape[0] == 0:
+            return logits.sum()
         loss = logits.new_zeros(())
         if config.balance_weight:
             share = counts.float() / counts.sum()

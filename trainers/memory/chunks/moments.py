@@ -15,17 +15,40 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
 import torch
 
+from trainers.memory.chunks.device import DeviceChunks
 from trainers.memory.chunks.placement import Moment, Placement
-from trainers.memory.chunks.store import ChunkKey
+from trainers.memory.chunks.store import ChunkKey, ChunkStore
+from trainers.memory.chunks.user import ChunkUser
 from trainers.memory.resident import resident_set_bytes
 from trainers.memory.tensor_peak import TensorPeak
 
-if TYPE_CHECKING:
-    from trainers.memory.chunks.residency import ChunkResidency
+class HeldChunks(Protocol):
+    """What `StepMoments` reads of the chunks it plans for (`trainers.memory.chunks.residency.ChunkResidency`)."""
+
+    store: ChunkStore
+    sizes: list[int]
+    """Elements of each chunk, by index."""
+    budget: int
+    """Bytes the process may hold."""
+    user: ChunkUser
+    device: DeviceChunks | None
+    device_budget: int
+    """Bytes the chunks and the step's tensors may hold on the device."""
+    host_only: bool
+    busy: bool
+    pins: Counter[ChunkKey]
+
+    def nbytes(self, key: ChunkKey) -> int:
+        """Bytes of chunk `key`."""
+
+    def make_device_room(self, key: ChunkKey | None = None) -> None:
+        """Chunks off the device until what it holds, and chunk `key`'s copy, fit its budget."""
+
 
 PREFETCH_MOMENTS = 2
 """Moments ahead whose chunks are read from disk before they are used."""
@@ -44,7 +67,7 @@ class StepMoments:
     """The recorded moments of `residency`'s steps, the placement planned from them, and where the
     current step is among them."""
 
-    def __init__(self, residency: ChunkResidency) -> None:
+    def __init__(self, residency: HeldChunks) -> None:
         self.residency = residency
         device = residency.device
         self.placement = Placement()

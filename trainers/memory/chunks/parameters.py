@@ -64,7 +64,7 @@ class ChunkedParameters:
     def __init__(self, named: list[tuple[str, nn.Parameter]], layout: ChunkLayout, residency: ChunkResidency,
                  device: torch.device) -> None:
         self.residency, self.device = residency, device
-        nan = torch.full((1,), float("nan"), device=device)
+        nan = torch.tensor(float("nan"), device=device)  # 0-dim: it broadcasts to any shape, () included
         self.members = [Member(name, p, *layout.slots[index], p.ndim >= 2, nan.expand(p.shape))
                         for index, (name, p) in enumerate(named)]
         self.index = {id(m.param): index for index, m in enumerate(self.members)}
@@ -162,13 +162,13 @@ class ChunkedParameters:
             shown = [(module, name, meta) for member in self.members if id(member.param) not in inside
                      for module, name, meta in metas[id(member.param)]]
             for module, name, meta in shown:  # the other chunks' parameters: meta, which init skips
-                module._parameters[name] = meta
+                setattr(module, name, meta)
             try:
                 init()
             finally:
                 for member in self.members:
                     for module, name, _ in metas[id(member.param)]:
-                        module._parameters[name] = member.param
+                        setattr(module, name, member.param)
                 if residency.device is not None:
                     self.unbound(key, buffer)
             if owns(chunk):
@@ -184,22 +184,22 @@ def materialise(model: nn.Module, named: list[tuple[str, nn.Parameter]], device:
     (trainable) or uninitialised memory (frozen), and every meta buffer by uninitialised memory.
     Returns `named` with the new parameters, and by each new parameter's id the modules, names and
     meta originals it replaced."""
-    nan = torch.full((1,), float("nan"), device=device)
+    nan = torch.tensor(float("nan"), device=device)  # 0-dim: it broadcasts to any shape, () included
     replaced: dict[int, nn.Parameter] = {}
     metas: dict[int, list[tuple[nn.Module, str, nn.Parameter]]] = {}
     for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None or not param.is_meta:
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not param.is_meta:
                 continue
             if id(param) not in replaced:
                 data = nan.expand(param.shape) if param.requires_grad else torch.empty(param.shape, device=device)
                 replaced[id(param)] = nn.Parameter(data, requires_grad=param.requires_grad)
             new = replaced[id(param)]
-            module._parameters[name] = new
+            setattr(module, name, new)
             metas.setdefault(id(new), []).append((module, name, param))
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None and buffer.is_meta:
-                module._buffers[name] = torch.empty_like(buffer, device=device)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer.is_meta:
+                setattr(module, name, torch.empty_like(buffer, device=device))
     return [(name, replaced.get(id(p), p)) for name, p in named], metas
 
 
@@ -207,9 +207,8 @@ def materialise(model: nn.Module, named: list[tuple[str, nn.Parameter]], device:
 def move_others(model: nn.Module, device: torch.device) -> None:
     """`model`'s buffers and frozen parameters to `device` (the chunks hold the rest)."""
     for module in model.modules():
-        for name, buffer in module._buffers.items():
-            if buffer is not None:
-                module._buffers[name] = buffer.to(device)
-        for param in module._parameters.values():
-            if param is not None and not param.requires_grad:
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, buffer.to(device))
+        for param in module.parameters(recurse=False):
+            if not param.requires_grad:
                 param.data = param.data.to(device)

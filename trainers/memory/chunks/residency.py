@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -29,29 +28,8 @@ from trainers.memory.chunks.device import DeviceChunks
 from trainers.memory.chunks.moments import StepMoments
 from trainers.memory.chunks.placement import Placement
 from trainers.memory.chunks.store import ChunkKey, ChunkStore
+from trainers.memory.chunks.user import ChunkUser
 from trainers.memory.resident import release_freed_memory
-
-
-class ChunkUser(Protocol):
-    """What computes with a `ChunkResidency`'s chunks."""
-
-    def bound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
-        """Chunk `key` can be computed with as `buffer` (in `compute_memory`)."""
-
-    def unbound(self, key: ChunkKey, buffer: torch.Tensor) -> None:
-        """Chunk `key`'s `buffer` is about to leave `compute_memory`."""
-
-    def evictable(self, key: ChunkKey) -> bool:
-        """Whether the placement may evict chunk `key` when it is not pinned."""
-
-    def kept(self) -> set[ChunkKey]:
-        """Chunks in memory, not pinned, that the placement may not evict now (counted in use)."""
-
-    def bring(self, key: ChunkKey) -> None:
-        """Chunk `key`, just pinned, into memory: `ChunkResidency.bring_here`, or another way."""
-
-    def released(self) -> None:
-        """Chunks were unpinned."""
 
 
 class ChunkResidency:

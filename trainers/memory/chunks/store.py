@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.parallel.mesh import at_exit_process
 from zoo.torch_compat import disable_current_modes
 
 ChunkKey = tuple[str, int]
@@ -115,7 +116,8 @@ class ChunkStore:
         """The thread that reads and writes the files."""
         self.close = weakref.finalize(self, _shut_down, self.io, self.directory)
         """Stop the thread after its transfers and remove the store's files (at most once; at exit
-        for a store never closed). The store cannot be used after."""
+        for a store never closed, `exit_process`'s included). The store cannot be used after."""
+        at_exit_process(self.close)
 
     def path(self, key: ChunkKey) -> Path:
         """The file of chunk `key`."""
