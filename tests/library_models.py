@@ -9,13 +9,14 @@ the family allows it (its gradient is zero up to rounding, which AdamW turns int
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import transformers
 from torch import nn
 
 from helpers import lm_examples
-from tiny_models import mlm_examples
+from tiny_models import digit_examples, mlm_examples
 
 WIDTH = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 """Every family's size: width 32, feed-forward 64, 2 layers, 4 heads of 8."""
@@ -26,17 +27,6 @@ def _decoder(model_class: type, config_class: type, **settings) -> Callable[[], 
         torch.manual_seed(0)
         return model_class(config_class(vocab_size=48, **WIDTH, **settings))
     return build
-
-
-def image_examples(count: int) -> list[dict[str, torch.Tensor]]:
-    """16x16 RGB images of 3 classes (a bright row at the class's place, plus noise)."""
-    generator = torch.Generator().manual_seed(4)
-    examples = []
-    for index in range(count):
-        image = 0.1 * torch.randn(3, 16, 16, generator=generator)
-        image[:, 4 * (index % 3)] += 1.0
-        examples.append({"pixel_values": image, "labels": torch.tensor(index % 3)})
-    return examples
 
 
 def _vit() -> nn.Module:
@@ -62,9 +52,10 @@ LIBRARY_MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], list[di
     "neox": (_decoder(transformers.GPTNeoXForCausalLM, transformers.GPTNeoXConfig, attention_bias=False,
                       hidden_dropout=0.0, attention_dropout=0.0), lm_examples),
     "bert": (_bert, mlm_examples),
-    "vit": (_vit, image_examples),
+    "vit": (_vit, partial(digit_examples, channels=3, size=16)),
 }
 """family -> (factory, examples(count)): Llama (grouped-query attention), Qwen3 (q/k norms, which
 transformers' plan keeps whole with their gradients summed), Gemma 3 (tied embeddings, a sliding-
 window layer beside a full one, q/k norms), Mistral (sliding window), GPT-NeoX (fused q/k/v), BERT
-masked-LM with padding and ViT classification (neither ships a tensor-parallel plan)."""
+masked-LM with padding and ViT classification of 16 x 16 RGB images (neither ships a tensor-parallel
+plan)."""

@@ -31,13 +31,14 @@ def mlm_examples(count: int) -> list[dict[str, torch.Tensor]]:
     return examples
 
 
-def digit_examples(count: int) -> list[dict[str, torch.Tensor]]:
-    """8x8 one-channel images of 3 classes (a bright row at the class's place, plus noise)."""
+def digit_examples(count: int, channels: int = 1, size: int = 8) -> list[dict[str, torch.Tensor]]:
+    """size x size images of `channels` channels in 3 classes (a bright row at the class's place, a
+    quarter of the height apart, plus noise)."""
     generator = torch.Generator().manual_seed(4)
     examples = []
     for index in range(count):
-        image = 0.1 * torch.randn(1, 8, 8, generator=generator)
-        image[0, 2 * (index % 3)] += 1.0
+        image = 0.1 * torch.randn(channels, size, size, generator=generator)
+        image[:, size // 4 * (index % 3)] += 1.0
         examples.append({"pixel_values": image, "labels": torch.tensor(index % 3)})
     return examples
 

@@ -141,10 +141,9 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
             wrap(model.get_submodule(name), ignored_params=whole)
     for root in stages or [model]:
         wrap(root, ignored_params=whole)
-    if layout is None:  # FSDP2 reduces only the gradients each rank has
+    if checks and layout is None:  # FSDP2 reduces only the gradients each rank has
         units = {name: model.get_submodule(name) for name in block_names if trains(model.get_submodule(name))}
-        EveryParameterTakesPart(model, {**units, "": model}, env.mesh["dp"].get_group(),
-                                [model.get_submodule(name) for name in experts], agree=checks)
+        EveryParameterTakesPart(model, units, env.mesh["dp"].get_group(), experts)
 
     if on_meta:
         model.to_empty(device="cpu" if strategy.offload == "params" else env.device)

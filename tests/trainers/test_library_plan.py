@@ -1,11 +1,13 @@
 """The plans a model's library ships (transformers' `tp_plan` and `pp_plan`) as `ModelPlan`s: what
-each family's plan becomes, what is kept whole and why, and what is refused by name."""
+each family's plan becomes, what is kept whole and why, what is refused by name, and the estimator
+tracing such a model under its plan."""
 
 import pytest
 import torch
 from torch import nn
 
 from library_models import LIBRARY_MODELS
+from trainers import Strategy, estimate_layouts
 from trainers.parallel.tensor import check_plan
 from trainers.strategy import LayoutRefused
 from zoo.plan import ModelPlan, model_plan
@@ -97,3 +99,21 @@ def test_the_library_model_computes_its_loss_as_transformers_does():
     logits = output["logits"]
     expected = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
     assert output["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_the_estimator_traces_a_library_model_under_its_own_plan():
+    """`estimate_layouts` accepts a transformers model as it is: under tp=2 its parameters per rank
+    are those of one process less half of every split layer's (`zoo.library_plan`)."""
+    build, examples = LIBRARY_MODELS["qwen3"]
+    model = build()
+    batch = {key: torch.stack([e[key] for e in examples(2)]) for key in ("input_ids", "labels")}
+    whole, split = estimate_layouts(model, batch, [(Strategy(), 1, None), (Strategy(tp=2), 2, None)])
+    plan = model_plan(model)
+    names = check_plan(model, plan, 2, False)
+    modules = dict(model.named_modules())
+    halved = sum(p.numel() for field in ("colwise", "rowwise", "colwise_gathered", "vocab_parallel")
+                 for name in names[field] for local, p in modules[name].named_parameters()
+                 if not (field == "rowwise" and local == "bias"))
+    total = sum(p.numel() for p in model.parameters())
+    assert halved > total // 2  # the split layers hold most of the model
+    assert split.at_peak()["parameters"] * total == whole.at_peak()["parameters"] * (total - halved // 2)

@@ -4,7 +4,11 @@ which alone keeps its parameters and moments (in memory or in its files) and upd
 A parameter chunk that a rank does not own is gathered, broadcast by its owner, when a step or an
 evaluation uses it and it is not among the chunks gathered lately, and dropped when it leaves them.
 Which chunks are gathered follows only the order in which the model uses its parameters, so every
-rank must use the same parameters in the same order (as FSDP asks of its units). Those kept are the
+rank must use the same parameters in the same order (as FSDP asks of its units). Before each gather,
+and once at the end of the code every rank runs, the ranks say which chunk they gather next in one
+small all-reduce: where the data made them use different parameters (one of several heads chosen
+by the micro batch), every rank raises a ValueError naming the parameters, before any of them waits
+in a broadcast the others never enter (or pairs two chunks of one owner and size). Those kept are the
 ones in use and the `SPARE_GATHERED` used most recently besides them. With one owner per chunk,
 gathering a chunk is a broadcast (and reducing its gradients a reduce, `trainers.memory.chunks.gradients`):
 the bytes each rank sends and receives are those of an all-gather and a reduce-scatter of N chunks,
@@ -17,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from trainers.memory.chunks.layout import chunk_owners
@@ -78,8 +83,25 @@ class ChunkOwnership:
             self._trim()
 
     # ---------------------------------------------------------------- gathering
+    def _agree(self, chunk: int) -> None:
+        """Every rank says which parameter chunk it gathers next (`len(owners)`: none, the shared code
+        ends); ValueError on every rank where they differ."""
+        said = torch.zeros(len(self.owners) + 1, dtype=torch.int64, device=self.parameters.device)
+        said[chunk] = 1
+        dist.all_reduce(said, group=self.group)
+        if said[chunk] == self.world:
+            return
+        chunks = [c for c in said.nonzero().flatten().tolist() if c < len(self.owners)]
+        names = [self.parameters.members[i].name for c in chunks for i in self.parameters.chunk_members[c]][:6]
+        raise ValueError(f"ranks gather different parameter chunks {chunks} at the same point of a step (their data "
+                         f"used different parameters: {names}); ZeRO over chunks gathers the parameters as the model "
+                         f"uses them, so every rank must use the same ones in the same order: train such a model "
+                         f"with Strategy(zero=0) over chunks, or in memory (ZeRO 0-3, which give unused parameters "
+                         f"a zero gradient)")
+
     def _gather(self, chunk: int) -> None:
-        """Parameter chunk `chunk` from its owner, on every rank at once."""
+        """Parameter chunk `chunk` from its owner, on every rank at once (agreed first)."""
+        self._agree(chunk)
         key, residency = ("param", chunk), self.residency
         if self.owns(chunk):
             residency.bring_here(key)
@@ -122,6 +144,8 @@ class ChunkOwnership:
         self.gathering = True
         try:
             yield
+            if self.sharded:
+                self._agree(len(self.owners))
         finally:
             self.gathering = False
             self.release_all()
