@@ -142,8 +142,9 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
     for root in stages or [model]:
         wrap(root, ignored_params=whole)
     if checks and layout is None:  # FSDP2 reduces only the gradients each rank has
-        units = {name: model.get_submodule(name) for name in block_names if trains(model.get_submodule(name))}
-        EveryParameterTakesPart(model, units, env.mesh["dp"].get_group(), experts)
+        trained = {name: model.get_submodule(name) for name in block_names if trains(model.get_submodule(name))}
+        recomputed = [name for name in units if name not in block_names]
+        EveryParameterTakesPart(model, trained, env.mesh["dp"].get_group(), [*experts, *recomputed])
 
     if on_meta:
         model.to_empty(device="cpu" if strategy.offload == "params" else env.device)

@@ -7,8 +7,8 @@ here says how to split a model.
 A plan that leaves a parameter meeting a rank's shards unnamed is refused, naming it: Qwen3's q/k
 norms inside its attention (by the plan's static check of regions), and on the first forward by
 following the shards (`trainers.parallel.shard_trace`) GPT's final norm on sequence shards and a
-learned gain between a column- and a row-parallel linear outside any region. Kept whole with its gradient summed, the
-gain trains exactly; so does a memory passed into a region by keyword.
+learned gain between a column- and a row-parallel linear outside any region. Kept whole with its
+gradient summed, the gain trains exactly; so does a memory passed into a region by keyword.
 
 Data-dependent parameter use (`trainers.parallel.unused`): a language model whose sequences each
 pick one of three heads trains under ZeRO-1 and ZeRO-3 as in one process (and is refused by name
