@@ -249,6 +249,7 @@ def unreadable(directory: str, out: str) -> None:
         raise OSError(5, "Input/output error", str(path))
 
     trainer = Trainer(tiny_gpt(seed=123), config(max_steps=2, checkpoint_dir=directory), Strategy(zero=3))
+    crc32 = checkpoint.file_crc32
     if dist.get_rank() == 0:
         checkpoint.file_crc32 = failing_disk
     try:
@@ -256,6 +257,8 @@ def unreadable(directory: str, out: str) -> None:
         raised = None
     except OSError as error:
         raised = f"{type(error).__name__}: {error}"
+    finally:  # the launch's later commands save checkpoints
+        checkpoint.file_crc32 = crc32
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, raised)
     if dist.get_rank() == 0:

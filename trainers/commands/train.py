@@ -8,6 +8,7 @@ The recipe's own options come after its name (`zoo train RECIPE --help` lists th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -18,6 +19,7 @@ from trainers.config import TrainConfig
 from trainers.loop.data import check_batch_sizes, pipeline_microbatches
 from trainers.parallel.mesh import exit_process, shutdown_distributed
 from trainers.pipeline.schedules import check_schedule
+from trainers.speed.precision import unannounced
 from trainers.strategy import Strategy
 from zoo.commands import Command
 from zoo.recipe_options import help_text, options
@@ -29,12 +31,10 @@ TRAIN_USAGE = ("zoo train RECIPE [--nproc N] [--tp T [--sequence-parallel]] [--e
 
 
 def check_ranks(config: Any, nproc: int) -> None:
-    """Before any process starts: --nproc must be >= 1, a multiple of the strategy's tensor- and
+    """Before any process starts: --nproc must be a multiple of the strategy's tensor- and
     pipeline-parallel degrees whose data-parallel ranks the expert-parallel degree divides, and split every TrainConfig's global batch into whole micro batches
     per data-parallel rank (and those into the pipeline's runs, which its schedule must take);
     more ranks than cores is allowed, with a warning."""
-    if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1; got {nproc}")
     values = _dataclass_values(config)
     strategy = next((value for value in values if isinstance(value, Strategy)), Strategy())
     tp, pp = strategy.tp, strategy.pp
@@ -112,9 +112,12 @@ def run_train(args: argparse.Namespace) -> None:
     if args.help:
         print(help_text(recipe.name, recipe.description, recipe.config_class()), end="")
         return
-    rest = [*rest, *strategy_overrides(args, recipe.config_class())]
-    config = apply_overrides(recipe.config_class(), parse_overrides(rest))
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1; got {args.nproc}")
     launched = "RANK" in os.environ  # a rank torchrun started: the world is torchrun's
+    with unannounced() if args.nproc > 1 and not launched else contextlib.nullcontext():  # the ranks will say
+        rest = [*rest, *strategy_overrides(args, recipe.config_class())]
+        config = apply_overrides(recipe.config_class(), parse_overrides(rest))
     nproc = int(os.environ["WORLD_SIZE"]) if launched else args.nproc
     if args.microbatches is not None:  # launched ranks get the micro batch size it implies
         rest = [*rest, *microbatch_overrides(config, nproc)]

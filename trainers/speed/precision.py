@@ -10,8 +10,10 @@ it is slow. Each is logged once a process (the native choice at debug level).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 
 import torch
 
@@ -47,3 +49,15 @@ def resolve_precision(precision: str) -> str:
 @functools.cache
 def _once(level: int, message: str) -> None:
     log.log(level, message)
+
+
+@contextlib.contextmanager
+def unannounced() -> Iterator[None]:
+    """Within, precisions resolve without a word: for a process that checks a command line and
+    trains nothing (a launcher; the ranks it starts say their own choice)."""
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
