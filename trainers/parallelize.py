@@ -18,6 +18,7 @@ offload work the same way at every stage:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -38,9 +39,11 @@ from trainers.strategy import Strategy
 from trainers.parallel.shard_trace import ShardProof
 from trainers.parallel.unused import EveryParameterTakesPart
 from trainers.parallel.tensor import PartialGradients, apply_tensor_parallel, check_plan
+from zoo.library_training import for_training
 from zoo.plan import model_plan, resolve
 from zoo.torch_compat import replicate
 
+log = logging.getLogger("trainers")
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
@@ -76,6 +79,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
 
     A model built on the meta device is materialised after sharding, each rank allocating only its
     shard, then initialised by its `init_weights()` method."""
+    for change in for_training(model):
+        log.info(change)
     plan, model_class = model_plan(model), type(model).__name__
     layout = None
     if strategy.pp > 1:

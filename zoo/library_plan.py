@@ -33,6 +33,10 @@ code inside sees whole tensors of the whole sequence. Under sequence parallelism
 at the first block's input (the model's code computes positions and masks from the whole sequence
 before it) and is gathered after the module `pp_plan` names after the blocks (the final norm);
 the blocks' norms and that one run on the shards (`sequence_parallel`).
+
+Pipeline stages cut the pipeline plan's module list; the modules before it go with the first stage,
+those after it (the final norm, the head) with the last, and each stage runs the model's own forward
+(`PipelineSplit.through_forward`), which computes what the blocks read besides the hidden states.
 """
 
 from __future__ import annotations
@@ -105,8 +109,26 @@ def library_plan_fields(model: nn.Module) -> dict[str, tuple[Any, ...]] | None:
     heads = [(pattern, rows) for pattern in fields.get("colwise", []) if (rows := _head_rows(model, pattern, names))]
     plan = {key: tuple(value) for key, value in fields.items()}
     regions = _regions(plan.get("colwise", ()), plan.get("rowwise", ()))
-    sequence = _sequence_fields(model, pp_plan, blocks, {**plan, "regions": regions}) if regions else {}
-    return {**plan, **sequence, "regions": regions, "blocks": tuple(blocks), "heads": tuple(heads)}
+    pipeline = _pipeline(model, pp_plan, modules)
+    sequence = _sequence_fields(model, pipeline, blocks, {**plan, "regions": regions}) if regions and pipeline else {}
+    return {**plan, **sequence, "regions": regions, "blocks": tuple(blocks), "heads": tuple(heads),
+            "pipeline": pipeline}
+
+
+def _pipeline(model: nn.Module, pp_plan: dict[str, Any], modules: dict[str, nn.Module]) -> dict[str, tuple[str, ...]] | None:
+    """`PipelineSplit` fields from the pipeline plan: the modules before its one module list (`pre`:
+    the embeddings) and after it (`post`: the final norm, then the class's own head), in the order
+    the forward runs them; None without a pipeline plan of one module list. The base model's plan is
+    in that order; the entries a class adds (its head) run on the base model's output."""
+    root = _base_root(model)
+    base = [root + name for name in (getattr(getattr(model, "config", None), "base_model_pp_plan", None) or {})]
+    order = [name for name in base if name in pp_plan] + [name for name in pp_plan if name not in base]
+    order = [name for name in order if name in modules]
+    lists = [name for name in order if isinstance(modules[name], nn.ModuleList)]
+    if len(lists) != 1:
+        return None
+    at = order.index(lists[0])
+    return {"pre": tuple(order[:at]), "post": tuple(order[at + 1:])}
 
 
 def _regions(colwise: tuple[str, ...], rowwise: tuple[str, ...]) -> tuple[str, ...]:
@@ -122,20 +144,16 @@ def _regions(colwise: tuple[str, ...], rowwise: tuple[str, ...]) -> tuple[str, .
     return tuple(parents)
 
 
-def _sequence_fields(model: nn.Module, pp_plan: dict[str, Any], blocks: list[str],
+def _sequence_fields(model: nn.Module, pipeline: dict[str, tuple[str, ...]], blocks: list[str],
                      plan: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """Where the sequence splits under sequence parallelism: at the first block's input (the model's
     code computes positions and masks before it from the whole sequence), gathered after the module
     the pipeline plan names after the blocks (the final norm); the norms of the blocks and that one
     run on sequence shards. Empty where the model has no such final module."""
-    if len(blocks) != 1:
+    if len(blocks) != 1 or not pipeline["post"]:
         return {}
     stack = blocks[0].removesuffix(".*")
-    order = list(pp_plan)
-    after = [name for name in order[order.index(stack) + 1:] if name in dict(model.named_modules())]
-    if not after:
-        return {}
-    final = after[0]
+    final = pipeline["post"][0]
     covered = {p for field in ("colwise", "rowwise", "replicated", "regions") for p in plan.get(field, ())}
     first = f"{stack}.0"
     inside = [name[len(first) + 1:] for name, module in model.get_submodule(first).named_modules(prefix=first)
@@ -151,12 +169,16 @@ def _plans(model: nn.Module) -> tuple[dict[str, str], dict[str, Any]]:
     tp_plan, pp_plan = getattr(model, "tp_plan", None), getattr(model, "pp_plan", None)
     if isinstance(tp_plan, dict) and isinstance(pp_plan, dict):
         return dict(tp_plan), dict(pp_plan)
-    config = getattr(model, "config", None)
-    prefix = getattr(model, "base_model_prefix", "")
-    root = f"{prefix}." if prefix and isinstance(getattr(model, prefix, None), nn.Module) else ""
+    config, root = getattr(model, "config", None), _base_root(model)
     tp_plan = getattr(config, "base_model_tp_plan", None) or {}
     pp_plan = getattr(config, "base_model_pp_plan", None) or {}
     return ({root + k: v for k, v in tp_plan.items()}, {root + k: v for k, v in pp_plan.items()})
+
+
+def _base_root(model: nn.Module) -> str:
+    """The prefix of the base model's module names in `model` ("model." in a causal LM), or ""."""
+    prefix = getattr(model, "base_model_prefix", "")
+    return f"{prefix}." if prefix and isinstance(getattr(model, prefix, None), nn.Module) else ""
 
 
 def _blocks(model: nn.Module, pp_plan: dict[str, Any], modules: dict[str, nn.Module]) -> list[str]:

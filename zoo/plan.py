@@ -55,6 +55,10 @@ class PipelineSplit:
     `trainers` cuts the blocks into consecutive stages; the first stage also runs
     `pipeline_enter`, the last `pipeline_exit`, and each carry travels from stage to stage (every
     stage sees the whole batch, so labels need not travel). Every carry has the same keys.
+
+    A model whose library names its pieces but whose own `forward` holds the code between them
+    (transformers' decoders: positions, masks and rotary tables computed from the batch before the
+    first block) defines none of the three methods and sets `through_forward`.
     """
 
     pre: tuple[str, ...] = ()
@@ -67,6 +71,12 @@ class PipelineSplit:
     attached: tuple[tuple[str, str], ...] = ()
     """(module, block) pairs: the module is held by the stage that holds the block, and
     `pipeline_block` runs it with that block (an encoder's final norm, after its last block)."""
+    through_forward: bool = False
+    """Each stage runs the model's own `forward(**batch)`, its blocks called one after another on a
+    single hidden-state tensor (their first argument and their output), the modules of the other
+    stages standing in: before this stage's first block they yield the carry {"hidden": (B, T, C)},
+    into which that block's input is replaced; the stage ends at its last block's output, or with
+    the forward's loss on the last stage. Every parameter lies in `pre`, a block or `post`."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +242,10 @@ def model_plan(model: nn.Module) -> ModelPlan:
     declare = getattr(model, "parallel_plan", None)
     if declare is None:
         shipped = library_plan_fields(model)
-        return ModelPlan() if shipped is None else ModelPlan(**shipped)
+        if shipped is None:
+            return ModelPlan()
+        pipeline = shipped.pop("pipeline", None)
+        return ModelPlan(**shipped, pipeline=None if pipeline is None else PipelineSplit(**pipeline, through_forward=True))
     plan = declare()
     if not isinstance(plan, ModelPlan):
         raise TypeError(

@@ -60,12 +60,15 @@ STRATEGIES: dict[str, tuple[int, dict]] = {
     "zero3_offload": (2, dict(zero=3, offload="optimizer")),
     "tp2": (2, dict(tp=2)),
     "tp2_sp": (2, dict(tp=2, sequence_parallel=True)),
+    "recompute": (1, dict(recompute="blocks")),
     "pp2": (2, dict(pp=2, pp_schedule="1f1b")),
     "chunks": (2, dict(zero=3, offload="chunks")),
     "dp2_tp2_zero3": (4, dict(zero=3, tp=2)),
+    "pp2_dp2_zero3": (4, dict(pp=2, zero=3)),
 }
 """name -> (ranks, Strategy fields): dp=2 ZeRO-1; ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
-sequence parallelism; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on disk; dp=2 x tp=2 ZeRO-3."""
+sequence parallelism; every block recomputed; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on
+disk; dp=2 x tp=2 ZeRO-3; 2 stages x dp=2 ZeRO-3."""
 CHUNK_ROOM = 64 << 20
 """Bytes of memory left to chunks under offload="chunks", beside what the process holds."""
 

@@ -10,6 +10,12 @@ following the shards (`trainers.parallel.shard_trace`) GPT's final norm on seque
 learned gain between a column- and a row-parallel linear outside any region. Kept whole with its
 gradient summed, the gain trains exactly; so does a memory passed into a region by keyword.
 
+Pipeline stages of transformers' decoders each run the model's own forward, the other stages'
+pieces standing in (`trainers.pipeline.through_forward`); Gemma 3's tied embedding and head are two
+copies, on the first and the last stage, kept equal. Recomputed, Gemma 3 trains with transformers'
+key/value cache off (`zoo.library_training`): each recomputed block appended its keys and values to
+the cache a second time.
+
 Data-dependent parameter use (`trainers.parallel.unused`): a language model whose sequences each
 pick one of three heads trains under ZeRO-1 and ZeRO-3 as in one process (and is refused by name
 under ZeRO-3 over chunks); one whose data skip a whole block on some ranks is refused on every rank,
@@ -28,13 +34,13 @@ import torch
 
 from zoo.parity import relative_error
 
-ONE = tuple(f"{model}/one" for model in ("llama", "qwen3", "gemma3", "mistral", "neox", "bert", "vit", "gain_summed",
-                                         "keyword_memory", "routed_heads"))
+ONE = (*(f"{model}/one" for model in ("llama", "qwen3", "gemma3", "mistral", "neox", "bert", "vit", "gain_summed",
+                                      "keyword_memory", "routed_heads")), "gemma3/recompute")
 TWO = ("qwen3/tp2", "gemma3/tp2", "llama/tp2_sp", "neox/tp2_sp", "bert/zero3", "vit/zero3_offload", "qwen3/chunks",
-       "bert/tp2", "gemma3/pp2",
+       "bert/tp2", "gemma3/pp2", "bert/pp2",
        "qwen3_norms_unplanned/tp2", "gpt_norm_outside_sp/tp2_sp", "gain_unplanned/tp2", "gain_summed/tp2",
        "keyword_memory/tp2", "routed_heads/zero3", "routed_heads/zero1", "early_exit/zero3", "routed_heads/chunks")
-FOUR = ("mistral/dp2_tp2_zero3",)
+FOUR = ("mistral/dp2_tp2_zero3", "qwen3/pp2_dp2_zero3")
 """model/strategy (tests/distributed/library_scenarios.py: MODELS, STRATEGIES)."""
 UNSUMMED = ("ValueError: the plan of {} leaves trainable parameters whole on every tensor-parallel rank that meet this "
             "rank's shards in forward, so each rank would get only its part of their gradients and the replicas would "
@@ -43,7 +49,9 @@ REFUSED = {
     "bert/tp2": "LayoutRefused: Strategy.tp=2 needs a tensor-parallel plan, but BertForMaskedLM declares no colwise, "
                 "rowwise, vocab_parallel or axial modules (parallel_plan() returning zoo.plan.ModelPlan), nor does its "
                 "library ship one (transformers' tp_plan)",
-    "gemma3/pp2": "LayoutRefused: Strategy.pp > 1 needs split points, but Gemma3ForCausalLM declares none",
+    "bert/pp2": "LayoutRefused: Strategy.pp > 1 needs split points, but BertForMaskedLM declares none: its "
+                "parallel_plan() must return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and "
+                "blocks (or its library ship a pipeline plan of one module list, as transformers' decoders do)",
     "qwen3_norms_unplanned/tp2": "ValueError: the plan of Qwen3ForCausalLM leaves trainable parameters that would get a "
                                  "partial gradient under tensor parallelism, each rank's replica drifting from the "
                                  "others: region 'model.layers.0.self_attn': ['model.layers.0.self_attn.q_norm.weight', "
@@ -67,7 +75,8 @@ def runs(worker_runs):
     return {run: result for ranks in (1, 2, 4) for run, result in torch.load(worker_runs / f"library-{ranks}.pt").items()}
 
 
-@pytest.mark.parametrize("run", [run for run in TWO + FOUR if run not in REFUSED and run != "routed_heads/chunks"])
+@pytest.mark.parametrize("run", [run for run in (*TWO, *FOUR, "gemma3/recompute")
+                                 if run not in REFUSED and run != "routed_heads/chunks"])
 def test_a_library_model_trains_as_in_one_process(runs, run):
     result, reference = runs[run], runs[f"{run.split('/')[0]}/one"]
     assert "refused" not in result, result.get("refused")

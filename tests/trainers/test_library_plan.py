@@ -10,7 +10,7 @@ from library_models import LIBRARY_MODELS
 from trainers import Strategy, estimate_layouts
 from trainers.parallel.tensor import check_plan
 from trainers.strategy import LayoutRefused
-from zoo.plan import ModelPlan, model_plan
+from zoo.plan import ModelPlan, PipelineSplit, model_plan
 
 ATTENTION = ("q_proj", "k_proj", "v_proj")
 
@@ -59,12 +59,22 @@ def test_an_embedding_with_a_padding_row_stays_whole():
                                                       "would misplace"),)
 
 
+@pytest.mark.parametrize("family, pre, post", [
+    ("llama", ("model.embed_tokens",), ("model.norm", "lm_head")),
+    ("gemma3", ("model.embed_tokens",), ("model.norm", "lm_head")),
+    ("neox", ("gpt_neox.embed_in", "gpt_neox.emb_dropout"), ("gpt_neox.final_layer_norm", "lm_head"))])
+def test_a_decoder_cuts_into_stages_where_its_pipeline_plan_says(family, pre, post):
+    """The base model's pipeline plan in its order around the layers, then the class's own head."""
+    assert model_plan(LIBRARY_MODELS[family][0]()).pipeline == PipelineSplit(pre=pre, post=post, through_forward=True)
+
+
 def test_encoders_without_a_tensor_parallel_plan_still_have_blocks():
     for family, blocks in (("bert", ["bert.encoder.layer.0", "bert.encoder.layer.1"]), ("vit", ["vit.layers.0", "vit.layers.1"])):
         model = LIBRARY_MODELS[family][0]()
         plan = model_plan(model)
         assert plan.block_names(model) == blocks
         assert not plan.tensor_parallel
+        assert plan.pipeline is None  # transformers ships no pipeline plan for either
         with pytest.raises(LayoutRefused, match=r"nor does its library ship one \(transformers' tp_plan\)"):
             check_plan(model, plan, 2, False)
 
@@ -117,3 +127,16 @@ def test_the_estimator_traces_a_library_model_under_its_own_plan():
     total = sum(p.numel() for p in model.parameters())
     assert halved > total // 2  # the split layers hold most of the model
     assert split.at_peak()["parameters"] * total == whole.at_peak()["parameters"] * (total - halved // 2)
+
+
+def test_the_estimator_traces_each_pipeline_stage_of_a_library_model():
+    """Under pp=2 the estimator runs each stage through Gemma 3's own forward: the first stage holds
+    the embedding and the first layer, the last the second layer, the final norm and the head,
+    whose weight is the embedding's (a copy on each stage)."""
+    build, examples = LIBRARY_MODELS["gemma3"]
+    model = build()
+    batch = {key: torch.stack([e[key] for e in examples(2)]) for key in ("input_ids", "labels")}
+    (staged,) = estimate_layouts(model, batch, [(Strategy(pp=2), 2, None)])
+    size = lambda *names: 4 * sum(p.numel() for n in names for p in model.get_submodule(n).parameters())  # noqa: E731
+    assert [rank.parameters for rank in staged.ranks] == [size("model.embed_tokens", "model.layers.0"),
+                                                          size("model.layers.1", "model.norm", "lm_head")]

@@ -34,13 +34,32 @@ def carry_specs(model: nn.Module, batch: Mapping[str, Any]) -> list[CarrySpec]:
     """Per block of `model` (`ModelPlan.blocks`, in order): the carry its `pipeline_block`
     returns for the micro batch `batch`. Each block starts from detached copies of the previous
     carry, its entries needing gradients where they did, as a pipeline stage receives them."""
-    blocks = [model.get_submodule(name) for name in model_plan(model).block_names(model)]
+    plan = model_plan(model)
+    blocks = [model.get_submodule(name) for name in plan.block_names(model)]
+    if plan.pipeline is not None and plan.pipeline.through_forward:
+        return block_outputs(model, blocks, batch)
     specs = []
     with torch.enable_grad():
         carry = model.pipeline_enter(**batch)
         for block in blocks:
             carry = _received(model.pipeline_block(block, _received(carry)))
             specs.append(carry)
+    return specs
+
+
+def block_outputs(model: nn.Module, blocks: list[nn.Module], batch: Mapping[str, Any]) -> list[CarrySpec]:
+    """`carry_specs` of a model whose stages run its own forward (`PipelineSplit.through_forward`):
+    {"hidden": each block's output} from one run of that forward."""
+    specs: list[CarrySpec] = []
+    record = lambda module, args, output: specs.append(  # noqa: E731
+        _received({"hidden": output[0] if isinstance(output, tuple) else output}))
+    handles = [block.register_forward_hook(record) for block in blocks]
+    try:
+        with torch.enable_grad():
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
     return specs
 
 

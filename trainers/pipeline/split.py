@@ -6,16 +6,21 @@ into pp * stages_per_rank balanced stages, places stage s on pipeline rank s % p
 model to this rank's modules (a model built on the meta device never allocates the others).
 `build_stages` then wraps the (by then parallelised) modules in `StageModule`s.
 
-Modules named by both `pre` and `post` (GPT's word embedding, also its output head) are held by the
-first and the last stage. `TiedCopies` keeps the two copies equal, as Megatron's embedding group
-does: their gradients are summed between the two ranks before each step, and a model materialised
+A model that runs its own forward (`PipelineSplit.through_forward`: transformers' decoders) keeps
+its structure instead, the pieces of other stages replaced by stand-ins
+(`trainers.pipeline.through_forward`); its pieces cannot run apart from that forward, so its stages
+balance parameter counts (or follow `Strategy.pp_split`), one stage per rank.
+
+Modules named by both `pre` and `post` (GPT's word embedding, also its output head), or holding the
+same parameter (transformers' tied embedding and head), are held by the first and the last stage.
+`TiedCopies` keeps the two copies equal, as Megatron's embedding group does: their gradients are summed between the two ranks before each step, and a model materialised
 from the meta device takes the first stage's initial values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,6 +32,7 @@ from trainers.memory.recompute import clean_fqn
 from trainers.parallel.mesh import local_tensor
 from trainers.pipeline.balance import PieceCosts, balanced_split, estimate_costs
 from trainers.pipeline.stage import StageModule, prune
+from trainers.pipeline.through_forward import StageRun, ThroughForward, check_covered, stand_in
 from trainers.strategy import LayoutRefused, Strategy
 from zoo.plan import ModelPlan, PipelineSplit, resolve
 
@@ -51,10 +57,14 @@ class PipelineLayout:
     """This rank's pipeline coordinate."""
     costs: PieceCosts | None
     """The estimated costs the split balanced (None for a split given by Strategy.pp_split)."""
-    tied: list[str]
-    """Parameter names held by both the first and the last stage."""
+    tied: list[tuple[str, str]]
+    """(name under the first stage's module, name under the last stage's) of each parameter both
+    stages hold; the two names are one where a module is named in both `pre` and `post`."""
     attached: dict[str, list[str]]
     """Module names held with a block, by block name (PipelineSplit.attached)."""
+    run: StageRun | None = None
+    """The state shared by the stand-ins and the stages, when each stage runs the model's own
+    forward (`PipelineSplit.through_forward`)."""
 
     @property
     def num_stages(self) -> int:
@@ -77,9 +87,12 @@ def check_pipeline_plan(model: nn.Module, plan: ModelPlan) -> PipelineSplit:
     name = type(model).__name__
     if plan.pipeline is None:
         raise LayoutRefused(f"Strategy.pp > 1 needs split points, but {name} declares none: its parallel_plan() must "
-                         "return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and blocks")
+                         "return a zoo.plan.ModelPlan with pipeline=PipelineSplit(pre=..., post=...) and blocks "
+                         "(or its library ship a pipeline plan of one module list, as transformers' decoders do)")
     if not plan.blocks:
         raise LayoutRefused(f"Strategy.pp > 1 cuts the model's blocks into stages, but {name}'s ModelPlan.blocks is empty")
+    if plan.pipeline.through_forward:
+        return plan.pipeline
     missing = [m for m in PIPELINE_METHODS if not callable(getattr(model, m, None))]
     if missing:
         raise LayoutRefused(f"Strategy.pp > 1 runs {name} through {', '.join(PIPELINE_METHODS)}, but it lacks "
@@ -115,8 +128,11 @@ def attached_modules(model: nn.Module, split: PipelineSplit, block_names: list[s
     return attached
 
 
-def _parameter_names(model: nn.Module, modules: list[str]) -> set[str]:
-    return {f"{name}.{p}" for name in modules for p, _ in model.get_submodule(name).named_parameters()}
+def tied_parameters(model: nn.Module, pre: list[str], post: list[str]) -> list[tuple[str, str]]:
+    """(name under `pre`, name under `post`) of each parameter both hold, in `pre`'s order."""
+    held_after = {id(p): f"{name}.{leaf}" for name in post for leaf, p in model.get_submodule(name).named_parameters()}
+    return [(f"{name}.{leaf}", held_after[id(p)]) for name in pre
+            for leaf, p in model.get_submodule(name).named_parameters() if id(p) in held_after]
 
 
 def agreed(costs: PieceCosts) -> PieceCosts:
@@ -144,6 +160,13 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
     pre, pre_buffers = resolve_pieces(model, split.pre, "pre")
     post, post_buffers = resolve_pieces(model, split.post, "post")
     modules = model.get_submodule
+    if split.through_forward:
+        if strategy.stages_per_rank > 1:
+            raise LayoutRefused(f"Strategy.stages_per_rank={strategy.stages_per_rank}: {type(model).__name__}'s stages "
+                                "each run the model's whole forward, which would run this rank's other stages' blocks too; "
+                                "use one stage per rank")
+        check_covered(model, pre + block_names + post)
+        example_batch = None  # its pieces run only inside its forward: balance parameter counts
     if strategy.pp_split is not None:
         costs, ranges = None, given_split(strategy.pp_split, len(block_names))
     else:
@@ -153,12 +176,13 @@ def split_for_pipeline(model: nn.Module, plan: ModelPlan, strategy: Strategy, en
         ranges = balanced_split(costs, strategy.pp * strategy.stages_per_rank)
     layout = PipelineLayout(
         ranges=ranges, block_names=block_names, pre=pre, post=post, pp=env.pp_size, pp_rank=env.pp_rank, costs=costs,
-        tied=sorted(_parameter_names(model, pre) & _parameter_names(model, post)),
-        attached=attached_modules(model, split, block_names))
+        tied=tied_parameters(model, pre, post), attached=attached_modules(model, split, block_names))
     keep: set[str] = set()
     for stage in layout.local_stages:
         blocks, held = layout.stage_modules(stage)
         keep.update(blocks, held)
+    if split.through_forward:
+        return replace(layout, run=stand_in(model, pre + block_names + post, keep))
     if 0 in layout.local_stages:
         keep.update(pre_buffers)
     if layout.num_stages - 1 in layout.local_stages:
@@ -177,9 +201,10 @@ def build_stages(model: nn.Module, layout: PipelineLayout) -> list[StageModule]:
     """This rank's `StageModule`s over the (parallelised) modules of the pruned `model`."""
     stages = []
     for stage in layout.local_stages:
-        blocks, held = layout.stage_modules(stage)
-        stages.append(StageModule(model, stage, layout.num_stages, [model.get_submodule(n) for n in blocks],
-                                  [model.get_submodule(n) for n in held]))
+        names, held = layout.stage_modules(stage)
+        blocks = [model.get_submodule(n) for n in names]
+        through = None if layout.run is None else ThroughForward(layout.run, stage, blocks[0], blocks[-1])
+        stages.append(StageModule(model, stage, layout.num_stages, blocks, [model.get_submodule(n) for n in held], through))
     return stages
 
 
@@ -199,7 +224,7 @@ class TiedCopies:
                 if env.rank in pair:
                     self.group = group
         holds = {clean_fqn(name): p for name, p in model.named_parameters()}
-        self.params = [holds[name] for name in layout.tied if name in holds]
+        self.params = [holds.get(first, holds.get(last)) for first, last in layout.tied if first in holds or last in holds]
         self.source = int(ranks[first_rank, env.mesh["dp"].get_local_rank(), env.mesh["tp"].get_local_rank()])
         self._counted_here = env.pp_rank == first_rank  # the first stage's copies count, once
 

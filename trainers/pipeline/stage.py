@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainers.pipeline.through_forward import ThroughForward
 from zoo.plan import Carry
 
 
@@ -56,12 +57,15 @@ class StageModule(nn.Module):
     exit modules (`held`) belong to the root's."""
 
     def __init__(self, model: nn.Module, index: int, num_stages: int, blocks: list[nn.Module],
-                 held: list[nn.Module]) -> None:
+                 held: list[nn.Module], through: ThroughForward | None = None) -> None:
         super().__init__()
         self.index, self.num_stages = index, num_stages
         self.blocks = nn.ModuleList(blocks)
         self.held = nn.ModuleList(held)
         self.__dict__["model"] = model  # not a child: its other modules belong to other stages
+        self.through = through
+        """Runs the stage through the model's own forward (`zoo.plan.PipelineSplit.through_forward`);
+        None: through the model's pipeline_enter, pipeline_block and pipeline_exit."""
 
     @property
     def is_first(self) -> bool:
@@ -76,6 +80,8 @@ class StageModule(nn.Module):
     def forward(self, carry: Carry | None, batch: Mapping[str, Any]) -> Carry | torch.Tensor:
         """carry: the previous stage's output (None on the first stage); batch: the whole micro batch."""
         model = self.model
+        if self.through is not None:
+            return self.through(model, carry, batch, self.is_last)
         if self.is_first:
             carry = model.pipeline_enter(**batch)
         for block in self.blocks:
