@@ -65,12 +65,43 @@ STRATEGIES: dict[str, tuple[int, dict]] = {
     "chunks": (2, dict(zero=3, offload="chunks")),
     "dp2_tp2_zero3": (4, dict(zero=3, tp=2)),
     "pp2_dp2_zero3": (4, dict(pp=2, zero=3)),
+    "quarter": (1, {}),
 }
 """name -> (ranks, Strategy fields): dp=2 ZeRO-1; ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
 sequence parallelism; every block recomputed; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on
-disk; dp=2 x tp=2 ZeRO-3; 2 stages x dp=2 ZeRO-3."""
+disk; dp=2 x tp=2 ZeRO-3; 2 stages x dp=2 ZeRO-3; a quarter of the peak (`quarter_peak`)."""
 CHUNK_ROOM = 64 << 20
 """Bytes of memory left to chunks under offload="chunks", beside what the process holds."""
+QUARTER_ROWS = 128
+"""Examples a step under "quarter", all in one micro batch: enough that activations, which a
+budget can shrink, outweigh the model states, which one process cannot."""
+
+
+def quarter_peak(build, examples, folder: str) -> dict:
+    """3 steps of QUARTER_ROWS examples unconstrained, then 3 under `Strategy(memory_budget=)` a
+    quarter of that run's measured peak (the trainer plans at fit: recompute, chunks, a smaller micro
+    batch): the second run's losses and parameters, the budget, the peak each measured step held, and
+    as "reference" the unconstrained run at the micro batch the plan chose (a third run where that
+    is smaller: a loss averaged over each micro batch's unmasked tokens changes with the split)."""
+    config = TrainConfig(global_batch_size=QUARTER_ROWS, micro_batch_size=QUARTER_ROWS, max_steps=3, lr=1e-3,
+                         log_every=1, progress=False, output_dir=f"{folder}/free")
+    free = Trainer(build(), config)
+    free_history = free.fit(examples(3 * QUARTER_ROWS))
+    budget = free.memory_report()[0]["peak"] // 4
+    held = Trainer(build(), replace(config, output_dir=f"{folder}/held"), Strategy(memory_budget=budget))
+    history = held.fit(examples(3 * QUARTER_ROWS))
+    if held.config.micro_batch_size != QUARTER_ROWS:
+        free = Trainer(build(), replace(config, micro_batch_size=held.config.micro_batch_size, output_dir=f"{folder}/same"))
+        free_history = free.fit(examples(3 * QUARTER_ROWS))
+    return {**trained(history, held.full_state_dict()), "reference": trained(free_history, free.full_state_dict()),
+            "budget": budget, "peaks": [record["measured_peak_bytes"] for record in history if "measured_peak_bytes" in record],
+            "plan": held.budget.plan.describe()}
+
+
+def trained(history: list[dict], params: dict[str, torch.Tensor]) -> dict:
+    """A run's result: its losses and its parameters."""
+    return {"losses": [record["loss"] for record in history],
+            "params": {key: value.clone() for key, value in params.items()}}
 
 
 def library(out: str, *runs: str) -> None:
@@ -87,13 +118,14 @@ def library(out: str, *runs: str) -> None:
             config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, log_every=1,
                                  progress=False, output_dir=f"{folder}/run")
             try:
+                if name == "quarter":
+                    results[run] = quarter_peak(build, examples, folder)
+                    continue
                 trainer = Trainer(build(), config, strategy)
                 history = trainer.fit(examples(32))
-            except ValueError as error:  # LayoutRefused included
+            except ValueError as error:  # LayoutRefused and MemoryBudgetError included
                 results[run] = {"refused": f"{type(error).__name__}: {error}"}
                 continue
-            params = trainer.full_state_dict()
-        results[run] = {"losses": [record["loss"] for record in history],
-                        "params": {key: value.clone() for key, value in params.items()}}
+            results[run] = trained(history, trainer.full_state_dict())
     if dist.get_rank() == 0:
         torch.save(results, out)

@@ -8,6 +8,7 @@ from torch import nn
 
 from library_models import LIBRARY_MODELS
 from trainers import Strategy, estimate_layouts
+from trainers.estimate.fake import without_weights
 from trainers.parallel.tensor import check_plan
 from trainers.strategy import LayoutRefused
 from zoo.plan import ModelPlan, PipelineSplit, model_plan
@@ -140,3 +141,16 @@ def test_the_estimator_traces_each_pipeline_stage_of_a_library_model():
     size = lambda *names: 4 * sum(p.numel() for n in names for p in model.get_submodule(n).parameters())  # noqa: E731
     assert [rank.parameters for rank in staged.ranks] == [size("model.embed_tokens", "model.layers.0"),
                                                           size("model.layers.1", "model.norm", "lm_head")]
+
+
+def test_the_estimator_keeps_the_positions_a_library_model_indexes_by():
+    """BERT indexes its token types by its `position_ids` buffer: the estimator's weightless copy keeps
+    such small integer buffers (an arbitrary-valued twin made it gather out of bounds) and traces it."""
+    build, examples = LIBRARY_MODELS["bert"]
+    model = build()
+    copy = without_weights(model)
+    assert torch.equal(copy.bert.embeddings.position_ids, model.bert.embeddings.position_ids)
+    assert copy.bert.embeddings.word_embeddings.weight.is_meta
+    batch = {key: torch.stack([e[key] for e in examples(2)]) for key in examples(2)[0]}
+    (estimate,) = estimate_layouts(model, batch, [(Strategy(), 1, None)])
+    assert estimate.ranks[0].parameters == 4 * sum(p.numel() for p in model.parameters())

@@ -16,6 +16,7 @@ from torch import nn
 from helpers import lm_examples, shakespeare_gpt, tiny_gpt
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.estimate.budget import GPU_PLANNING_MARGIN, MemoryBudgetError, _fit_in_fresh_process
+from trainers.estimate.held_budget import _reweighted
 from trainers.loop.data import first_micro_batch
 from trainers.estimate.process import run_fresh
 from trainers.memory.recompute import OpCost, RecomputePolicy, apply_recompute, choose_saved_ops, uniform_keep
@@ -259,3 +260,11 @@ def test_the_command_line_takes_a_budget_with_a_unit_or_in_bytes():
     assert _convert("1048576", hint, "strategy.memory_budget") == 2**20
     assert _convert("none", hint, "strategy.memory_budget") is None
     assert Strategy(memory_budget=_convert("6GiB", hint, "strategy.memory_budget")).memory_budget == 6 * 2**30
+
+
+def test_a_lowered_micro_batch_says_when_it_changes_the_objective():
+    """Labels that ignore positions (-100) make a per-micro-batch mean loss depend on the split: the
+    budget's warning that it lowered the micro batch then says so; labels that ignore none do not."""
+    labels = torch.tensor([[1, 2, -100], [3, -100, -100]])
+    assert "micro_batch_size=4" in _reweighted({"labels": labels}, 4, 16)
+    assert _reweighted({"labels": labels.clamp(min=0)}, 4, 16) == "" and _reweighted(None, 4, 16) == ""

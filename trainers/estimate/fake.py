@@ -83,12 +83,16 @@ def without_weights(model: nn.Module) -> nn.Module:
     device (shapes, strides, dtypes, `requires_grad`, ties; no values), and by name the devices they
     were on (kept in the copy under `ORIGIN`: torch's pickler for processes drops a tensor's own
     attributes), where `fake_copy` makes their twins. A trace needs no weight, and pickling them
-    would copy every byte of the model into the other process."""
+    would copy every byte of the model into the other process. Small integer and boolean buffers (at
+    most `HOST_BYTES`: positions, token types) are data, not weights, and stay as they are: a twin
+    made on a device would be a real tensor (`HostFakeMode` keeps small integer factories real) of
+    arbitrary values, which a forward indexing by them (BERT's positions) would read."""
     memo: dict[int, Any] = {}
     for param in model.parameters():
         memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
     for buffer in model.buffers():
-        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+        data = not buffer.is_floating_point() and buffer.numel() * buffer.element_size() <= HOST_BYTES
+        memo[id(buffer)] = buffer if data else torch.empty_like(buffer, device="meta")
     copied = copy.deepcopy(model, memo)
     copied.__dict__[ORIGIN] = ({name: str(p.device) for name, p in model.named_parameters()},
                                {name: str(b.device) for name, b in model.named_buffers()})

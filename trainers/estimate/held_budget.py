@@ -61,8 +61,9 @@ class HeldBudget:
         micro = plan.micro_batch_size
         if micro != config.micro_batch_size and dist.get_rank() == 0:
             dp = dist.get_world_size() // (strategy.tp * strategy.pp)
-            log.warning("memory budget: micro batches of %d examples (configured: %d), %d accumulated a step", micro,
-                        config.micro_batch_size, config.global_batch_size // (micro * dp))
+            log.warning("memory budget: micro batches of %d examples (configured: %d), %d accumulated a step%s", micro,
+                        config.micro_batch_size, config.global_batch_size // (micro * dp),
+                        _reweighted(example_batch, micro, config.micro_batch_size))
         return held, replace(plan.strategy, memory_budget=strategy.memory_budget), replace(config, micro_batch_size=micro)
 
     @property
@@ -89,3 +90,14 @@ class HeldBudget:
             log.warning("step %d peaked at %s, over the %s memory budget: %s", step, f"{peak / 2**20:,.1f} MiB",
                         f"{budget / 2**20:,.1f} MiB", change)
         return peak
+
+
+def _reweighted(batch: Mapping[str, Any] | None, micro: int, configured: int) -> str:
+    """What a smaller micro batch changes in the objective, when `batch`'s labels ignore positions
+    (-100): each micro batch's loss averages over its own count of the others."""
+    labels = None if batch is None else batch.get("labels")
+    if not isinstance(labels, torch.Tensor) or not bool((labels == -100).any()):
+        return ""
+    return (f"; the labels ignore some positions (-100), so a loss averaged over each micro batch's other labels "
+            f"weighs them as micro batches of {micro} do, not as one of {configured} (the same objective with and "
+            f"without the budget: micro_batch_size={micro})")
