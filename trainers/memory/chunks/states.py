@@ -50,6 +50,20 @@ def largest_block_tensor(model: nn.Module) -> int | None:
     return max(sizes) if sizes else None
 
 
+def _check_room_to_move(model: nn.Module, memory_budget: int, chunk_bytes: int) -> None:
+    """ValueError naming the smallest budget that holds while `model`, built in memory, moves into its
+    chunks: the process as it is now (the model's parameters included, freed chunk by chunk as they
+    are copied) plus one chunk buffer."""
+    process = resident_set_bytes()
+    if memory_budget < process + chunk_bytes:
+        raise ValueError(
+            f"memory_budget={memory_budget:,} bytes is below what this process holds now, {process:,} bytes with "
+            f"{type(model).__name__}'s parameters built in memory, plus one {chunk_bytes:,}-byte chunk to move them "
+            f"into: the smallest budget that holds while they move is {process + chunk_bytes:,} bytes. A model built "
+            "on the meta device (with an init_weights() method) is materialised chunk by chunk instead, and needs "
+            "only the process without it")
+
+
 class ChunkedStates:
     """The trainable parameters of `model` (fp32, in `named_parameters` order) with their gradients
     and AdamW moments in chunks under `memory_budget` bytes for the process, evicted chunks in files
@@ -90,6 +104,7 @@ class ChunkedStates:
         if any(p.is_meta for _, p in named):
             named, metas = materialise(model, named, self.compute_device)
         else:
+            _check_room_to_move(model, memory_budget, max(self.layout.sizes) * self.store.dtype.itemsize)
             move_others(model, self.compute_device)
         self.parameters = ChunkedParameters(named, self.layout, self.residency, self.compute_device)
         self.ownership = ChunkOwnership(list(self.layout.sizes), group, shard, self.residency, self.parameters)
