@@ -26,7 +26,7 @@ from nlp.translation.embedding import TranslatorEmbeddings
 from zoo.nn import KVCache
 
 
-class Translator(Protocol):
+class DecodedTranslator(Protocol):
     """What beam search reads of `nlp.translation.model.Translator` (which imports this module)."""
 
     config: TranslatorConfig
@@ -74,7 +74,7 @@ class _Steps:
     """The decoder run one position at a time for hypotheses over their sources' memory (B x beams
     rows), with the caches (module docstring)."""
 
-    def __init__(self, model: Translator, memory: torch.Tensor, mask: torch.Tensor, use_cache: bool,
+    def __init__(self, model: DecodedTranslator, memory: torch.Tensor, mask: torch.Tensor, use_cache: bool,
                  max_length: int) -> None:
         self.model, self.mask = model, mask
         self.memory_kv = [block.cross_attn.memory_kv(memory) for block in model.decoder]
@@ -104,7 +104,7 @@ class _Steps:
 
 
 @torch.no_grad()
-def beam_search(model: Translator, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+def beam_search(model: DecodedTranslator, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 settings: BeamSettings = BeamSettings(), use_cache: bool = True) -> list[list[int]]:
     """The best translation of each source row of input_ids (B, S) (attention_mask (B, S), 1 for
     real tokens): its target token ids, without the start token, ending with EOS unless it reached

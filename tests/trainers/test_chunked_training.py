@@ -205,10 +205,15 @@ def test_bad_settings_a_small_budget_a_blocked_directory_and_a_changed_chunk_fil
     with pytest.raises(ValueError, match=r"Strategy.swap_activations"):
         Strategy(offload="chunks", offload_dir="x", memory_budget="1GiB", swap_activations="lots")
     small = Strategy(offload="chunks", offload_dir=str(tmp_path / "chunks"), memory_budget="64MiB")
+    with pytest.raises(ValueError, match=r"memory_budget=67,108,864 bytes is below what this process holds now, "
+                                         r"[\d,]+ bytes with GPT's parameters built in memory"):
+        Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), small)
+    with torch.device("meta"):
+        on_meta = tiny_gpt()
     with pytest.raises(ValueError, match=r"memory_budget must hold the process \([\d,]+ bytes now\) and one chunk of each "
                                          r"of param, grad, exp_avg, exp_avg_sq \([\d,]+ bytes\), [\d,]+ bytes in all; got "
                                          "67,108,864"):
-        Trainer(tiny_gpt(), config(output_dir=str(tmp_path)), small)
+        Trainer(on_meta, config(output_dir=str(tmp_path)), small)
     with pytest.raises(ValueError, match=r"Strategy.device_memory_budget sizes the device tier of offload='chunks'; "
                                          r"got offload='none'"):
         Strategy(device_memory_budget="1GiB")

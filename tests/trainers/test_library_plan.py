@@ -112,15 +112,18 @@ def test_the_library_model_computes_its_loss_as_transformers_does():
     assert output["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
 
 
-def test_the_estimator_traces_a_library_model_under_its_own_plan():
-    """`estimate_layouts` accepts a transformers model as it is: under tp=2 its parameters per rank
-    are those of one process less half of every split layer's (`zoo.library_plan`)."""
-    build, examples = LIBRARY_MODELS["qwen3"]
+def test_the_estimator_traces_a_library_model_under_its_own_plans():
+    """`estimate_layouts` accepts a transformers model as it is. Under tp=2 Gemma 3's parameters per
+    rank are those of one process less half of every split layer's (`zoo.library_plan`; its tied
+    embedding and head stay whole). Under pp=2 each stage runs through the model's own forward: the
+    first holds the embedding and the first layer, the last the second layer, the final norm and the
+    head, whose weight is the embedding's (a copy on each stage)."""
+    build, examples = LIBRARY_MODELS["gemma3"]
     model = build()
     batch = {key: torch.stack([e[key] for e in examples(2)]) for key in ("input_ids", "labels")}
-    whole, split = estimate_layouts(model, batch, [(Strategy(), 1, None), (Strategy(tp=2), 2, None)])
-    plan = model_plan(model)
-    names = check_plan(model, plan, 2, False)
+    whole, split, staged = estimate_layouts(model, batch, [(Strategy(), 1, None), (Strategy(tp=2), 2, None),
+                                                           (Strategy(pp=2), 2, None)])
+    names = check_plan(model, model_plan(model), 2, False)
     modules = dict(model.named_modules())
     halved = sum(p.numel() for field in ("colwise", "rowwise", "colwise_gathered", "vocab_parallel")
                  for name in names[field] for local, p in modules[name].named_parameters()
@@ -128,16 +131,6 @@ def test_the_estimator_traces_a_library_model_under_its_own_plan():
     total = sum(p.numel() for p in model.parameters())
     assert halved > total // 2  # the split layers hold most of the model
     assert split.at_peak()["parameters"] * total == whole.at_peak()["parameters"] * (total - halved // 2)
-
-
-def test_the_estimator_traces_each_pipeline_stage_of_a_library_model():
-    """Under pp=2 the estimator runs each stage through Gemma 3's own forward: the first stage holds
-    the embedding and the first layer, the last the second layer, the final norm and the head,
-    whose weight is the embedding's (a copy on each stage)."""
-    build, examples = LIBRARY_MODELS["gemma3"]
-    model = build()
-    batch = {key: torch.stack([e[key] for e in examples(2)]) for key in ("input_ids", "labels")}
-    (staged,) = estimate_layouts(model, batch, [(Strategy(pp=2), 2, None)])
     size = lambda *names: 4 * sum(p.numel() for n in names for p in model.get_submodule(n).parameters())  # noqa: E731
     assert [rank.parameters for rank in staged.ranks] == [size("model.embed_tokens", "model.layers.0"),
                                                           size("model.layers.1", "model.norm", "lm_head")]

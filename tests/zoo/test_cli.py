@@ -233,6 +233,28 @@ def test_plan_traces_the_example_batch_of_each_architecture(arch, fields, capsys
     assert all(0 < peak <= 4 * 1024 for peak in peaks), result.stdout
 
 
+def test_plan_reads_a_transformers_folder_under_the_plans_transformers_ships(tmp_path, capsys):
+    """A Gemma 3 folder (its config.json only: the weights are not read) planned as transformers' own
+    class, 2 rows of 64 tokens, on 2 ranks under 48 MiB each: every layout printed fits; and a head
+    the command makes no micro batch for is named."""
+    import transformers
+
+    from library_models import LIBRARY_MODELS
+
+    config = LIBRARY_MODELS["gemma3"][0]().config
+    config.architectures = ["Gemma3ForCausalLM"]
+    config.save_pretrained(tmp_path / "gemma3")
+    result = zoo_in_process(capsys, "plan", str(tmp_path / "gemma3"), "--nproc", "2", "--memory", "48MiB",
+                            "--micro-batch-size", "2", "--sequence-length", "64", "--max-traces", "2")
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows and all(0 < float(row.strip("|").split("|")[1]) <= 48 for row in rows), result.stdout
+    transformers.Gemma3TextConfig(architectures=["Gemma3ForSequenceClassification"]).save_pretrained(tmp_path / "scores")
+    result = zoo_in_process(capsys, "plan", str(tmp_path / "scores"), "--nproc", "1", "--memory", "1GiB")
+    assert result.returncode != 0
+    assert "Gemma3ForSequenceClassification: a micro batch is made for heads ending in ForCausalLM" in result.stderr
+
+
 def test_plan_of_an_architecture_without_an_example_batch_says_so():
     from trainers.commands.plan import cmd_plan
     from zoo.registry import register
@@ -250,7 +272,7 @@ def test_plan_of_an_architecture_without_an_example_batch_says_so():
             super().__init__(config.width, config.width)
 
     args = argparse.Namespace(model="test-no-example-batch", nproc=2, memory="1GiB", device="cpu", micro_batch_size=1,
-                              global_batch_size=None, top=1, max_traces=1)
+                              global_batch_size=None, sequence_length=1024, top=1, max_traces=1)
     with pytest.raises(ValueError, match=r"architecture 'test-no-example-batch' has no example_batch\(config, rows\)"):
         cmd_plan(args, {})
 

@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from trainers.memory.recompute import clean_fqn
+from zoo.module_patterns import within
 from zoo.torch_compat import TorchDispatchMode, tree_leaves
 
 
@@ -84,7 +85,6 @@ class ShardProof:
         self.handles: list = []
         summed = set(names["replicated"]) | set(names["axial"])
         summed |= set(names["sequence_parallel"]) if sequence_parallel else set()
-        within = lambda name, parents: any(name == p or name.startswith(p + ".") for p in parents)  # noqa: E731
         regions = names["regions"]
         begins = set(names["colwise"]) | {n for n in names["rowwise"] if within(n, regions)}
         whole = set(names["sequence_gather"])

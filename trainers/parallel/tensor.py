@@ -35,6 +35,7 @@ from trainers.parallel.styles import (SEQUENCE_DIM, OwnStream, RankStream, Regio
 from trainers.parallel.vocab import install_vocab_parallel_loss, vocab_first_row
 from trainers.strategy import LayoutRefused
 from zoo.nn.mlp import register_split_weight_mlp
+from zoo.module_patterns import within
 from zoo.plan import ModelPlan
 
 log = logging.getLogger("trainers")
@@ -163,7 +164,6 @@ def _partial_gradients(model: nn.Module, plan: ModelPlan, names: dict[str, list[
              | set(names["experts"]))
     axial = names["axial"]
     blocks = plan.block_names(model) if sequence_parallel else []
-    within = lambda name, parents: any(name == p or name.startswith(p + ".") for p in parents)  # noqa: E731
     found: dict[str, list[str]] = {}
     for owner, module in model.named_modules():
         for local, param in module.named_parameters(recurse=False):
@@ -183,7 +183,7 @@ def _region_members(region: str, names: dict[str, list[str]]) -> dict[str, list[
     """The column-, row-parallel linears and routed experts inside `region`, and its replicated
     modules (itself included)."""
     members = {kind: [n for n in names[kind] if n.startswith(region + ".")] for kind in ("colwise", "rowwise", "experts")}
-    members["replicated"] = [n for n in names["replicated"] if n == region or n.startswith(region + ".")]
+    members["replicated"] = [n for n in names["replicated"] if within(n, [region])]
     return members
 
 

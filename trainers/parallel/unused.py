@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainers.memory.recompute import clean_fqn
+from zoo.module_patterns import within
 from zoo.torch_compat import tree_flatten, tree_unflatten
 
 
@@ -61,10 +62,6 @@ def _own_modules(unit: nn.Module, units: set[int]) -> list[nn.Module]:
     return found
 
 
-def _within(name: str, parents: list[str]) -> bool:
-    return any(name == parent or name.startswith(parent + ".") for parent in parents if parent)
-
-
 class EveryParameterTakesPart:
     """Hooks on `model` and its FSDP2 `units` (the blocks, by name; the root holds the rest) that
     give a parameter other ranks used a zero gradient here, and refuse a training forward whose ranks
@@ -76,7 +73,7 @@ class EveryParameterTakesPart:
                  untracked: list[str]) -> None:
         self.model, self.group, self.units = model, group, list(units)
         self.modules = [(clean_fqn(name), module) for name, module in model.named_modules()
-                        if not _within(clean_fqn(name), [*units, *untracked])
+                        if not within(clean_fqn(name), [*units, *untracked])
                         and any(p.requires_grad for p in module.parameters(recurse=False))]
         """The modules of the root unit holding trainable parameters of their own, whose runs are recorded."""
         self.ran_modules = [False] * len(self.modules)
