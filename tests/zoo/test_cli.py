@@ -210,7 +210,7 @@ def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
 
 def test_plan_prints_layouts_that_fit_with_their_train_flags(capsys):
     result = zoo_in_process(capsys, "plan", "gpt-shakespeare-char", "--nproc", "2", "--memory", "48MiB",
-                            "--micro-batch-size", "4", "--max-traces", "4")
+                            "--micro-batch-size", "4", "--max-traces", "2")
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert rows, result.stdout
