@@ -208,6 +208,7 @@ def write_bad_inputs(tmp_path: Path) -> dict[str, Path]:
     return {"not_image": not_image, "truncated": truncated, "missing": missing}
 
 
+@pytest.mark.sequential  # the planner's fresh tracing process: balances make test's sessions
 def test_plan_prints_layouts_that_fit_with_their_train_flags(capsys):
     result = zoo_in_process(capsys, "plan", "gpt-shakespeare-char", "--nproc", "2", "--memory", "48MiB",
                             "--micro-batch-size", "4", "--max-traces", "2")
@@ -220,6 +221,7 @@ def test_plan_prints_layouts_that_fit_with_their_train_flags(capsys):
         assert cells[-1].startswith("`--nproc 2 ") and "--strategy.zero" in cells[-1]
 
 
+@pytest.mark.sequential
 @pytest.mark.parametrize("arch, fields", [("transducer", ("--encoder.layers", "1")),
                                           ("fold", ("--evoformer.blocks", "1", "--max_recycles", "0",
                                                     "--structure.layers", "1"))])
@@ -233,6 +235,7 @@ def test_plan_traces_the_example_batch_of_each_architecture(arch, fields, capsys
     assert all(0 < peak <= 4 * 1024 for peak in peaks), result.stdout
 
 
+@pytest.mark.sequential  # the planner's fresh tracing process: balances make test's sessions
 def test_plan_reads_a_transformers_folder_under_the_plans_transformers_ships(tmp_path, capsys):
     """A Gemma 3 folder (its config.json only: the weights are not read) planned as transformers' own
     class, 2 rows of 64 tokens, on 2 ranks under 48 MiB each: every layout printed fits; and a head
