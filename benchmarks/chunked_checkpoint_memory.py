@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 
+from measure import status_bytes
 from trainers import Strategy, TrainConfig, Trainer
 from trainers.memory.resident import resident_set_bytes
 
@@ -37,13 +38,6 @@ class Sampler:
         while True:
             self.peak = max(self.peak, resident_set_bytes())
             time.sleep(period)
-
-
-def high_water_mark() -> int:
-    """The process's own peak resident bytes (VmHWM; getrusage's ru_maxrss keeps, across exec, the
-    peak of the process that started it)."""
-    with open("/proc/self/status") as status:
-        return int(next(line for line in status if line.startswith("VmHWM")).split()[1]) * 1024
 
 
 class Deep(nn.Module):
@@ -77,7 +71,7 @@ def main(folder: str, steps: int, resume: bool) -> None:
     trainer.close()
     time.sleep(0.05)
     print(json.dumps({"bare": bare, "built": built, "budget": strategy.memory_budget,
-                      "peak": max(high_water_mark(), sampler.peak), "states": states,
+                      "peak": max(status_bytes("VmHWM"), sampler.peak), "states": states,
                       "losses": {record["step"]: record["loss"] for record in history}}))
 
 

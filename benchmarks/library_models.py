@@ -7,7 +7,8 @@ Prints a Markdown table: per family and strategy the largest relative error of t
 the 3 steps (leaving out the key-projection biases, as tests/distributed/test_library_models.py does
 and for its reason) and of the losses, or the error that refused the combination. The "quarter"
 column compares with its own unconstrained run (128 examples a step) and gives the largest peak a
-measured step held against the budget, a quarter of that run's peak.
+measured step held against the budget, a quarter of that run's peak. The "lora" columns compare with
+one process training the same adapters.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(TESTS), str(TESTS / "distributed")]  # the root f
 
 from helpers import torchrun  # noqa: E402
 from library_models import LIBRARY_MODELS  # noqa: E402
-from library_scenarios import STRATEGIES  # noqa: E402
+from library_scenarios import STRATEGIES, reference  # noqa: E402
 from test_library_models import AMPLIFIED  # noqa: E402
 from zoo.parity import relative_error  # noqa: E402
 
@@ -47,12 +48,13 @@ def cell(result: dict, reference: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(LIBRARY_MODELS))
-    parser.add_argument("--strategies", default=",".join(name for name in STRATEGIES if name != "one"))
+    parser.add_argument("--strategies", default=",".join(name for name in STRATEGIES if name not in ("one", "lora")))
     args = parser.parse_args()
     models, strategies = args.models.split(","), args.strategies.split(",")
     started, results = time.time(), {}
     with tempfile.TemporaryDirectory() as folder:
-        by_ranks: dict[int, list[str]] = {1: [f"{model}/one" for model in models]}
+        references = sorted({reference(name) for name in strategies} - set(strategies))
+        by_ranks: dict[int, list[str]] = {1: [f"{model}/{name}" for name in references for model in models]}
         for name in strategies:
             by_ranks.setdefault(STRATEGIES[name][0], []).extend(f"{model}/{name}" for model in models)
         for ranks, runs in sorted(by_ranks.items(), reverse=True):
@@ -63,8 +65,8 @@ def main() -> None:
     print("| model | " + " | ".join(f"{name} ({STRATEGIES[name][0]} ranks)" for name in strategies) + " |")
     print("|---|" + "---|" * len(strategies))
     for model in models:
-        reference = results[f"{model}/one"]
-        print(f"| {model} | " + " | ".join(cell(results[f"{model}/{name}"], reference) for name in strategies) + " |")
+        print(f"| {model} | " + " | ".join(cell(results[f"{model}/{name}"], results[f"{model}/{reference(name)}"])
+                                         for name in strategies) + " |")
 
 
 if __name__ == "__main__":

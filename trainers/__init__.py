@@ -20,6 +20,7 @@ from trainers.estimate.zero import zero_model_states
 from trainers.estimate.planner import Plan, SearchSpace, plan
 from trainers.strategy import Strategy
 from trainers.trainer import Trainer
+from zoo.adapters import LoRA
 
-__all__ = ["Trainer", "TrainConfig", "Strategy", "estimate_memory", "estimate_layouts", "MemoryEstimate",
+__all__ = ["Trainer", "TrainConfig", "Strategy", "LoRA", "estimate_memory", "estimate_layouts", "MemoryEstimate",
            "zero_model_states", "plan", "Plan", "SearchSpace", "DeviceSpec"]

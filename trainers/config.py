@@ -6,6 +6,8 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 
+from zoo.adapters import LoRA
+
 
 @dataclass
 class TrainConfig:
@@ -94,6 +96,12 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar on rank 0."""
 
+    adapter: LoRA | None = None
+    """Fine-tune through low-rank adapters (`zoo.adapters.LoRA`) instead of the whole model: the
+    trainer attaches them to the model it is given (in place) and freezes every other parameter,
+    which then gets no gradient and no optimizer state; `Trainer.save_adapter` writes them in
+    PEFT's format. None: every parameter with requires_grad trains."""
+
     measure_memory: bool = True
     """Measure one step of each rank with the live-tensor tracker (`Trainer.memory_report()`, the
     recipes' memory tables). On CPU the tracker roughly doubles that step's time; a run that never
@@ -143,9 +151,10 @@ _KINDS = {"global_batch_size": int, "micro_batch_size": int, "max_steps": int, "
           "warmup_steps": int, "weight_decay": float, "lr_scales": "scales", "anchor_decay": "scales", "betas": "pair", "eps": float,
           "grad_clip": float, "max_skipped_steps": int, "seed": int, "log_every": int, "eval_every": int, "eval_batches": int, "checkpoint_every": int,
           "checkpoint_dir": "path", "keep_checkpoints": int, "resume": bool, "output_dir": str, "progress": bool,
-          "measure_memory": bool}
+          "measure_memory": bool, "adapter": "adapter"}
 _KIND_NAMES = {int: "an int", float: "a number", bool: "a bool", str: "a str", "pair": "a pair of numbers",
-               "path": "a str or None", "scales": "a dict of str prefixes to numbers"}
+               "path": "a str or None", "scales": "a dict of str prefixes to numbers",
+               "adapter": "a zoo.adapters.LoRA or None"}
 _POSITIVE = (lambda v: v > 0, "> 0")
 _NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
 _RULES = {
@@ -170,6 +179,8 @@ def _is_kind(value, kind) -> bool:
         return isinstance(value, str)
     if kind == "path":
         return value is None or isinstance(value, str)
+    if kind == "adapter":
+        return value is None or isinstance(value, LoRA)
     if kind == "scales":
         return isinstance(value, dict) and all(isinstance(k, str) and _is_kind(v, float) for k, v in value.items())
     return isinstance(value, tuple) and len(value) == 2 and all(_is_kind(v, float) for v in value)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from trainers.state.adapter import first_step_check, prepare_adapter, write_adapter
 from trainers.config import TrainConfig
 from trainers.estimate.held_budget import HeldBudget
 from trainers.loop.data import StepSampler, check_batch_sizes, largest_micro_batch, pipeline_microbatches, seeded_batches
@@ -31,7 +32,7 @@ from trainers.memory.recompute import RecomputePolicy
 from trainers.parallel.mesh import setup_distributed
 from trainers.parallelize import COMPUTE_DTYPES, parallelize
 from trainers.pipeline.schedules import check_schedule
-from trainers.pipeline.step import build_pipeline, pipeline_passes
+from trainers.pipeline.step import build_pipeline, pipeline_parameter_count, pipeline_passes
 from trainers.state.checkpoint import (ensure_writable, full_state_dict, load_checkpoint, load_newest_intact,
                                        read_trainer_state, resume_candidates, save_checkpoint)
 from trainers.state.continuation import check_resumed, run_settings
@@ -87,6 +88,7 @@ class Trainer:
         if config.resume and not config.checkpoint_dir:
             raise ValueError("TrainConfig.resume=True needs TrainConfig.checkpoint_dir; got None")
         self.checkpoint_dir = ensure_writable(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.adapted = prepare_adapter(model, config, strategy, self.env.is_main)  # the adapted modules' names
         check_parameter_prefixes(model, config, chunked=strategy.offload == "chunks")
         self.model_class = type(model).__name__
         self.input_ids_unit = getattr(model, "input_ids_unit", "tokens")
@@ -239,16 +241,13 @@ class Trainer:
             return sum(member.param.numel() for member in self.chunks.members)
         if self.pipeline is None:
             return sum(slot.param.numel() for slot in self.optimizer.slots)
-        count = torch.tensor(sum(p.numel() for p in self.pipeline_parts.tied.counted(self.optimizer.params)))
-        dist.all_reduce(count, group=self.env.mesh["pp"].get_group())
-        return int(count)
+        return pipeline_parameter_count(self.pipeline_parts, self.optimizer.params, self.env)
 
     def memory_report(self) -> list[dict[str, Any]]:
-        """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and the
-        activation peak, measured from live tensors in one step (the second `fit` runs: `MEMORY_PROBE_STEP`,
-        `trainers.memory.measure.RankMemory`), with its FLOPs and the last MFU (`trainers.loop.throughput`).
-        Empty before then, under offload="chunks" (whose steps record their disk traffic) and without
-        `TrainConfig.measure_memory`."""
+        """Per rank, bytes of parameters, gradients, optimizer state, other long-lived tensors and the activation
+        peak, measured from live tensors in one step (the second `fit` runs: `MEMORY_PROBE_STEP`, `RankMemory`),
+        with its FLOPs and the last MFU (`trainers.loop.throughput`). Empty before then, under offload="chunks"
+        (whose steps record their disk traffic) and without `TrainConfig.measure_memory`."""
         return [{**report, **self.throughput.figures()} for report in self._memory or []]
 
     def save(self) -> Path:
@@ -269,14 +268,9 @@ class Trainer:
         strict: refuse a checkpoint saved under settings that make the rest of the run another
         computation (`trainers.state.continuation.REFUSED`: optimizer, schedule, global batch, seed,
         precision) before loading anything; False loads it anyway. Every change is logged."""
-        if folder is None:
-            if self.checkpoint_dir is None:
-                raise ValueError("TrainConfig.checkpoint_dir is not set; there is nothing to resume")
-            candidates = resume_candidates(self.checkpoint_dir)
-            if not candidates:
-                return False
-        else:
-            candidates = [Path(folder)]
+        candidates = resume_candidates(self.checkpoint_dir) if folder is None else [Path(folder)]
+        if not candidates:
+            return False
 
         def load(candidate: Path) -> dict[str, Any]:
             check_resumed(read_trainer_state(candidate), run_settings(self.config, self.strategy, self.env.world_size),
@@ -291,6 +285,12 @@ class Trainer:
         if self.env.is_main:
             log.info("resumed from %s (step %d)", candidate, self.step)
         return True
+
+    def save_adapter(self, folder: str | Path) -> None:
+        """Write `config.adapter`'s adapters to `folder` in PEFT's format (collective; rank 0 writes)."""
+        state = self.full_state_dict()
+        if self.env.is_main:
+            write_adapter(folder, state, self.config, self.adapted, self.model_class)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The consolidated model state on rank 0's CPU (empty elsewhere), e.g. for `zoo.save`
@@ -325,7 +325,7 @@ class Trainer:
         if measure or hold:
             probe = StepMemoryProbe(self.model, self.optimizer.inner, self.optimizer.kept_tensors(), env.device)
         with self.throughput.counting(self._steps_run == MEMORY_PROBE_STEP or last), \
-                loss_gradients(self.strategy.loss_gradients):
+                loss_gradients(self.strategy.loss_gradients), first_step_check(self.model, self.adapted, self._steps_run):
             if self.chunks is not None:
                 record = self._chunked_step(make_batches, accumulation)
             else:

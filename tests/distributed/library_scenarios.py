@@ -21,7 +21,7 @@ from dataclasses import replace
 from helpers import chunk_budget, lm_examples, tiny_gpt
 from library_models import LIBRARY_MODELS
 from parity_models import HeadRoutedLM, KeywordMemoryLM, UnregionedGainedLM
-from trainers import Strategy, TrainConfig, Trainer
+from trainers import LoRA, Strategy, TrainConfig, Trainer
 
 
 def qwen3_norms_unplanned():
@@ -66,10 +66,26 @@ STRATEGIES: dict[str, tuple[int, dict]] = {
     "dp2_tp2_zero3": (4, dict(zero=3, tp=2)),
     "pp2_dp2_zero3": (4, dict(pp=2, zero=3)),
     "quarter": (1, {}),
+    "lora": (1, dict(adapter=LoRA(rank=4))),
+    "lora_zero3": (2, dict(zero=3, adapter=LoRA(rank=4))),
+    "lora_chunks": (2, dict(zero=3, offload="chunks", adapter=LoRA(rank=4))),
+    "lora_pp2": (2, dict(pp=2, pp_schedule="1f1b", adapter=LoRA(rank=4))),
+    "lora_tp2": (2, dict(tp=2, adapter=LoRA(rank=4))),
 }
 """name -> (ranks, Strategy fields): dp=2 ZeRO-1; ZeRO-3; with the optimizer offloaded; tp=2; tp=2 with
 sequence parallelism; every block recomputed; a 1F1B pipeline of 2 stages; ZeRO-3 over chunks on
-disk; dp=2 x tp=2 ZeRO-3; 2 stages x dp=2 ZeRO-3; a quarter of the peak (`quarter_peak`)."""
+disk; dp=2 x tp=2 ZeRO-3; 2 stages x dp=2 ZeRO-3; a quarter of the peak (`quarter_peak`); rank-4 LoRA
+adapters on every linear but the head (`TrainConfig.adapter`: its key goes there, not to the Strategy)
+in one process (the reference of the other "lora" runs), under ZeRO-3, over chunks, in a pipeline and
+under tp=2."""
+
+
+def reference(strategy: str) -> str:
+    """The one-process strategy a run under `strategy` is compared with: "lora" for adapter runs,
+    else "one"."""
+    return "lora" if "adapter" in STRATEGIES[strategy][1] else "one"
+
+
 CHUNK_ROOM = 64 << 20
 """Bytes of memory left to chunks under offload="chunks", beside what the process holds."""
 QUARTER_ROWS = 128
@@ -109,6 +125,8 @@ def library(out: str, *runs: str) -> None:
     for run in runs:
         model, name = run.split("/")
         ranks, fields = STRATEGIES[name]
+        adapter = fields.get("adapter")
+        fields = {key: value for key, value in fields.items() if key != "adapter"}
         if ranks != int(os.environ["WORLD_SIZE"]):
             raise ValueError(f"{run} runs on {ranks} ranks; this launch has {os.environ['WORLD_SIZE']}")
         build, examples = MODELS[model]
@@ -116,7 +134,7 @@ def library(out: str, *runs: str) -> None:
             chunked = {"offload_dir": folder, "memory_budget": chunk_budget(CHUNK_ROOM)} if fields.get("offload") == "chunks" else {}
             strategy = Strategy(**fields, **chunked)
             config = TrainConfig(global_batch_size=8, micro_batch_size=2, max_steps=3, lr=1e-3, log_every=1,
-                                 progress=False, output_dir=f"{folder}/run")
+                                 progress=False, output_dir=f"{folder}/run", adapter=adapter)
             try:
                 if name == "quarter":
                     results[run] = quarter_peak(build, examples, folder)

@@ -256,6 +256,7 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
     from trainers.pipeline.step import build_pipeline, pipeline_passes
     from trainers.memory.recompute import RecomputePolicy
     from zoo.nn.cross_entropy import loss_gradients
+    from zoo.adapters import adapted_modules, attach_lora
     from zoo.plan import model_plan
     from trainers.estimate.counters import CollectiveLog, WorkCount
     from trainers.step import accumulate_gradients, gradient_sync
@@ -278,6 +279,8 @@ def _trace_rank(model_or_builder: ModelOrBuilder, example_batch: Mapping[str, An
                 model = fake_copy(model_or_builder, mode)
             else:
                 model = model_or_builder()
+            if config.adapter is not None and not adapted_modules(model):  # a model the trainer has not adapted yet
+                attach_lora(model, config.adapter)
             move_fake_states(model, env.device)
             model_class = type(model).__name__
             set_chunk_bytes(model, job.chunk_bytes)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from trainers.parallel.mesh import DistEnv
 from trainers.pipeline.comm import PipelineLink
@@ -55,3 +56,11 @@ def pipeline_passes(pipeline: Pipeline, parts: PipelineParts, batches: Iterable[
     pipeline.from_last_stage(loss_sum)
     parts.tied.sum_gradients()
     return loss_sum, units
+
+
+def pipeline_parameter_count(parts: PipelineParts, params: list[torch.Tensor], env: DistEnv) -> int:
+    """Elements of the trainable `params` of every stage of the pipeline, a tied pair's copies
+    counted once (collective over the "pp" group)."""
+    count = torch.tensor(sum(p.numel() for p in parts.tied.counted(params)))
+    dist.all_reduce(count, group=env.mesh["pp"].get_group())
+    return int(count)

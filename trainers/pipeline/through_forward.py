@@ -30,6 +30,7 @@ from torch import nn
 
 from trainers.step import model_loss
 from trainers.strategy import LayoutRefused
+from zoo.module_patterns import within
 from zoo.plan import Carry
 
 
@@ -103,7 +104,7 @@ def check_covered(model: nn.Module, pieces: list[str]) -> None:
     """LayoutRefused naming the first parameter of `model` that no piece holds: a stand-in could not
     take the place of the module holding it."""
     for name, _ in model.named_parameters():
-        if not any(name.startswith(piece + ".") for piece in pieces):
+        if not within(name, pieces):
             raise LayoutRefused(f"Strategy.pp > 1 places each piece of {type(model).__name__}'s pipeline plan on one "
                                 f"stage, but the parameter {name!r} lies in none of them (the plan's pieces: "
                                 f"{pieces[0]} ... {pieces[-1]})")

@@ -205,9 +205,11 @@ def saved_checkpoints(directory: Path) -> list[Path]:
     return sorted(folders, key=lambda p: p.name, reverse=True)
 
 
-def resume_candidates(directory: Path) -> list[Path]:
+def resume_candidates(directory: Path | None) -> list[Path]:
     """Checkpoints to try on resume, best first: the one `latest` names, then every other complete one,
-    newest first. Empty before the first save."""
+    newest first. Empty before the first save; ValueError for no directory (TrainConfig.checkpoint_dir unset)."""
+    if directory is None:
+        raise ValueError("TrainConfig.checkpoint_dir is not set; there is nothing to resume")
     latest = latest_checkpoint(directory)
     others = [p for p in saved_checkpoints(directory) if p != latest]
     return ([latest] if latest is not None else []) + others

@@ -2,7 +2,7 @@
 
 The checkpoint stores the run's `TrainConfig`, `Strategy` and world size. On resume, a change to what
 the mathematics of the remaining steps depends on (the optimizer, the schedule's shape, the batch,
-the seed, the precision) is refused with the list of changes; a change that keeps the run correct
+the seed, the precision, the adapters) is refused with the list of changes; a change that keeps the run correct
 but not bit-for-bit the same (more or fewer steps, which stretch the cosine schedule; another world
 size, micro batch, ZeRO stage or tensor-parallel layout with the same global batch) is reported for the log; the rest
 (logging, evaluation, checkpoint cadence, paths) may change freely.
@@ -19,7 +19,7 @@ from trainers.strategy import Strategy
 
 REFUSED = ("config.global_batch_size", "config.lr", "config.min_lr_ratio", "config.warmup_steps",
            "config.weight_decay", "config.lr_scales", "config.anchor_decay", "config.betas", "config.eps", "config.grad_clip", "config.seed",
-           "strategy.precision")
+           "config.adapter", "strategy.precision")
 """Settings whose change makes the rest of the run another computation."""
 log = logging.getLogger("trainers")
 REPORTED = ("config.max_steps", "config.micro_batch_size", "strategy.zero", "strategy.offload",
@@ -44,7 +44,10 @@ def flat_settings(trainer_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _comparable(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value  # JSON keeps tuples as lists
+    """`value` with its lists as tuples, nested ones too (JSON keeps tuples as lists)."""
+    if isinstance(value, dict):
+        return {key: _comparable(item) for key, item in value.items()}
+    return tuple(map(_comparable, value)) if isinstance(value, (list, tuple)) else value
 
 
 def changed_settings(saved: dict[str, Any], current: dict[str, Any], names: tuple[str, ...]) -> list[str]:
