@@ -23,6 +23,7 @@ from trainers.estimate.held_budget import HeldBudget
 from trainers.loop.data import StepSampler, check_batch_sizes, largest_micro_batch, pipeline_microbatches, seeded_batches
 from trainers.loop.evaluation import evaluation_loss
 from trainers.loop.metrics import MetricsSink, step_record
+from trainers.loop.sources import fit_examples, planning_examples, size_of
 from trainers.loop.throughput import Throughput
 from trainers.memory.activations.plan import BlockActivations, chunked_recompute_policy, parse_block_activations
 from trainers.memory.chunks.states import chunked_states
@@ -165,22 +166,21 @@ class Trainer:
         return self._model
 
     # ---------------------------------------------------------------- public API
-    def fit(self, train_dataset: Sequence[Batch], eval_dataset: Sequence[Batch] | None = None,
+    def fit(self, train_dataset: Sequence[Batch] | Any, eval_dataset: Sequence[Batch] | Any | None = None,
             collate_fn: Callable[[list[Batch]], Batch] | None = None,
             eval_collate_fn: Callable[[list[Batch]], Batch] | None = None) -> list[dict[str, Any]]:
         """Train until `config.max_steps`; return the history of logged records (also written to
         `output_dir/metrics.jsonl`). Resumes from `checkpoint_dir/latest` when `config.resume`.
-        Examples are batched by `collate_fn`, the eval set's by `eval_collate_fn` (default: the
-        same; another when training batches are augmented)."""
+        Either set may be a `datasets.Dataset` or a stream (`trainers.loop.sources`). Examples are batched
+        by `collate_fn`, the eval set's by `eval_collate_fn` (default: the same; another for augmented ones)."""
         collate = collate_fn or default_collate
+        train_dataset, eval_dataset = fit_examples(train_dataset, eval_dataset, self.config)
         if self._unbuilt is not None:  # a memory budget plans for the training set's largest micro batch
-            self._build(largest_micro_batch(train_dataset, self.config.micro_batch_size, collate)
-                        if self.env.is_main else None)
+            self._build(largest_micro_batch(planning_examples(train_dataset, self.config.global_batch_size),
+                                            self.config.micro_batch_size, collate) if self.env.is_main else None)
         config, env = self.config, self.env
-        sampler = StepSampler(len(train_dataset), config.global_batch_size, config.micro_batch_size,
+        sampler = StepSampler(size_of(train_dataset), config.global_batch_size, config.micro_batch_size,
                               env.dp_size, env.dp_rank, config.seed)
-        if eval_dataset is not None and len(eval_dataset) == 0:
-            raise ValueError("eval_dataset is empty; pass None to train without evaluation")
         if config.resume:
             self.resume()
         sink = MetricsSink(config.output_dir, active=env.is_main, total_steps=config.max_steps,
@@ -188,9 +188,9 @@ class Trainer:
         parameters = self.num_parameters()
         if env.is_main:
             log.info("training %s (%s parameters) on %d rank(s) with %s: steps %d-%d of %d examples (%d a micro "
-                     "batch), %d training examples%s", self.model_class, f"{parameters:,}", env.world_size, self.strategy,
+                     "batch), %s training examples%s", self.model_class, f"{parameters:,}", env.world_size, self.strategy,
                      self.step + 1, config.max_steps, config.global_batch_size, config.micro_batch_size,
-                     len(train_dataset), "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
+                     size_of(train_dataset) or "a stream of", "" if eval_dataset is None else f", {len(eval_dataset)} evaluation examples")
         self.model.train()  # a model fresh from zoo.load is in eval mode
         with sink.routing_logs():
             self._fit_steps(train_dataset, eval_dataset, sampler, collate, eval_collate_fn, sink)

@@ -92,8 +92,9 @@ class MicroBatch(NamedTuple):
 class StepSampler:
     """Indices of the examples each rank uses in each optimizer step."""
 
-    dataset_size: int
-    """Number of examples in the (map-style) dataset."""
+    dataset_size: int | None
+    """Number of examples in the (map-style) dataset; None: a stream, whose examples are taken in its
+    order (`trainers.loop.sources`), not shuffled."""
     global_batch_size: int
     """Examples per optimizer step over all ranks."""
     micro_batch_size: int
@@ -107,7 +108,7 @@ class StepSampler:
 
     def __post_init__(self) -> None:
         check_batch_sizes(self.global_batch_size, self.micro_batch_size, self.world_size)
-        if self.dataset_size < self.global_batch_size:
+        if self.dataset_size is not None and self.dataset_size < self.global_batch_size:
             raise ValueError(
                 f"the training set must hold at least global_batch_size={self.global_batch_size} "
                 f"examples; it has {self.dataset_size}"
@@ -125,9 +126,12 @@ class StepSampler:
 
     def micro_batches(self, step: int) -> list[MicroBatch]:
         """The `accumulation_steps` micro batches this rank runs at optimizer step `step`."""
-        epoch, position = divmod(step, self.steps_per_epoch)
-        order = _epoch_order(self.dataset_size, self.seed, epoch)
-        batch = order[position * self.global_batch_size : (position + 1) * self.global_batch_size].tolist()
+        if self.dataset_size is None:
+            batch = list(range(step * self.global_batch_size, (step + 1) * self.global_batch_size))
+        else:
+            epoch, position = divmod(step, self.steps_per_epoch)
+            order = _epoch_order(self.dataset_size, self.seed, epoch)
+            batch = order[position * self.global_batch_size : (position + 1) * self.global_batch_size].tolist()
         chunks = [batch[i : i + self.micro_batch_size] for i in range(0, len(batch), self.micro_batch_size)]
         return [MicroBatch(index, chunks[index]) for index in range(self.rank, len(chunks), self.world_size)]
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from trainers.config import TrainConfig
 from trainers.loop.data import micro_batch_seed
+from trainers.loop.sources import evaluation_examples
 from trainers.parallel.mesh import DistEnv
 from trainers.step import to_device
 
@@ -34,6 +35,7 @@ def evaluation_loss(loss_of: Callable[[Mapping[str, Any]], torch.Tensor], datase
     `dataset` in micro batches, weighted by examples (collective over the data-parallel ranks). Each
     micro batch's random draws (crops) are seeded by its index alone, not by the run so far;
     tensor-parallel ranks run the same micro batch together."""
+    dataset = evaluation_examples(dataset, config.eval_batches * config.micro_batch_size)
     size = min(len(dataset), config.eval_batches * config.micro_batch_size)
     totals = torch.zeros(2, dtype=torch.float64, device=env.device)
     for index, examples, weight in evaluation_shares(size, config.micro_batch_size, env.dp_size, env.dp_rank):
