@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zoo.adapters.peft_format import load_peft_adapter
 from zoo.ctranslate2_io import ctranslate2_folder, load_ctranslate2
 from zoo.hf import is_hf_folder, load_hf
 from zoo.model_folder import CONFIG_FILE, WEIGHTS_FILE, read_safetensors, write_model_folder
@@ -61,7 +62,18 @@ def read_config(name_or_path: str | os.PathLike) -> dict[str, Any]:
     return json.loads((locate(name_or_path) / CONFIG_FILE).read_text())
 
 
-def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", refit: tuple[str, ...] = ()) -> nn.Module:
+def load(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", refit: tuple[str, ...] = (),
+         adapter: str | os.PathLike | None = None) -> nn.Module:
+    """`load_base`, then the PEFT LoRA adapter in the folder `adapter` attached to the model
+    (`zoo.adapters.load_peft_adapter`: refused by name when it was trained on another base;
+    `zoo.adapters.merge_lora` folds it into the weights)."""
+    model = load_base(name_or_path, device, refit)
+    if adapter is not None:
+        load_peft_adapter(model, adapter)
+    return model
+
+
+def load_base(name_or_path: str | os.PathLike, device: str | torch.device = "cpu", refit: tuple[str, ...] = ()) -> nn.Module:
     """Build the model a folder (or zoo name) describes and load its safetensors weights. A
     Hugging Face model folder (config.json with a model_type) is imported (`zoo.hf`); so is an entry
     whose config.json names a package `source` (`zoo.sources`) holding a Hugging Face or CTranslate2

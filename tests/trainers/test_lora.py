@@ -1,7 +1,8 @@
 """LoRA through the Trainer (`TrainConfig(adapter=LoRA(...))`) against PEFT on transformers' Llama
 built small from its config: the same initial adapters, data and optimizer give the same losses; the
-adapter saved in PEFT's format loads in PEFT (and back here) to the same logits; merging folds
-B A alpha / rank into the base. Bad adapters are refused by name."""
+adapter saved in PEFT's format loads in PEFT (and back here, and through `zoo.load(..., adapter=)`) to
+the same logits; merging folds B A alpha / rank into the base; the estimator counts the adapters as
+the measured step. Bad adapters are refused by name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import transformers
 from torch.distributed.tensor import DTensor
 
+import zoo
 from library_models import LIBRARY_MODELS
 from trainers import LoRA, Strategy, TrainConfig, Trainer, estimate_memory
 from zoo.adapters import load_peft_adapter, merge_lora
@@ -192,3 +194,23 @@ def test_the_estimator_counts_the_adapters_as_the_measured_step(tmp_path):
     measured = trainer.memory_report()[0]
     assert measured["gradients"] == 4 * trainer.num_parameters()  # the adapters' alone
     assert abs(estimate.peak - measured["peak"]) <= 0.01 * measured["peak"], (estimate.peak, measured["peak"])
+
+
+def test_zoo_load_attaches_an_adapter_the_trainer_saved_on_a_zoo_model(tmp_path):
+    """The zoo's own GPT (adapters on its attention's q and v, which it calls) trained 3 steps, its
+    base saved as a model folder: `zoo.load(folder, adapter=...)` is the trained model."""
+    from helpers import lm_examples
+    from nlp.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    zoo.save(gpt, tmp_path / "base", card="# base\n")
+    trainer = Trainer(gpt, config(tmp_path, max_steps=3, adapter=LoRA(rank=2, targets=("q", "v"))))
+    trainer.fit(lm_examples(4))
+    trainer.save_adapter(tmp_path / "adapter")
+    loaded = zoo.load(tmp_path / "base", adapter=tmp_path / "adapter")
+    ids = lm_examples(1)[0]["input_ids"][None]
+    trainer.model.eval()
+    with torch.no_grad():
+        assert relative_error(loaded(ids)["logits"], trainer.model(ids)["logits"]) < 1e-6
+        assert relative_error(loaded(ids)["logits"], zoo.load(tmp_path / "base")(ids)["logits"]) > 1e-4
