@@ -1,4 +1,5 @@
-"""Training under a memory budget on several gloo ranks, run by tests/distributed/test_budget_on_ranks.py.
+"""Training under a memory budget on several gloo ranks, for tests/distributed/test_budget_on_ranks.py
+(run as worker.py's "budget" command in the shared launch).
 
     budget_worker.py OUT LAYOUT ...   each LAYOUT trains 2 steps unconstrained, then 2 steps under
                                       a budget; per layout the budget, both loss histories, the

@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import torchrun
+WORKER_RUNS = [(2, "budget", "{out}/budget.pt", "pp", "dp")]
+"""Both layouts, in the shared 2-rank launch (conftest.py)."""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("budget") / "runs.pt"
-    torchrun(2, str(out), "pp", "dp", script="budget_worker.py", timeout=600)
-    return torch.load(out, weights_only=False)
+def runs(worker_runs) -> dict[str, dict]:
+    return torch.load(worker_runs / "budget.pt", weights_only=False)
 
 
 def _held(run: dict) -> None:
@@ -24,7 +23,6 @@ def _held(run: dict) -> None:
         assert abs(held - free) <= 1e-6 * abs(free), (run["held"], run["free"])
 
 
-@pytest.mark.timeout(700)
 def test_a_pipeline_holds_two_fifths_of_its_peak(runs):
     run = runs["pp"]
     strategy = run["strategy"]
@@ -35,7 +33,6 @@ def test_a_pipeline_holds_two_fifths_of_its_peak(runs):
     _held(run)
 
 
-@pytest.mark.timeout(700)
 def test_model_states_over_the_budget_climb_the_zero_ladder(runs):
     run = runs["dp"]
     _held(run)
