@@ -54,20 +54,28 @@ zero up to rounding (a key bias, the row attention's pair-norm bias) or start ne
 structure module's zero-initialised backbone update), which AdamW turns into steps of size lr."""
 
 
-WORKER_RUNS = [(4, "pp_parity", "{out}/pp-4.pt", *FOUR), (4, "pp_save", "{out}/pp_save", "looped_bfs/2/2/3"),
-               (2, "pp_parity", "{out}/pp-2.pt", *TWO),
-               (2, "pp_resume", "{out}/pp_save", "1f1b/1/1/1", "{out}/pp_save/dp2.pt"), (2, "pp_meta", "{out}/pp-meta.pt"),
-               (2, "pp_save", "{out}/dp_save", "1f1b/1/1/3"),
-               (2, "pp_resume", "{out}/dp_save", "zero_bubble/2/1/0", "{out}/dp_save/pp2.pt"),
-               (1, "pp_parity", "{out}/pp-1.pt", *ONE), (1, "pp_resume", "{out}/pp_save", "1f1b/1/1/0", "{out}/pp_save/one.pt")]
-"""Every scenario of this module, in the shared launches (conftest.py: 4 ranks, then 2, then 1): the
-parity layouts; a pp2 x dp2 checkpoint resumed at dp2 ZeRO-1 and in one process, a dp2 ZeRO-3 one
-resumed at pp2 under zero-bubble; GPT built on the meta device at pp=2."""
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every scenario of this module in four launches: the parity layouts on 1, 4 and 2 ranks; a
+    one-process checkpoint resumed at pp2 x dp2 ZeRO-3, a pp2 x dp2 one resumed at dp2 ZeRO-1 and in
+    one process; GPT built on the meta device at pp=2."""
+    folder = tmp_path_factory.mktemp("pp")
+    pipelined, plain = folder / "pp_save", folder / "one_save"
+    pipelined.mkdir()
+    plain.mkdir()
+    run = lambda nproc, *args: torchrun(nproc, *args, timeout=400, script="pipeline_worker.py")  # noqa: E731
+    run(1, "parity", str(folder / "1.pt"), *ONE, "+", "save", str(plain), "1f1b/1/1/0")
+    run(4, "parity", str(folder / "4.pt"), *FOUR, "+", "save", str(pipelined), "looped_bfs/2/2/3",
+        "+", "resume", str(plain), "zero_bubble/2/1/3", str(plain / "pp2.pt"))
+    run(2, "parity", str(folder / "2.pt"), *TWO, "+", "resume", str(pipelined), "1f1b/1/1/1", str(pipelined / "dp2.pt"),
+        "+", "meta", str(folder / "meta.pt"))
+    run(1, "resume", str(pipelined), "1f1b/1/1/0", str(pipelined / "one.pt"))
+    return folder
 
 
 @pytest.fixture(scope="module")
-def runs(worker_runs):
-    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(worker_runs / f"pp-{nproc}.pt").items()}
+def runs(launched):
+    return {layout: result for nproc in (1, 2, 4) for layout, result in torch.load(launched / f"{nproc}.pt").items()}
 
 
 @pytest.mark.parametrize("layout", TWO + FOUR)
@@ -91,15 +99,15 @@ def test_pipeline_matches_one_process(runs, layout):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(worker_runs):
-    pipelined, plain = worker_runs / "pp_save", worker_runs / "dp_save"
+def checkpoint_runs(launched):
+    pipelined, plain = launched / "pp_save", launched / "one_save"
     load = lambda folder, name: torch.load(folder / name)  # noqa: E731
     return {"pp2 x dp2 -> one process": (load(pipelined, "run.pt"), load(pipelined, "one.pt")),
             "pp2 x dp2 -> dp2 ZeRO-1": (load(pipelined, "run.pt"), load(pipelined, "dp2.pt")),
-            "dp2 ZeRO-3 -> pp2 zero-bubble": (load(plain, "run.pt"), load(plain, "pp2.pt"))}
+            "one process -> pp2 x dp2 ZeRO-3": (load(plain, "run.pt"), load(plain, "pp2.pt"))}
 
 
-@pytest.mark.parametrize("move", ["pp2 x dp2 -> one process", "pp2 x dp2 -> dp2 ZeRO-1", "dp2 ZeRO-3 -> pp2 zero-bubble"])
+@pytest.mark.parametrize("move", ["pp2 x dp2 -> one process", "pp2 x dp2 -> dp2 ZeRO-1", "one process -> pp2 x dp2 ZeRO-3"])
 def test_checkpoints_reshard_across_pipeline_layouts_and_resume_exactly(checkpoint_runs, move):
     straight, resumed = checkpoint_runs[move]
     assert len(resumed["losses"]) == 2
@@ -110,8 +118,8 @@ def test_checkpoints_reshard_across_pipeline_layouts_and_resume_exactly(checkpoi
         assert relative_error(resumed["params"][name], value) < 1e-5, name
 
 
-def test_a_model_built_on_the_meta_device_allocates_only_its_stages(worker_runs):
-    first, last = torch.load(worker_runs / "pp-meta.pt")
+def test_a_model_built_on_the_meta_device_allocates_only_its_stages(launched):
+    first, last = torch.load(launched / "meta.pt")
     # Split by FLOPs counted on meta tensors: the first stage's blocks, then the last's.
     assert first["blocks"] == last["blocks"] and first["blocks"][0] + first["blocks"][1] == [0, 1, 2, 3]
     own = lambda held, stage: {n.split(".")[1] for n in held if n.startswith("blocks.")} == {  # noqa: E731

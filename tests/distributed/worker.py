@@ -31,7 +31,6 @@ separated by "+" (`worker.py tp_save DIR + tp_activations OUT`), one after anoth
     worker.py expert_resume DIR EP ZERO OUT        resume DIR's step-2 checkpoint, run steps 3-4
     worker.py library OUT FAMILY/STRATEGY ...      transformers' models under a strategy, 3 steps: losses,
                                                    params, or the refusal (tests/distributed/library_scenarios.py)
-    worker.py pp_parity|pp_meta|pp_save|pp_resume ...  pipeline_worker.py's parity, meta, save and resume
     worker.py budget OUT LAYOUT ...                training under a memory budget (budget_worker.py)
     worker.py tp_checks OUT                        tp=2: random draws inside and outside a region; the
                                                    errors of a sequence that sequence parallelism cannot
@@ -68,7 +67,6 @@ from trainers.memory.recompute import clean_fqn  # noqa: E402
 from expert_scenarios import expert_checks, expert_resume, expert_save, experts  # noqa: E402
 from library_scenarios import library  # noqa: E402
 from budget_worker import main as budget  # noqa: E402
-from pipeline_worker import meta as pp_meta, parity as pp_parity, resume as pp_resume, save as pp_save  # noqa: E402
 from parity_models import GainedRegression, Routed  # noqa: E402
 from zoo.plan import ModelPlan  # noqa: E402
 
@@ -480,8 +478,7 @@ COMMANDS = {"strategies": strategies, "scalars": scalars, "routed": routed, "sav
             "tensor_parallel": tensor_parallel, "tp_save": tp_save, "tp_resume": tp_resume, "tp_checks": tp_checks,
             "tp_activations": tp_activations, "chunks": chunks, "experts": experts,
             "expert_checks": expert_checks, "expert_save": expert_save, "expert_resume": expert_resume,
-            "library": library, "pp_parity": pp_parity, "pp_meta": pp_meta, "pp_save": pp_save,
-            "pp_resume": pp_resume, "budget": budget}
+            "library": library, "budget": budget}
 
 
 if __name__ == "__main__":
