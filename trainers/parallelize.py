@@ -139,6 +139,8 @@ def parallelize(model: nn.Module, strategy: Strategy, env: DistEnv, example_batc
         wrap = partial(fully_shard, reshard_after_forward=strategy.zero == 3, **common)
     stages = [] if layout is None else build_stages(model, layout)
     whole = set().union(*(average_scalar_gradients(root, env.mesh["dp"].get_group()) for root in stages or [model]))
+    if strategy.zero < 3:  # frozen parameters stay whole: nothing of theirs to reduce, shard or gather
+        whole |= {param for param in model.parameters() if not param.requires_grad}
     for name in experts:  # ZeRO over the ranks that hold the same experts
         wrap(model.get_submodule(name), ignored_params=whole, mesh=env.expert_mesh["edp"])
     for name in block_names:
