@@ -70,8 +70,8 @@ REFUSED = {
     "gpt_norm_outside_sp/tp2_sp": UNSUMMED.format("GPT", "norm.weight (in aten.native_layer_norm.default); split"),
     "gain_unplanned/tp2": UNSUMMED.format("UnregionedGainedLM", "layers.0.ff.gain (in aten.mul.Tensor); "
                                                                 "layers.1.ff.gain (in aten.mul.Tensor); split"),
-    "qwen3/lora_tp2": "ValueError: TrainConfig.adapter=LoRA(rank=4, alpha=16.0, dropout=0.0, targets='all-linear', "
-                      "dora=False) with Strategy.tp=2: adapters under tensor parallelism are not built yet",
+    "qwen3/lora_tp2": "ValueError: TrainConfig.adapter=LoRA(rank=4, alpha=16.0, dropout=0.0, targets='all-linear') "
+                      "with Strategy.tp=2: adapters under tensor parallelism are not built yet",
     "early_exit/zero3": "ValueError: a training forward runs ['layers.1'] on some ranks only (the data chose to skip "
                         "them), so their parameters cannot be gathered and reduced together: ['layers.1.up.weight', "
                         "'layers.1.up.bias', 'layers.1.down.weight', 'layers.1.down.bias']",

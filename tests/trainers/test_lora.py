@@ -145,8 +145,6 @@ def test_bad_adapters_are_refused_by_name(tmp_path):
         Trainer(llama(), config(tmp_path, adapter=LoRA(targets=r"model\.norm")))
     with pytest.raises(ValueError, match="LoRA.rank must be an int >= 1; got 0"):
         LoRA(rank=0)
-    with pytest.raises(NotImplementedError, match="dora=True"):
-        LoRA(dora=True)
     with pytest.raises(TypeError, match="TrainConfig.adapter must be a zoo.adapters.LoRA or None"):
         config(tmp_path, adapter={"rank": 4})
     with torch.device("meta"):

@@ -44,8 +44,6 @@ class LoRA:
     whose name is it or ends in "." + it ("q_proj" matches "model.layers.0.self_attn.q_proj"); a str,
     a regular expression the whole module name must match; or "all-linear": every `nn.Linear` but the
     output head (`get_output_embeddings()` where the model has it)."""
-    dora: bool = False
-    """Weight-decomposed adapters (DoRA): not built yet, refused."""
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, list):
@@ -61,8 +59,6 @@ class LoRA:
                 isinstance(self.targets, tuple) and self.targets and all(isinstance(t, str) and t for t in self.targets)):
             raise ValueError(f"LoRA.targets must be a non-empty tuple of module names, a regular expression or "
                              f"{ALL_LINEAR!r}; got {self.targets!r}")
-        if self.dora:
-            raise NotImplementedError("LoRA(dora=True): weight-decomposed adapters are not built yet; use dora=False")
 
     @property
     def scaling(self) -> float:

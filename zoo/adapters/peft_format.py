@@ -87,7 +87,7 @@ def load_peft_adapter(model: nn.Module, folder: str | os.PathLike) -> LoRA:
     weights = {name[len(PREFIX):]: tensor for name, tensor in tensors.items()}
     modules = dict(model.named_modules())
     for name, tensor in weights.items():
-        owner, which = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+        owner, which, _ = name.rsplit(".", 2)
         linear = modules.get(owner)
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"adapter {folder} was trained on another base: {type(model).__name__} has no linear "
